@@ -1,0 +1,75 @@
+"""PPO-clip policy loss and the KL-to-reference penalty of FlowGRPO, per unit (not reduced).
+
+A unit is one (sample, trained timestep). The caller reduces (mean over units, divided by the
+gradient-accumulation count) so that gradient accumulation over fragments stays exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class PolicyLossTerms:
+    """loss [N] per unit; ratio [N] = exp(logp − logp_old); clipped [N] bool = |ratio − 1| > ε.
+
+    `clipped.float().mean()` is flow_grpo's `clipfrac` metric (scripts/train_sd3.py).
+    """
+
+    loss: Tensor
+    ratio: Tensor
+    clipped: Tensor
+
+
+def clipped_policy_loss(
+    log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, clip_range: float
+) -> PolicyLossTerms:
+    """max(−A·ratio, −A·clip(ratio, 1 − ε, 1 + ε)) per unit (PPO, Schulman et al. 2017).
+
+    Source: flow_grpo scripts/train_sd3.py (`unclipped_loss`, `clipped_loss`, `torch.maximum`) and
+    DanceGRPO fastvideo/train_grpo_flux.py (same form). `old_log_prob` and `advantages` are data and are
+    detached; gradients flow through `log_prob` only. With log_prob == old_log_prob the ratio is
+    exp(0) = 1 exactly and the loss is exactly −A.
+    """
+    if not (0 < clip_range < 1):
+        raise ValueError(f"clip_range must be in (0, 1), got {clip_range!r}")
+    if not (log_prob.shape == old_log_prob.shape == advantages.shape):
+        raise ValueError(
+            "log_prob, old_log_prob and advantages must have the same shape, got "
+            f"{tuple(log_prob.shape)}, {tuple(old_log_prob.shape)}, {tuple(advantages.shape)}"
+        )
+    advantages = advantages.detach()
+    ratio = torch.exp(log_prob - old_log_prob.detach())
+    unclipped = -advantages * ratio
+    clipped_term = -advantages * torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range)
+    loss = torch.maximum(unclipped, clipped_term)
+    clipped = (ratio.detach() - 1.0).abs() > clip_range
+    return PolicyLossTerms(loss=loss, ratio=ratio, clipped=clipped)
+
+
+def kl_to_reference(mean: Tensor, ref_mean: Tensor, std: Tensor | float) -> Tensor:
+    """Per-sample mean over non-batch dims of (μ_θ − μ_ref)² / (2·std²); returns [N].
+
+    Source: flow_grpo scripts/train_sd3.py (`kl_loss = ((prev_sample_mean - prev_sample_mean_ref) ** 2)
+    .mean(dim=(1, 2, 3), keepdim=True) / (2 * std_dev_t ** 2)`): the KL between two Gaussians of equal std
+    reduces to this. flow_grpo passes `std_dev_t` (σ_t, `StepResult.noise_scale`), not the transition
+    std σ_t·sqrt(−dt) (`StepResult.std`, the exact per-element KL); the two differ by the factor −dt,
+    which is folded into β. `ref_mean` comes from the frozen reference policy and is detached.
+    """
+    if mean.shape != ref_mean.shape or mean.ndim < 1:
+        raise ValueError(
+            "mean and ref_mean must have the same shape [N, ...], got "
+            f"{tuple(mean.shape)} and {tuple(ref_mean.shape)}"
+        )
+    std = torch.as_tensor(std, dtype=mean.dtype, device=mean.device)
+    if not bool((std > 0).all()):
+        raise ValueError("std must be > 0 everywhere (a deterministic step has no KL)")
+    per_element = (mean - ref_mean.detach()) ** 2 / (2 * std**2)
+    if per_element.shape != mean.shape:
+        raise ValueError(
+            f"std must broadcast to the mean's shape {tuple(mean.shape)}, got {tuple(std.shape)}"
+        )
+    return per_element if per_element.ndim == 1 else per_element.mean(dim=tuple(range(1, per_element.ndim)))

@@ -1,0 +1,45 @@
+"""Diffusers-based model zoo with one flow-matching velocity interface (see flow_model.py)."""
+
+from digenrl.models.bundle import ModelBundle, build_model_bundle, save_model_bundle
+from digenrl.models.flow_model import (
+    FlowModel,
+    available_attention_backends,
+    build_flow_model,
+    set_attention_backend,
+)
+from digenrl.models.latent_packing import pack_2x2, unpack_2x2
+from digenrl.models.specs import (
+    FAMILIES,
+    MODEL_SPECS,
+    DynamicShiftSpec,
+    EncoderComponentSpec,
+    ModelSpec,
+    TextEncoderSpec,
+    get_model_spec,
+)
+from digenrl.models.text import TextEncoder
+from digenrl.models.text_condition import TextCondition
+from digenrl.models.vae import LatentDecoder, latent_compression
+
+__all__ = [
+    "FAMILIES",
+    "MODEL_SPECS",
+    "DynamicShiftSpec",
+    "EncoderComponentSpec",
+    "FlowModel",
+    "LatentDecoder",
+    "ModelBundle",
+    "ModelSpec",
+    "TextCondition",
+    "TextEncoder",
+    "TextEncoderSpec",
+    "available_attention_backends",
+    "build_flow_model",
+    "build_model_bundle",
+    "get_model_spec",
+    "latent_compression",
+    "pack_2x2",
+    "save_model_bundle",
+    "set_attention_backend",
+    "unpack_2x2",
+]

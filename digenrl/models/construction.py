@@ -1,0 +1,134 @@
+"""Instantiate diffusers / transformers modules from a config dict or a local directory.
+
+Random init constructs the module directly on the target device with the target default dtype, so a
+20 B-parameter transformer never exists as a float32 CPU copy (the alternative, meta + `to_empty`, would
+leave computed buffers such as SD3's sin-cos position table uninitialised). `device="meta"` gives a
+shape-only model for parameter counting. Hub ids are never resolved: only local directories load.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+_CONFIG_BOOKKEEPING_KEYS = ("_class_name", "_diffusers_version", "_name_or_path")
+
+
+def resolve_class(library: str, class_name: str) -> type:
+    """The class `class_name` exported by `library` ("diffusers" or "transformers")."""
+    if library == "diffusers":
+        import diffusers as lib
+    elif library == "transformers":
+        import transformers as lib
+    else:
+        raise ValueError(f"library={library!r}; allowed: 'diffusers', 'transformers'")
+    cls = getattr(lib, class_name, None)
+    if cls is None:
+        raise ValueError(f"{library} has no class {class_name!r}")
+    return cls
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """Temporarily construct floating tensors in `dtype` (restored even on error)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def clean_config(config: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in config.items() if k not in _CONFIG_BOOKKEEPING_KEYS}
+
+
+def cast_floating(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """Cast floating parameters/buffers to `dtype`, keeping the class's `_keep_in_fp32_modules` in float32
+    for half dtypes, as diffusers' `from_pretrained(torch_dtype=...)` does (a module path component must
+    equal one of the names, diffusers modeling_utils / model_loading_utils)."""
+    keep = set(getattr(model, "_keep_in_fp32_modules", None) or ())
+    half = dtype in (torch.float16, torch.bfloat16)
+    with torch.no_grad():
+        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+            if not tensor.is_floating_point():
+                continue
+            target = torch.float32 if half and keep.intersection(name.split(".")) else dtype
+            if tensor.dtype != target:
+                tensor.data = tensor.data.to(target)
+    return model
+
+
+def instantiate_diffusers_model(
+    class_name: str, config: dict[str, Any], *, device: str | torch.device, dtype: torch.dtype
+) -> nn.Module:
+    """Random-init a diffusers model from its config dict on `device` in `dtype`."""
+    cls = resolve_class("diffusers", class_name)
+    with torch.device(device), default_dtype(dtype):
+        model = cls.from_config(clean_config(config))
+    if torch.device(device).type != "meta":
+        cast_floating(model, dtype)
+    return model
+
+
+def build_transformers_config(config: dict[str, Any]) -> Any:
+    """A transformers `PretrainedConfig` from a dict carrying `model_type`."""
+    from transformers import AutoConfig
+
+    if "model_type" not in config:
+        raise ValueError(f"transformers config needs a 'model_type' key; got keys {sorted(config)}")
+    kwargs = dict(config)
+    return AutoConfig.for_model(kwargs.pop("model_type"), **kwargs)
+
+
+def instantiate_transformers_model(
+    class_name: str, config: Any, *, device: str | torch.device, dtype: torch.dtype
+) -> nn.Module:
+    """Random-init a transformers model (config dict or `PretrainedConfig`) on `device` in `dtype`."""
+    cls = resolve_class("transformers", class_name)
+    if isinstance(config, dict):
+        config = build_transformers_config(config)
+    with torch.device(device), default_dtype(dtype):
+        model = cls(config)
+    if torch.device(device).type != "meta":
+        cast_floating(model, dtype)
+    return model
+
+
+def require_local_dir(path: str, what: str) -> str:
+    """Refuse anything that is not an existing local directory (hubs are unreachable by design)."""
+    if not os.path.isdir(path):
+        raise ValueError(f"{what}={path!r} is not a local directory (hub ids are not resolved)")
+    return path
+
+
+def load_diffusers_model(
+    class_name: str, directory: str, *, device: str | torch.device, dtype: torch.dtype
+) -> nn.Module:
+    cls = resolve_class("diffusers", class_name)
+    model = cls.from_pretrained(require_local_dir(directory, "pretrained_path"), torch_dtype=dtype)
+    return nn.Module.to(model, device=device)
+
+
+def load_transformers_model(
+    class_name: str, directory: str, *, device: str | torch.device, dtype: torch.dtype
+) -> nn.Module:
+    cls = resolve_class("transformers", class_name)
+    model = cls.from_pretrained(require_local_dir(directory, "pretrained_path"), dtype=dtype)
+    return model.to(device=device)
+
+
+def count_parameters(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def freeze(module: nn.Module) -> nn.Module:
+    """Eval mode, no gradients: text encoders and VAEs are never trained here."""
+    module.eval()
+    module.requires_grad_(False)
+    return module

@@ -1,0 +1,223 @@
+"""`FlowModel`: one velocity interface over every diffusers transformer of the zoo.
+
+    v = flow_model(latents, sigma, cond, guidance=None)
+
+with x_sigma = (1 - sigma) * x0 + sigma * noise, sigma in [0, 1] (1 = pure noise) and v ~ noise - x0, on
+unpacked latents of shape [B, *latent_shape(...)]. Per-family timestep scaling, 2x2 packing, position ids,
+masks and guidance embeddings live in `family_adapters.py`. The wrapped module stays a plain attribute
+`flow_model.transformer`, so peft LoRA and FSDP2 can target its submodules directly.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import Tensor, nn
+
+from digenrl.models.construction import instantiate_diffusers_model, load_diffusers_model
+from digenrl.models.family_adapters import FAMILY_VELOCITY
+from digenrl.models.spec_types import ModelSpec
+from digenrl.models.text_condition import TextCondition
+from digenrl.models.vae import latent_channels, latent_compression
+
+
+def _patch_size(spec: ModelSpec) -> tuple[int, int]:
+    """(temporal, spatial) patch of the transformer; FLUX's pipeline packs 2x2 outside the model."""
+    cfg = spec.transformer_config
+    if spec.family == "flux":
+        return 1, 2
+    if spec.family == "wan":
+        pt, ph, _ = cfg.get("patch_size", (1, 2, 2))
+        return int(pt), int(ph)
+    if spec.family == "hunyuan-video":
+        return int(cfg.get("patch_size_t", 1)), int(cfg.get("patch_size", 2))
+    return 1, int(cfg.get("patch_size", 2))
+
+
+class FlowModel(nn.Module):
+    """Velocity predictor v(x_sigma, sigma, text) ~ noise - x0 for one generator of the zoo."""
+
+    def __init__(self, spec: ModelSpec, transformer: nn.Module) -> None:
+        super().__init__()
+        if spec.family not in FAMILY_VELOCITY:
+            raise ValueError(f"no adapter for family {spec.family!r}; allowed: {sorted(FAMILY_VELOCITY)}")
+        self.spec = spec
+        self.transformer = transformer
+        self._velocity = FAMILY_VELOCITY[spec.family]
+        self.temporal_factor, self.spatial_factor = latent_compression(spec)
+        self.patch_t, self.patch = _patch_size(spec)
+        self.latent_channels = latent_channels(spec)
+
+    # --- properties --------------------------------------------------------------------------------------
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Compute dtype: diffusers' `ModelMixin.dtype`, which skips `_keep_in_fp32_modules` (Wan keeps its
+        modulation tables and norms in float32 under bf16) and honours layerwise-casting hooks."""
+        dtype = getattr(self.transformer, "dtype", None)
+        if isinstance(dtype, torch.dtype):
+            return dtype
+        return next(p.dtype for p in self.transformer.parameters() if p.is_floating_point())
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.transformer.parameters()).device
+
+    @property
+    def uses_true_cfg(self) -> bool:
+        """False for guidance-distilled FLUX-dev / HunyuanVideo: guidance is an input, no cond/uncond pair."""
+        return self.spec.uses_true_cfg
+
+    @property
+    def embeds_guidance(self) -> bool:
+        return bool(getattr(self.transformer.config, "guidance_embeds", False))
+
+    # --- shapes ------------------------------------------------------------------------------------------
+
+    def latent_shape(self, height: int, width: int, frames: int | None = None) -> tuple[int, ...]:
+        """Unpacked per-sample latent shape: (C, h, w) for images, (C, f, h, w) for videos.
+
+        Height and width must be multiples of VAE factor x patch; video frames must satisfy
+        (frames - 1) % temporal_factor == 0 (causal video VAEs keep the first frame), f = (F - 1) / t + 1.
+        """
+        multiple = self.spatial_factor * self.patch
+        for key, value in (("height", height), ("width", width)):
+            if value <= 0 or value % multiple:
+                raise ValueError(
+                    f"{key}={value} must be a positive multiple of {multiple} for {self.spec.name}"
+                )
+        h, w = height // self.spatial_factor, width // self.spatial_factor
+        if not self.spec.is_video:
+            if frames not in (None, 1):
+                raise ValueError(
+                    f"frames={frames} given for image model {self.spec.name}; allowed: None or 1"
+                )
+            return self.latent_channels, h, w
+        frames = self.spec.default_frames if frames is None else frames
+        if frames < 1 or (frames - 1) % self.temporal_factor:
+            raise ValueError(
+                f"frames={frames} invalid for {self.spec.name}: "
+                f"need (frames - 1) % {self.temporal_factor} == 0"
+            )
+        f = (frames - 1) // self.temporal_factor + 1
+        if f % self.patch_t:
+            raise ValueError(
+                f"frames={frames} gives {f} latent frames, not a multiple of patch {self.patch_t}"
+            )
+        return self.latent_channels, f, h, w
+
+    def token_count(self, height: int, width: int, frames: int | None = None) -> int:
+        """Image/video tokens the transformer sees (the `image_seq_len` of dynamic time shifting)."""
+        shape = self.latent_shape(height, width, frames)
+        spatial = (shape[-2] // self.patch) * (shape[-1] // self.patch)
+        return spatial * (shape[1] // self.patch_t if self.spec.is_video else 1)
+
+    # --- forward -----------------------------------------------------------------------------------------
+
+    def forward(
+        self,
+        latents: Tensor,
+        sigma: Tensor | float,
+        cond: TextCondition,
+        guidance: Tensor | float | None = None,
+    ) -> Tensor:
+        """Velocity [B, *latent_shape] in the model dtype.
+
+        `guidance` is the embedded guidance scale of guidance-distilled models (defaults to the spec's
+        `default_guidance_scale`); models without a guidance embedding reject it (use CFG instead).
+        """
+        expected_ndim = 5 if self.spec.is_video else 4
+        if latents.ndim != expected_ndim or latents.shape[1] != self.latent_channels:
+            raise ValueError(
+                f"latents shape {tuple(latents.shape)} invalid for {self.spec.name}: "
+                f"expected {expected_ndim}-D "
+                f"with {self.latent_channels} channels"
+            )
+        batch = latents.shape[0]
+        if cond.batch_size != batch:
+            raise ValueError(f"cond batch {cond.batch_size} != latents batch {batch}")
+        dtype = self.dtype
+        sigma = self._per_sample(sigma, batch, "sigma", latents.device)
+        if guidance is not None and not self.embeds_guidance:
+            raise ValueError(
+                f"guidance given but {self.spec.name} has no guidance embedding; "
+                "apply classifier-free guidance instead"
+            )
+        if self.embeds_guidance:
+            scale = self.spec.default_guidance_scale if guidance is None else guidance
+            guidance = self._per_sample(scale, batch, "guidance", latents.device)
+        cond = cond.to(device=latents.device, dtype=dtype)
+        return self._velocity(self.transformer, latents.to(dtype), sigma, cond, guidance)
+
+    @staticmethod
+    def _per_sample(value: Tensor | float, batch: int, name: str, device: torch.device) -> Tensor:
+        t = torch.as_tensor(value, dtype=torch.float32, device=device)
+        if t.ndim == 0:
+            return t.expand(batch)
+        if t.shape != (batch,):
+            raise ValueError(f"{name} must be a scalar or shape [B={batch}], got {tuple(t.shape)}")
+        return t.float()
+
+
+def build_flow_model(
+    spec: ModelSpec | str,
+    *,
+    pretrained_path: str | None = None,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+) -> FlowModel:
+    """Random init from `spec.transformer_config`, or `from_pretrained` of a local diffusers directory
+    (its `transformer/` subfolder when present). `device="meta"` builds a shape-only model."""
+    if isinstance(spec, str):
+        from digenrl.models.specs import get_model_spec
+
+        spec = get_model_spec(spec)
+    if pretrained_path is None:
+        transformer = instantiate_diffusers_model(
+            spec.transformer_class, spec.transformer_config, device=device, dtype=dtype
+        )
+    else:
+        sub = os.path.join(pretrained_path, "transformer")
+        transformer = load_diffusers_model(
+            spec.transformer_class, sub if os.path.isdir(sub) else pretrained_path, device=device, dtype=dtype
+        )
+    return FlowModel(spec, transformer)
+
+
+def available_attention_backends() -> list[str]:
+    """Diffusers attention backends usable offline ("native" = torch SDPA is the default)."""
+    from diffusers.models.attention_dispatch import AttentionBackendName
+
+    return sorted(b.value for b in AttentionBackendName if not b.value.endswith("_hub"))
+
+
+def set_attention_backend(flow_model: FlowModel, name: str = "native") -> None:
+    """Route the transformer's attention through diffusers backend `name` (flash, sage, xformers, ...).
+
+    Kernels are imported by diffusers only when selected; an uninstalled one raises there. Hub-downloaded
+    kernels are refused because the machines have no hub access.
+    """
+    allowed = available_attention_backends()
+    if name not in allowed:
+        raise ValueError(f"attention backend {name!r} unknown or unavailable offline; allowed: {allowed}")
+    transformer = flow_model.transformer
+    setter = getattr(transformer, "set_attention_backend", None)
+    if setter is None:
+        if name != "native":
+            raise ValueError(f"{type(transformer).__name__} does not support attention backends")
+        return
+    if name == "native" and current_attention_backends(flow_model) <= {"native"}:
+        return  # already the default; diffusers would only log its "experimental" warning
+    setter(name)
+
+
+def current_attention_backends(flow_model: FlowModel) -> set[str]:
+    """Backends the transformer's attention processors are set to ("native" when unset)."""
+    backends = set()
+    for module in flow_model.transformer.modules():
+        processor = getattr(module, "processor", None)
+        if processor is not None and hasattr(processor, "_attention_backend"):
+            backend = processor._attention_backend
+            backends.add("native" if backend is None else str(getattr(backend, "value", backend)))
+    return backends

@@ -1,0 +1,135 @@
+"""The text condition a flow transformer consumes: token embeddings, optional pooled vector and mask.
+
+One uniform container for all families so the rollout engine can batch prompt groups, duplicate them
+per sample (`repeat_interleave`), concatenate cond + uncond halves for classifier-free guidance (`cat`),
+slice micro-batches (`index_select` / `[]`) and ship them between ranks (`to_dict` / `from_dict`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class TextCondition:
+    """`embeds` [B, L, D]; `pooled` [B, Dp] or None; `mask` [B, L] (bool, True = real token) or None."""
+
+    embeds: Tensor
+    pooled: Tensor | None = None
+    mask: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.embeds.ndim != 3:
+            raise ValueError(f"TextCondition.embeds must be [B, L, D], got shape {tuple(self.embeds.shape)}")
+        batch, length = self.embeds.shape[:2]
+        if self.pooled is not None and (self.pooled.ndim != 2 or self.pooled.shape[0] != batch):
+            raise ValueError(
+                f"TextCondition.pooled must be [B={batch}, Dp], got shape {tuple(self.pooled.shape)}"
+            )
+        if self.mask is not None and tuple(self.mask.shape) != (batch, length):
+            raise ValueError(
+                f"TextCondition.mask must be [B={batch}, L={length}], got shape {tuple(self.mask.shape)}"
+            )
+
+    @property
+    def batch_size(self) -> int:
+        return self.embeds.shape[0]
+
+    def __len__(self) -> int:
+        return self.batch_size
+
+    @property
+    def device(self) -> torch.device:
+        return self.embeds.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embeds.dtype
+
+    def _map(self, fn) -> TextCondition:
+        return TextCondition(
+            embeds=fn(self.embeds),
+            pooled=None if self.pooled is None else fn(self.pooled),
+            mask=None if self.mask is None else fn(self.mask),
+        )
+
+    def index_select(self, index: Tensor | Sequence[int]) -> TextCondition:
+        """Rows `index` (any order, repeats allowed)."""
+        idx = torch.as_tensor(index, dtype=torch.long, device=self.embeds.device)
+        return self._map(lambda t: t.index_select(0, idx))
+
+    def __getitem__(self, key: int | slice | Tensor | Sequence[int]) -> TextCondition:
+        """Batch indexing that always keeps the batch dimension (an int gives a batch of one)."""
+        if isinstance(key, int):
+            if not -self.batch_size <= key < self.batch_size:
+                raise IndexError(f"TextCondition index {key} out of range for batch {self.batch_size}")
+            key = slice(key % self.batch_size, key % self.batch_size + 1)
+        if isinstance(key, slice):
+            return self._map(lambda t: t[key])
+        return self.index_select(key)
+
+    def repeat_interleave(self, repeats: int) -> TextCondition:
+        """Each row repeated `repeats` times in place: [a, b] -> [a, a, b, b] (group expansion)."""
+        if repeats < 1:
+            raise ValueError(f"repeats must be >= 1, got {repeats}")
+        return self._map(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    @classmethod
+    def cat(cls, conditions: Sequence[TextCondition]) -> TextCondition:
+        """Concatenate along the batch (e.g. [cond, uncond] for classifier-free guidance)."""
+        if not conditions:
+            raise ValueError("TextCondition.cat needs at least one condition")
+        has_pooled = {c.pooled is not None for c in conditions}
+        has_mask = {c.mask is not None for c in conditions}
+        if len(has_pooled) != 1 or len(has_mask) != 1:
+            raise ValueError("TextCondition.cat: all conditions must agree on having pooled / mask")
+        shapes = {tuple(c.embeds.shape[1:]) for c in conditions}
+        if len(shapes) != 1:
+            raise ValueError(f"TextCondition.cat: embeds [L, D] differ across conditions: {sorted(shapes)}")
+        first = conditions[0]
+        return cls(
+            embeds=torch.cat([c.embeds for c in conditions]),
+            pooled=None if first.pooled is None else torch.cat([c.pooled for c in conditions]),
+            mask=None if first.mask is None else torch.cat([c.mask for c in conditions]),
+        )
+
+    def to(self, device: str | torch.device | None = None, dtype: torch.dtype | None = None) -> TextCondition:
+        """Move; `dtype` applies to the floating tensors only (the mask stays bool)."""
+
+        def move(t: Tensor) -> Tensor:
+            if dtype is not None and t.is_floating_point():
+                return t.to(device=device, dtype=dtype)
+            return t.to(device=device)
+
+        return self._map(move)
+
+    def detach(self) -> TextCondition:
+        return self._map(lambda t: t.detach())
+
+    def pin_memory(self) -> TextCondition:
+        return self._map(lambda t: t.pin_memory())
+
+    def num_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.to_dict().values())
+
+    def to_dict(self) -> dict[str, Tensor]:
+        """Tensors by name (absent fields omitted), for transport or checkpointing."""
+        out = {"embeds": self.embeds}
+        if self.pooled is not None:
+            out["pooled"] = self.pooled
+        if self.mask is not None:
+            out["mask"] = self.mask
+        return out
+
+    @classmethod
+    def from_dict(cls, tensors: dict[str, Tensor]) -> TextCondition:
+        unknown = set(tensors) - {"embeds", "pooled", "mask"}
+        if unknown or "embeds" not in tensors:
+            raise ValueError(
+                f"TextCondition.from_dict: keys {sorted(tensors)}; need 'embeds' (+ 'pooled', 'mask')"
+            )
+        return cls(embeds=tensors["embeds"], pooled=tensors.get("pooled"), mask=tensors.get("mask"))

@@ -1,0 +1,22 @@
+"""Reward functions for DigenRL: contract, registry, built-in rewards and non-finite handling.
+
+Built-in rewards (``available_rewards()``): ``jpeg-compressibility``, ``jpeg-incompressibility``,
+``brightness``, ``colorfulness`` (no weights) and ``pickscore``, ``aesthetic`` (local CLIP weights via
+``reward.weights_path``). Reward modules are imported on first registry lookup, so importing this package
+does not import transformers.
+"""
+
+from digenrl.rewards.base import NonFiniteRewardError, RewardFunction
+from digenrl.rewards.nonfinite import NONFINITE_POLICIES, check_finite_rewards
+from digenrl.rewards.registry import CompositeReward, available_rewards, build_reward, register_reward
+
+__all__ = [
+    "NONFINITE_POLICIES",
+    "CompositeReward",
+    "NonFiniteRewardError",
+    "RewardFunction",
+    "available_rewards",
+    "build_reward",
+    "check_finite_rewards",
+    "register_reward",
+]

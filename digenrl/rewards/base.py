@@ -1,0 +1,106 @@
+"""The reward-function contract shared by every DigenRL reward.
+
+A reward maps a batch of decoded images (or videos) and their prompts to one float32 score per sample.
+Rewards are black boxes to the RL algorithm (FlowGRPO only needs scalar rewards to build group-relative
+advantages, arXiv 2505.05470 §3), so the contract is deliberately small:
+
+* ``images``: float tensor ``[B, 3, H, W]`` with values in ``[0, 1]``; videos are ``[B, 3, F, H, W]``.
+* ``prompts``: ``list[str]`` of length ``B``.
+* result: ``Tensor[B]`` float32 on the device of ``images``.
+
+Videos are scored frame by frame (each frame paired with its sample's prompt) and the per-frame scores
+are averaged over ``F``; this is how image rewards are commonly applied to video generators (e.g. the
+per-frame OCR reward in flow_grpo/rewards.py ``video_ocr_score``), and it keeps every reward usable for
+both modalities without a video-specific implementation.
+
+Pixels are clamped to ``[0, 1]`` before scoring (decoded VAE outputs overshoot slightly; DDPO's
+ddpo_pytorch/rewards.py clamps in the same place). A sample with any non-finite pixel is not scored: its
+reward is NaN, so that :func:`digenrl.rewards.nonfinite.check_finite_rewards` reports it instead of the
+reward silently scoring garbage (e.g. a NaN cast to uint8 before JPEG encoding).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Self
+
+import torch
+from torch import Tensor
+
+IMAGE_NDIM = 4
+VIDEO_NDIM = 5
+
+
+class NonFiniteRewardError(RuntimeError):
+    """A reward was NaN/inf and the configured policy (``reward.nonfinite_policy = "abort"``) forbids it."""
+
+
+class RewardFunction(ABC):
+    """Base class of all rewards: validates input, flattens videos, guards non-finite pixels.
+
+    Subclasses implement :meth:`score_images` on a clean ``[N, 3, H, W]`` float32 batch and set the class
+    attributes ``name`` (the registry name) and ``needs_weights`` (True when a local weights directory
+    is required, see :func:`digenrl.rewards.registry.build_reward`).
+    """
+
+    name: str = "reward"
+    needs_weights: bool = False
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)
+
+    @abstractmethod
+    def score_images(self, images: Tensor, prompts: list[str]) -> Tensor:
+        """Score ``images`` ``[N, 3, H, W]`` (float32, finite, in ``[0, 1]``) → ``Tensor[N]``."""
+
+    def to(self, device: torch.device | str) -> Self:
+        """Move the reward's models (if any) to ``device``; returns ``self`` like ``nn.Module.to``."""
+        self.device = torch.device(device)
+        return self
+
+    def __call__(self, images: Tensor, prompts: list[str]) -> Tensor:
+        frames, frame_prompts, batch, num_frames = flatten_frames(images, prompts)
+        finite = torch.isfinite(frames).flatten(1).all(dim=1)
+        clean = torch.where(finite[:, None, None, None], frames, 0.0).clamp_(0.0, 1.0)
+        scores = self.score_images(clean, frame_prompts)
+        if scores.shape != (clean.shape[0],):
+            raise RuntimeError(
+                f"reward {self.name!r} returned shape {tuple(scores.shape)}, expected ({clean.shape[0]},)"
+            )
+        scores = scores.detach().to(device=images.device, dtype=torch.float32)
+        scores = torch.where(finite.to(images.device), scores, torch.nan)
+        return scores.view(batch, num_frames).mean(dim=1)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, device={str(self.device)!r})"
+
+
+def flatten_frames(images: Tensor, prompts: list[str]) -> tuple[Tensor, list[str], int, int]:
+    """Validate a reward input and flatten videos to frames.
+
+    Returns ``(frames [B·F, 3, H, W] float32, prompt per frame, B, F)`` with ``F = 1`` for images; frames of
+    one sample are contiguous so per-sample averaging is a ``view(B, F).mean(1)``.
+    """
+    if not isinstance(images, Tensor) or not images.is_floating_point():
+        raise ValueError(
+            f"images must be a floating-point torch.Tensor, got {type(images).__name__}"
+            + (f" of dtype {images.dtype}" if isinstance(images, Tensor) else "")
+        )
+    if images.ndim not in (IMAGE_NDIM, VIDEO_NDIM) or images.shape[1] != 3:
+        raise ValueError(
+            "images must have shape [B, 3, H, W] (image) or [B, 3, F, H, W] (video), "
+            f"got {tuple(images.shape)}"
+        )
+    if not isinstance(prompts, list | tuple) or not all(isinstance(p, str) for p in prompts):
+        raise ValueError("prompts must be a list[str]")
+    batch = images.shape[0]
+    if len(prompts) != batch:
+        raise ValueError(f"prompts has length {len(prompts)} but images has batch size {batch}")
+    if images.ndim == IMAGE_NDIM:
+        return images.float(), list(prompts), batch, 1
+    num_frames = images.shape[2]
+    if num_frames == 0:
+        raise ValueError("images (video) has zero frames")
+    frames = images.float().permute(0, 2, 1, 3, 4).reshape(batch * num_frames, 3, *images.shape[-2:])
+    frame_prompts = [p for p in prompts for _ in range(num_frames)]
+    return frames, frame_prompts, batch, num_frames

@@ -1,0 +1,169 @@
+"""Name → reward registry and the weighted-sum composite reward.
+
+Rewards register themselves with :func:`register_reward`; the built-in modules are imported lazily on
+first lookup so that ``import digenrl.rewards`` stays cheap (no transformers import) and so that reward
+modules can import this one without a cycle. Multiple rewards combine as a weighted sum, as FlowGRPO's
+``multi_score`` does (flow_grpo/rewards.py: ``score_dict`` of name → weight).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import torch
+from torch import Tensor
+
+from digenrl.rewards.base import RewardFunction
+
+_BUILTIN_MODULES = (
+    "digenrl.rewards.jpeg",
+    "digenrl.rewards.image_stats",
+    "digenrl.rewards.pickscore",
+    "digenrl.rewards.aesthetic",
+)
+
+_REGISTRY: dict[str, type[RewardFunction]] = {}
+_builtins_loaded = False
+
+R = TypeVar("R", bound=type[RewardFunction])
+
+
+def register_reward(name: str) -> Callable[[R], R]:
+    """Class decorator: register a :class:`RewardFunction` subclass under ``name`` (sets ``cls.name``)."""
+
+    def decorate(cls: R) -> R:
+        if not (isinstance(cls, type) and issubclass(cls, RewardFunction)):
+            raise TypeError(f"register_reward({name!r}) must decorate a RewardFunction subclass, got {cls!r}")
+        existing = _REGISTRY.get(name)
+        if existing is not None and existing.__qualname__ != cls.__qualname__:
+            raise ValueError(f"reward name {name!r} is already registered by {existing.__qualname__}")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return decorate
+
+
+def _load_builtins() -> None:
+    global _builtins_loaded
+    if not _builtins_loaded:
+        for module in _BUILTIN_MODULES:
+            importlib.import_module(module)
+        _builtins_loaded = True
+
+
+def available_rewards() -> list[str]:
+    """Sorted names accepted by :func:`build_reward`."""
+    _load_builtins()
+    return sorted(_REGISTRY)
+
+
+def build_reward(
+    name: str,
+    *,
+    weights_path: str | None = None,
+    device: torch.device | str = "cpu",
+    **kwargs: Any,
+) -> RewardFunction:
+    """Instantiate the reward registered as ``name``.
+
+    ``weights_path`` is the LOCAL directory of a reward that needs weights (``needs_weights``); it is
+    passed to the reward's constructor. Rewards without weights reject a ``weights_path`` so that a
+    misconfigured run fails at start-up rather than silently ignoring the path.
+    """
+    _load_builtins()
+    cls = _REGISTRY.get(name)
+    if cls is None:
+        raise ValueError(f"unknown reward {name!r}; allowed values: {', '.join(sorted(_REGISTRY))}")
+    if cls.needs_weights:
+        if not weights_path:
+            raise ValueError(
+                f"reward {name!r} needs weights: set reward.weights_path to a local directory "
+                f"(model hubs are not contacted)"
+            )
+        return cls(weights_path=weights_path, device=device, **kwargs)
+    if weights_path is not None:
+        raise ValueError(f"reward {name!r} takes no weights; leave reward.weights_path unset for it")
+    return cls(device=device, **kwargs)
+
+
+class CompositeReward(RewardFunction):
+    """Weighted sum ``Σ_k w_k · r_k`` of rewards (FlowGRPO ``multi_score``, flow_grpo/rewards.py).
+
+    Because the sum is linear, summing per-frame scores and then averaging frames (what the base class
+    does for videos) equals averaging each part over frames first. A NaN in any part makes the sum NaN,
+    so non-finite handling sees it.
+    """
+
+    name = "composite"
+
+    def __init__(self, parts: list[tuple[RewardFunction, float]], device: torch.device | str = "cpu") -> None:
+        super().__init__(device)
+        if not parts:
+            raise ValueError("CompositeReward parts must contain at least one (reward, weight) pair")
+        for reward, weight in parts:
+            if not isinstance(reward, RewardFunction):
+                raise ValueError(f"CompositeReward parts must hold RewardFunction instances, got {reward!r}")
+            if isinstance(weight, bool) or not isinstance(weight, int | float) or not math.isfinite(weight):
+                raise ValueError(
+                    f"CompositeReward weight for {reward.name!r} must be a finite number, got {weight!r}"
+                )
+        self.parts = [(reward, float(weight)) for reward, weight in parts]
+        self.needs_weights = any(reward.needs_weights for reward, _ in self.parts)
+        self.name = "+".join(f"{weight:g}*{reward.name}" for reward, weight in self.parts)
+
+    @classmethod
+    def from_spec(
+        cls,
+        spec: Mapping[str, float],
+        *,
+        weights_paths: Mapping[str, str] | None = None,
+        device: torch.device | str = "cpu",
+        reward_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> CompositeReward:
+        """Build from ``{"jpeg-compressibility": 1.0, "brightness": 0.5}``.
+
+        ``weights_paths`` maps reward name → local weights directory (only for rewards that need weights);
+        ``reward_kwargs`` maps reward name → extra constructor kwargs (e.g. ``{"jpeg-compressibility":
+        {"scale": 1 / 500}}``).
+        """
+        if not isinstance(spec, Mapping) or not spec:
+            raise ValueError(f"reward spec must be a non-empty mapping of reward name → weight, got {spec!r}")
+        weights_paths = dict(weights_paths or {})
+        reward_kwargs = dict(reward_kwargs or {})
+        for key in [*weights_paths, *reward_kwargs]:
+            if key not in spec:
+                raise ValueError(
+                    f"reward {key!r} has weights_paths/reward_kwargs but is not in the spec {list(spec)}"
+                )
+        parts = [
+            (
+                build_reward(
+                    name,
+                    weights_path=weights_paths.get(name),
+                    device=device,
+                    **dict(reward_kwargs.get(name, {})),
+                ),
+                weight,
+            )
+            for name, weight in spec.items()
+        ]
+        return cls(parts, device=device)
+
+    def score_images(self, images: Tensor, prompts: list[str]) -> Tensor:
+        total = torch.zeros(images.shape[0], dtype=torch.float32, device=images.device)
+        for reward, weight in self.parts:
+            total = total + weight * reward.score_images(images, prompts).to(images.device, torch.float32)
+        return total
+
+    def score_parts(self, images: Tensor, prompts: list[str]) -> dict[str, Tensor]:
+        """Unweighted per-part rewards ``{name: Tensor[B]}`` for logging."""
+        return {reward.name: reward(images, prompts) for reward, _ in self.parts}
+
+    def to(self, device: torch.device | str) -> CompositeReward:
+        for reward, _ in self.parts:
+            reward.to(device)
+        return super().to(device)

@@ -1,0 +1,48 @@
+"""Decode finished trajectories and score them (generator side, off the trainer's critical path)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from digenrl.models.vae import LatentDecoder
+from digenrl.rewards.base import RewardFunction
+from digenrl.rewards.nonfinite import check_finite_rewards
+from digenrl.rollout.trajectory import TrajectoryBatch
+
+
+@dataclass
+class ScoreResult:
+    rewards: torch.Tensor  # [B] float32 (non-finite entries of dropped groups replaced by 0)
+    keep: torch.Tensor  # [B] bool: False for samples of a group dropped for a non-finite reward
+
+
+class Scorer:
+    """VAE decode + reward, in chunks of ``decode_batch`` samples; non-finite rewards are handled by
+    ``nonfinite_policy`` (``drop-group`` or ``abort``), see :mod:`digenrl.rewards.nonfinite`."""
+
+    def __init__(
+        self, decoder: LatentDecoder, reward: RewardFunction, nonfinite_policy: str, decode_batch: int = 0
+    ):
+        self.decoder = decoder
+        self.reward = reward
+        self.nonfinite_policy = nonfinite_policy
+        self.decode_batch = decode_batch
+
+    @torch.no_grad()
+    def __call__(self, batch: TrajectoryBatch) -> ScoreResult:
+        if batch.final_latents is None:
+            raise ValueError("the batch carries no final latents to decode")
+        b = batch.batch_size
+        chunk = self.decode_batch or b
+        rewards = []
+        for start in range(0, b, chunk):
+            stop = min(start + chunk, b)
+            images = self.decoder.decode(batch.final_latents[start:stop])
+            rewards.append(self.reward(images, batch.prompts[start:stop]).float().cpu())
+        raw = torch.cat(rewards)
+        checked, keep = check_finite_rewards(
+            raw, batch.prompts, batch.prompt_ids.cpu(), self.nonfinite_policy
+        )
+        return ScoreResult(rewards=torch.where(keep, checked, torch.zeros_like(checked)), keep=keep)

@@ -1,0 +1,158 @@
+"""Process-group setup for one-process-per-device runs launched by ``torchrun`` (DESIGN.md §2).
+
+``init_distributed`` turns torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, LOCAL_RANK) into an
+initialised default process group and a ``DistContext``; without those variables it returns a plain
+single-process context, so the same entry point runs under ``python`` for debugging. NCCL is chosen when
+CUDA is available, gloo otherwise (CPU tests and CI), unless the caller overrides it.
+
+``barrier`` is a barrier with a timeout that says who is missing: gloo's ``monitored_barrier`` names the
+ranks that did not arrive (on rank 0); other backends use the store-based barrier of ``ControlPlane``,
+which names them on every rank. NCCL's own ``barrier`` has no per-call timeout and hangs instead.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from digenrl.runtime.control_plane import ControlPlane
+from digenrl.runtime.errors import DistributedTimeoutError
+
+ALLOWED_BACKENDS = ("gloo", "nccl")
+TORCHRUN_ENV_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR")
+THREADS_ENV_VAR = "DIGENRL_THREADS"
+
+#: Namespace of the store barrier's keys inside torchrun's store.
+_BARRIER_NAMESPACE = "digenrl-barrier"
+_store_barrier_plane: ControlPlane | None = None
+
+
+@dataclass
+class DistContext:
+    """Who this process is in the run and which device it drives."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str
+    is_distributed: bool
+
+    def barrier(self, name: str, timeout_s: float) -> None:
+        """All ranks meet here; raises ``DistributedTimeoutError`` naming ``name`` after ``timeout_s``."""
+        barrier(self, name, timeout_s)
+
+
+def init_distributed(backend: str | None = None, timeout_s: float = 300.0) -> DistContext:
+    """Initialise the default process group from torchrun's environment, or return a single-process context.
+
+    Args:
+        backend: "gloo" or "nccl"; None picks nccl when CUDA is available, gloo otherwise.
+        timeout_s: the process group's collective timeout (also the store's).
+
+    If a default process group already exists (e.g. a test initialised one on a ``FileStore``), it is
+    reused and described, not re-created.
+    """
+    _apply_thread_setting()
+    if backend is not None and backend not in ALLOWED_BACKENDS:
+        raise ValueError(f"backend must be one of {list(ALLOWED_BACKENDS)} or None, got {backend!r}")
+    if not isinstance(timeout_s, int | float) or isinstance(timeout_s, bool) or timeout_s <= 0:
+        raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+
+    if dist.is_available() and dist.is_initialized():
+        return _context_of_initialised_group()
+
+    present = [name for name in TORCHRUN_ENV_VARS if name in os.environ]
+    if not present:
+        device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        return DistContext(0, 1, 0, device, backend or "none", is_distributed=False)
+    if len(present) != len(TORCHRUN_ENV_VARS):
+        missing = [name for name in TORCHRUN_ENV_VARS if name not in os.environ]
+        raise ValueError(
+            f"torchrun environment is incomplete: {present} set but {missing} missing; launch with torchrun "
+            f"or set all of {list(TORCHRUN_ENV_VARS)}"
+        )
+
+    chosen = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    if chosen == "nccl" and not torch.cuda.is_available():
+        raise ValueError("backend 'nccl' needs CUDA, which is not available; use backend='gloo'")
+    rank = int(os.environ["RANK"])
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    kwargs: dict = {"backend": chosen, "timeout": timedelta(seconds=timeout_s)}
+    if chosen == "nccl":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        kwargs["device_id"] = device  # binds the group to this GPU and lets NCCL initialise eagerly
+    dist.init_process_group(**kwargs)
+    return _context_of_initialised_group()
+
+
+def shutdown_distributed() -> None:
+    """Destroy the default process group if one exists (safe to call twice, or when never initialised)."""
+    global _store_barrier_plane
+    _store_barrier_plane = None
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def barrier(ctx: DistContext, what: str, timeout_s: float) -> None:
+    """Barrier over all ranks that fails after ``timeout_s`` with a message naming this rank and ``what``.
+
+    gloo: ``dist.monitored_barrier(wait_all_ranks=True)``; rank 0's error lists every missing rank.
+    Other backends: the ``ControlPlane`` store barrier, whose error lists the missing ranks on every rank.
+    """
+    if not ctx.is_distributed:
+        return
+    if ctx.backend == "gloo":
+        try:
+            dist.monitored_barrier(timeout=timedelta(seconds=timeout_s), wait_all_ranks=True)
+        except RuntimeError as error:
+            raise DistributedTimeoutError(
+                f"rank {ctx.rank} timed out after {timeout_s:g} s in barrier '{what}' "
+                f"(world size {ctx.world_size}): {error}"
+            ) from error
+        return
+    _barrier_plane(ctx).barrier(what, range(ctx.world_size), timeout_s=timeout_s)
+
+
+def _barrier_plane(ctx: DistContext) -> ControlPlane:
+    """One store-barrier plane per process group, so barrier generations count consistently."""
+    global _store_barrier_plane
+    if _store_barrier_plane is None:
+        store = dist.distributed_c10d._get_default_store()
+        _store_barrier_plane = ControlPlane(
+            store, ctx.rank, "all-ranks barrier", namespace=_BARRIER_NAMESPACE
+        )
+    return _store_barrier_plane
+
+
+def _context_of_initialised_group() -> DistContext:
+    rank = dist.get_rank()
+    backend = str(dist.get_backend())
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    if backend == "nccl":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    return DistContext(rank, dist.get_world_size(), local_rank, device, backend, is_distributed=True)
+
+
+def _apply_thread_setting() -> None:
+    """``DIGENRL_THREADS`` caps intra-op threads: several CPU workers on one host must not oversubscribe."""
+    raw = os.environ.get(THREADS_ENV_VAR)
+    if raw is None:
+        return
+    try:
+        threads = int(raw)
+    except ValueError:
+        threads = 0
+    if threads <= 0:
+        raise ValueError(f"environment variable {THREADS_ENV_VAR} must be a positive int, got {raw!r}")
+    torch.set_num_threads(threads)

@@ -1,0 +1,73 @@
+"""The on-disk format of profile event logs, and reading them back (DESIGN.md §5).
+
+Each rank writes ``<out_dir>/events/rank<r>.jsonl``, one JSON object per line, with a ``type``:
+
+- ``meta``    — first line: ``rank, role, clock_origin`` (unix seconds all ranks agreed on), ``host, pid``.
+- ``span``    — ``rank, role, phase, iteration, fragment, policy_version, t_start, t_end`` (seconds since
+  ``clock_origin``), optional ``samples``, ``category`` and ``extra`` (a dict).
+- ``counter`` — ``rank, role, name, t, values`` (a dict of numbers), e.g. NVML utilisation samples.
+- ``note``    — ``rank, role, t, message`` and optional fields (e.g. "GPU telemetry disabled: …").
+
+Phase names are free-form strings, with two conventions the summaries rely on: phases named ``idle`` or
+starting with ``wait`` / ``idle`` are idle time (a bubble), and ``iteration`` marks the extent of one
+iteration on a rank (it is not work either).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+EVENTS_SUBDIR = "events"
+ITERATION_PHASE = "iteration"
+RECORD_TYPES = ("meta", "span", "counter", "note")
+
+
+def rank_log_path(out_dir: str | Path, rank: int) -> Path:
+    return Path(out_dir) / EVENTS_SUBDIR / f"rank{rank}.jsonl"
+
+
+def is_idle_phase(phase: str) -> bool:
+    """Idle phases are waiting, not work: ``idle``, ``idle_*``, ``wait*`` (e.g. ``wait_fragment``)."""
+    return phase == "idle" or phase.startswith(("wait", "idle"))
+
+
+def is_work_phase(phase: str) -> bool:
+    """Spans that make a device busy: everything except idle phases and the ``iteration`` marker."""
+    return phase != ITERATION_PHASE and not is_idle_phase(phase)
+
+
+def load_events(out_dir: str | Path) -> list[dict[str, Any]]:
+    """All records of all ranks under ``out_dir/events``, ordered by (rank, file order).
+
+    A malformed *last* line is dropped (a rank killed mid-write); a malformed line anywhere else is an
+    error, since it means the file is not an event log.
+    """
+    events_dir = Path(out_dir) / EVENTS_SUBDIR
+    paths = sorted(events_dir.glob("rank*.jsonl"), key=_rank_of_path)
+    if not paths:
+        raise ValueError(f"out_dir '{out_dir}' holds no event logs ({events_dir}/rank<r>.jsonl)")
+    records: list[dict[str, Any]] = []
+    for path in paths:
+        lines = path.read_text().splitlines()
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                if number == len(lines):
+                    break
+                raise ValueError(f"{path}:{number} is not valid JSON: {error}") from error
+            if record.get("type") not in RECORD_TYPES:
+                raise ValueError(
+                    f"{path}:{number} has type {record.get('type')!r}; allowed: {list(RECORD_TYPES)}"
+                )
+            records.append(record)
+    return records
+
+
+def _rank_of_path(path: Path) -> int:
+    digits = path.stem.removeprefix("rank")
+    return int(digits) if digits.isdigit() else 1 << 62

@@ -1,0 +1,226 @@
+"""Per-rank profile event log (DESIGN.md §5): spans of work, counters, and a clock shared by all ranks.
+
+Every rank writes ``<out_dir>/events/rank<r>.jsonl`` (format: ``event_records``). Times are seconds since
+a *clock origin* all ranks agree on (rank 0's ``time.time()`` at start, broadcast by
+``agree_clock_origin``), so spans of different ranks line up on one timeline. Within a rank, times come
+from ``time.perf_counter`` (monotonic, sub-µs) anchored to the wall clock once at logger creation, so a
+wall-clock step (NTP) mid-run cannot reorder spans. Across hosts the alignment is as good as the hosts'
+wall clocks agree (NTP: typically ≤ a few ms).
+
+Exports live beside this module and are re-exported here: ``merge_chrome_trace`` (Perfetto / Chrome trace)
+and ``summarize_events`` (per-iteration phase times, busy fractions, samples/s).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from digenrl.runtime.chrome_trace import merge_chrome_trace
+from digenrl.runtime.distributed import DistContext
+from digenrl.runtime.event_records import load_events, rank_log_path
+from digenrl.runtime.event_summary import summarize_events
+
+__all__ = ["EventLogger", "agree_clock_origin", "load_events", "merge_chrome_trace", "summarize_events"]
+
+
+def agree_clock_origin(ctx: DistContext) -> float:
+    """Rank 0's ``time.time()``, broadcast to every rank as a float64 tensor (µs resolution survives).
+
+    Collective: every rank of the default group must call it. Single-process runs get their own clock.
+    """
+    if not ctx.is_distributed:
+        return time.time()
+    origin = torch.tensor([time.time() if ctx.rank == 0 else 0.0], dtype=torch.float64, device=ctx.device)
+    dist.broadcast(origin, src=0)
+    return float(origin.item())
+
+
+class EventLogger:
+    """Append-only JSONL span / counter log of one rank. Thread-safe (the telemetry thread shares it).
+
+    Args:
+        out_dir: run output folder; the log goes to ``out_dir/events/rank<rank>.jsonl`` (truncated).
+        rank, role: identity written into every record.
+        clock_origin: unix time all ranks agreed on (``agree_clock_origin``); times are stored relative to it.
+        flush_interval_s: buffered lines reach the file at least this often (so a crash loses little).
+    """
+
+    def __init__(
+        self,
+        out_dir: str | Path,
+        rank: int,
+        role: str,
+        clock_origin: float,
+        *,
+        flush_interval_s: float = 2.0,
+    ) -> None:
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+            raise ValueError(f"rank must be a non-negative int, got {rank!r}")
+        if not isinstance(role, str) or not role:
+            raise ValueError(f"role must be a non-empty string, got {role!r}")
+        self.rank = rank
+        self.role = role
+        self.clock_origin = float(clock_origin)
+        self.path = rank_log_path(out_dir, rank)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._flush_interval_s = flush_interval_s
+        self._lock = threading.Lock()
+        self._file = self.path.open("w")
+        self._last_flush = time.perf_counter()
+        # perf_counter is monotonic but has an arbitrary zero: anchor it to the wall clock exactly once.
+        self._anchor_perf = time.perf_counter()
+        self._anchor_since_origin = time.time() - self.clock_origin
+        self._write(
+            {
+                "type": "meta",
+                "rank": rank,
+                "role": role,
+                "clock_origin": self.clock_origin,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+            }
+        )
+
+    def now(self) -> float:
+        """Seconds since the shared clock origin."""
+        return self._anchor_since_origin + (time.perf_counter() - self._anchor_perf)
+
+    @contextmanager
+    def span(
+        self,
+        phase: str,
+        *,
+        iteration: int | None = None,
+        fragment: int | None = None,
+        policy_version: int | None = None,
+        samples: int | None = None,
+        category: str | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        """Time the body as one span. Yields a dict the body may fill (e.g. ``samples`` known at the end).
+
+        Keys the body sets on the yielded dict go into ``extra``, except ``samples``, which becomes the
+        span's sample count. A span interrupted by an exception is still written, with ``extra.error``.
+        """
+        notes: dict[str, Any] = dict(extra or {})
+        t_start = self.now()
+        try:
+            yield notes
+        except BaseException as error:
+            notes["error"] = type(error).__name__
+            raise
+        finally:
+            count = notes.pop("samples", samples)
+            self.record_span(
+                phase,
+                t_start,
+                self.now(),
+                iteration=iteration,
+                fragment=fragment,
+                policy_version=policy_version,
+                samples=count,
+                category=category,
+                extra=notes,
+            )
+
+    def record_span(
+        self,
+        phase: str,
+        t_start: float,
+        t_end: float,
+        *,
+        iteration: int | None = None,
+        fragment: int | None = None,
+        policy_version: int | None = None,
+        samples: int | None = None,
+        category: str | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Write a span timed elsewhere (e.g. from CUDA events); times are seconds since the clock origin."""
+        if not isinstance(phase, str) or not phase:
+            raise ValueError(f"phase must be a non-empty string, got {phase!r}")
+        if t_end < t_start:
+            raise ValueError(f"span '{phase}': t_end ({t_end}) must not be before t_start ({t_start})")
+        record: dict[str, Any] = {
+            "type": "span",
+            "rank": self.rank,
+            "role": self.role,
+            "phase": phase,
+            "iteration": iteration,
+            "fragment": fragment,
+            "policy_version": policy_version,
+            "t_start": t_start,
+            "t_end": t_end,
+        }
+        if samples is not None:
+            record["samples"] = int(samples)
+        if category is not None:
+            record["category"] = category
+        if extra:
+            record["extra"] = dict(extra)
+        self._write(record)
+
+    def counter(self, name: str, values: Mapping[str, float], t: float | None = None) -> None:
+        """Write one sample of numeric series (e.g. ``gpu``: util %, memory GiB, power W)."""
+        self._write(
+            {
+                "type": "counter",
+                "rank": self.rank,
+                "role": self.role,
+                "name": name,
+                "t": self.now() if t is None else t,
+                "values": {key: float(value) for key, value in values.items()},
+            }
+        )
+
+    def note(self, message: str, **fields: Any) -> None:
+        """Write a free-text note (e.g. why telemetry is off) that readers of the log should see."""
+        self._write(
+            {
+                "type": "note",
+                "rank": self.rank,
+                "role": self.role,
+                "t": self.now(),
+                "message": message,
+                **fields,
+            }
+        )
+
+    def flush(self) -> None:
+        with self._lock:
+            if not self._file.closed:
+                self._file.flush()
+                self._last_flush = time.perf_counter()
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._file.closed:
+                self._file.flush()
+                self._file.close()
+
+    def __enter__(self) -> EventLogger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _write(self, record: dict[str, Any]) -> None:
+        line = json.dumps(record, separators=(",", ":"), default=str)
+        with self._lock:
+            if self._file.closed:
+                raise ValueError(f"EventLogger for rank {self.rank} is closed; cannot write {record['type']}")
+            self._file.write(line + "\n")
+            if time.perf_counter() - self._last_flush >= self._flush_interval_s:
+                self._file.flush()
+                self._last_flush = time.perf_counter()

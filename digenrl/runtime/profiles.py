@@ -1,0 +1,277 @@
+"""Hardware profiles: a typed, validated description of a testbed (DESIGN.md §2, "The hardware profile").
+
+A profile says how many nodes there are, how many devices each node holds, what kind of device each is
+(relative speed, memory, peak bf16 TFLOP/s, HBM bandwidth) and how fast the links are. The planner and the
+discrete-event simulator read it to size pools and predict step times; the launcher reads it to check that
+``torchrun`` started the expected number of ranks. The YAML schema is documented in
+``hardware_profiles/README.md``.
+
+Units: TFLOP/s for compute, GB/s (gigaBYTES per second, 1e9 B/s) for every bandwidth, GiB for memory.
+Ranks are assigned node by node in the order the ``nodes`` list is written (torchrun's default: node n
+holds global ranks ``[n * nproc_per_node, (n + 1) * nproc_per_node)``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+#: ``hardware_profiles/`` at the repository root, found relative to this file (digenrl/runtime/profiles.py).
+PROFILE_DIR = Path(__file__).resolve().parents[2] / "hardware_profiles"
+
+ALLOWED_BACKENDS = ("gloo", "nccl")
+_TOP_LEVEL_KEYS = ("name", "description", "backend", "nodes", "gpu_types", "links")
+_NODE_KEYS = ("count", "gpus_per_node", "workers_per_node", "gpu", "intra_node_gbps")
+_GPU_TYPE_KEYS = ("relative_speed", "memory_gib", "bf16_tflops", "hbm_gbps", "measured_bf16_tflops")
+_LINK_KEYS = ("intra_node_gbps", "inter_node_gbps", "host_device_gbps")
+
+
+@dataclass(frozen=True)
+class GpuType:
+    """One kind of device. ``relative_speed`` is throughput relative to an H200 (= 1.0) for the planner."""
+
+    name: str
+    relative_speed: float
+    memory_gib: float
+    bf16_tflops: float
+    hbm_gbps: float
+    measured_bf16_tflops: float | None = None
+
+
+@dataclass(frozen=True)
+class NodeGroup:
+    """``count`` identical nodes, each with ``devices_per_node`` devices of type ``gpu``.
+
+    ``intra_node_gbps`` overrides the profile-wide intra-node link for these nodes (heterogeneous
+    clusters mix NVLink generations); None means "use ``Links.intra_node_gbps``".
+    """
+
+    count: int
+    devices_per_node: int
+    gpu: str
+    intra_node_gbps: float | None = None
+
+
+@dataclass(frozen=True)
+class Links:
+    """Link bandwidths in GB/s, as written in the profile (see the YAML comments for direction)."""
+
+    intra_node_gbps: float
+    inter_node_gbps: float
+    host_device_gbps: float
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """A validated testbed description. Build it with ``load_profile`` or ``profile_from_dict``."""
+
+    name: str
+    description: str
+    backend: str
+    nodes: tuple[NodeGroup, ...]
+    gpu_types: Mapping[str, GpuType]
+    links: Links
+
+    @property
+    def world_size(self) -> int:
+        """Total number of devices (= torchrun ranks, one process per device)."""
+        return sum(group.count * group.devices_per_node for group in self.nodes)
+
+    @property
+    def num_nodes(self) -> int:
+        return sum(group.count for group in self.nodes)
+
+    def _locate(self, rank: int) -> tuple[int, int, NodeGroup]:
+        """(global node index, local rank, node group) of ``rank``; ranks fill node 0 first."""
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.world_size:
+            raise ValueError(
+                f"rank must be an int in [0, {self.world_size}) for profile '{self.name}', got {rank!r}"
+            )
+        node_index = 0
+        remaining = rank
+        for group in self.nodes:
+            group_ranks = group.count * group.devices_per_node
+            if remaining < group_ranks:
+                node_in_group, local_rank = divmod(remaining, group.devices_per_node)
+                return node_index + node_in_group, local_rank, group
+            remaining -= group_ranks
+            node_index += group.count
+        raise AssertionError("unreachable: rank was range-checked against world_size")
+
+    def device_type(self, rank: int) -> GpuType:
+        """The device kind global ``rank`` runs on."""
+        return self.gpu_types[self._locate(rank)[2].gpu]
+
+    def node_of(self, rank: int) -> int:
+        """Global node index (0-based, in profile order) holding ``rank``."""
+        return self._locate(rank)[0]
+
+    def local_rank_of(self, rank: int) -> int:
+        return self._locate(rank)[1]
+
+    def ranks_of_node(self, node: int) -> tuple[int, ...]:
+        """Global ranks on node ``node``."""
+        if isinstance(node, bool) or not isinstance(node, int) or not 0 <= node < self.num_nodes:
+            raise ValueError(f"node must be an int in [0, {self.num_nodes}), got {node!r}")
+        first = 0
+        node_index = 0
+        for group in self.nodes:
+            if node < node_index + group.count:
+                start = first + (node - node_index) * group.devices_per_node
+                return tuple(range(start, start + group.devices_per_node))
+            first += group.count * group.devices_per_node
+            node_index += group.count
+        raise AssertionError("unreachable: node was range-checked against num_nodes")
+
+    def link_gbps(self, rank_a: int, rank_b: int) -> float:
+        """Point-to-point bandwidth (GB/s) between two ranks: the node's intra link or the network."""
+        node_a, _, group_a = self._locate(rank_a)
+        node_b, _, _ = self._locate(rank_b)
+        if node_a != node_b:
+            return self.links.inter_node_gbps
+        if group_a.intra_node_gbps is not None:
+            return group_a.intra_node_gbps
+        return self.links.intra_node_gbps
+
+    def check_world_size(self, world_size: int) -> None:
+        """Raise if the launched world does not match the profile (a mis-set --nproc_per_node)."""
+        if world_size != self.world_size:
+            raise ValueError(
+                f"world_size {world_size} does not match hardware profile '{self.name}', which describes "
+                f"{self.world_size} devices ({self.num_nodes} nodes)"
+            )
+
+
+# ----------------------------------------------------------------------------------------------- loading
+
+
+def available_profiles() -> list[str]:
+    """Names of the profiles shipped in ``hardware_profiles/`` (file stems), sorted."""
+    if not PROFILE_DIR.is_dir():
+        return []
+    return sorted(path.stem for path in PROFILE_DIR.glob("*.yaml"))
+
+
+def load_profile(name_or_path: str | Path) -> HardwareProfile:
+    """Load a profile by name (``hardware_profiles/<name>.yaml``) or from an explicit YAML path."""
+    path = Path(name_or_path)
+    is_path = isinstance(name_or_path, Path) or path.suffix in (".yaml", ".yml") or len(path.parts) > 1
+    if is_path:
+        if not path.is_file():
+            raise ValueError(f"hardware profile file '{path}' does not exist")
+    else:
+        path = PROFILE_DIR / f"{name_or_path}.yaml"
+        if not path.is_file():
+            raise ValueError(
+                f"unknown hardware profile '{name_or_path}'; allowed: {', '.join(available_profiles())} "
+                f"(or a path to a .yaml file)"
+            )
+    with path.open() as handle:
+        raw = yaml.safe_load(handle)
+    profile = profile_from_dict(raw, source=str(path))
+    if not is_path and profile.name != str(name_or_path):
+        raise ValueError(f"profile.name '{profile.name}' in {path} must equal its file name '{path.stem}'")
+    return profile
+
+
+def profile_from_dict(raw: Any, source: str = "<dict>") -> HardwareProfile:
+    """Validate a parsed YAML mapping; errors name the offending key, e.g. ``profile.nodes[1].gpu``."""
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"hardware profile {source} must be a mapping with keys {list(_TOP_LEVEL_KEYS)}")
+    _reject_unknown(raw, _TOP_LEVEL_KEYS, "profile")
+    name = _required_str(raw, "name", "profile")
+    description = str(raw.get("description", ""))
+    backend = _required_str(raw, "backend", "profile")
+    if backend not in ALLOWED_BACKENDS:
+        raise ValueError(f"profile.backend must be one of {list(ALLOWED_BACKENDS)}, got {backend!r}")
+
+    raw_types = raw.get("gpu_types")
+    if not isinstance(raw_types, Mapping) or not raw_types:
+        raise ValueError("profile.gpu_types must be a non-empty mapping of device type name -> properties")
+    gpu_types = {str(type_name): _gpu_type(str(type_name), spec) for type_name, spec in raw_types.items()}
+
+    raw_nodes = raw.get("nodes")
+    if not isinstance(raw_nodes, list) or not raw_nodes:
+        raise ValueError("profile.nodes must be a non-empty list of {count, gpus_per_node, gpu}")
+    nodes = tuple(_node_group(index, spec, gpu_types) for index, spec in enumerate(raw_nodes))
+
+    raw_links = raw.get("links")
+    if not isinstance(raw_links, Mapping):
+        raise ValueError(f"profile.links must be a mapping with keys {list(_LINK_KEYS)}")
+    _reject_unknown(raw_links, _LINK_KEYS, "profile.links")
+    links = Links(**{key: _positive_float(raw_links, key, "profile.links") for key in _LINK_KEYS})
+    return HardwareProfile(name, description, backend, nodes, gpu_types, links)
+
+
+def _gpu_type(type_name: str, spec: Any) -> GpuType:
+    where = f"profile.gpu_types.{type_name}"
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"{where} must be a mapping with keys {list(_GPU_TYPE_KEYS)}")
+    _reject_unknown(spec, _GPU_TYPE_KEYS, where)
+    measured = None
+    if spec.get("measured_bf16_tflops") is not None:
+        measured = _positive_float(spec, "measured_bf16_tflops", where)
+    return GpuType(
+        name=type_name,
+        relative_speed=_positive_float(spec, "relative_speed", where),
+        memory_gib=_positive_float(spec, "memory_gib", where),
+        bf16_tflops=_positive_float(spec, "bf16_tflops", where),
+        hbm_gbps=_positive_float(spec, "hbm_gbps", where),
+        measured_bf16_tflops=measured,
+    )
+
+
+def _node_group(index: int, spec: Any, gpu_types: Mapping[str, GpuType]) -> NodeGroup:
+    where = f"profile.nodes[{index}]"
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"{where} must be a mapping with keys count, gpus_per_node|workers_per_node, gpu")
+    _reject_unknown(spec, _NODE_KEYS, where)
+    has_gpus, has_workers = "gpus_per_node" in spec, "workers_per_node" in spec
+    if has_gpus == has_workers:
+        raise ValueError(f"{where} must set exactly one of gpus_per_node (GPUs) or workers_per_node (CPU)")
+    per_node_key = "gpus_per_node" if has_gpus else "workers_per_node"
+    gpu = _required_str(spec, "gpu", where)
+    if gpu not in gpu_types:
+        raise ValueError(f"{where}.gpu '{gpu}' is not in profile.gpu_types; allowed: {sorted(gpu_types)}")
+    intra = None
+    if spec.get("intra_node_gbps") is not None:
+        intra = _positive_float(spec, "intra_node_gbps", where)
+    return NodeGroup(
+        count=_positive_int(spec, "count", where),
+        devices_per_node=_positive_int(spec, per_node_key, where),
+        gpu=gpu,
+        intra_node_gbps=intra,
+    )
+
+
+def _reject_unknown(mapping: Mapping, allowed: tuple[str, ...], where: str) -> None:
+    unknown = sorted(str(key) for key in mapping if key not in allowed)
+    if unknown:
+        raise ValueError(f"{where} has unknown key(s) {unknown}; allowed: {list(allowed)}")
+
+
+def _required_str(mapping: Mapping, key: str, where: str) -> str:
+    value = mapping.get(key)
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{where}.{key} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _positive_int(mapping: Mapping, key: str, where: str) -> int:
+    value = mapping.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{where}.{key} must be a positive int, got {value!r}")
+    return value
+
+
+def _positive_float(mapping: Mapping, key: str, where: str) -> float:
+    value = mapping.get(key)
+    is_number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not is_number or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{where}.{key} must be a positive number, got {value!r}")
+    return float(value)

@@ -1,0 +1,130 @@
+"""The phases every schedule is built from: generate, score, advantages, train, optimizer step.
+
+Baselines and DigenRL call exactly these functions; a system differs from another only in *when* and
+*on which ranks* it calls them (DESIGN.md §4: "same components, different schedule").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from digenrl.algo.advantages import gather_rewards, group_advantages
+from digenrl.config import AlgoConfig
+from digenrl.rollout.scoring import ScoreResult
+from digenrl.rollout.trajectory import TrajectoryBatch
+from digenrl.trainer.trainer import PolicyTrainer
+
+
+def assign_advantages(
+    batch: TrajectoryBatch, score: ScoreResult, algo: AlgoConfig, group: dist.ProcessGroup | None = None
+) -> TrajectoryBatch:
+    """Fill ``rewards``/``advantages`` and drop samples of groups with a non-finite reward.
+
+    Rewards are gathered over ``group`` (the ranks that together hold the logical batch) before
+    normalising, because with ``adv_std=global`` the std spans the whole batch and, in general, a
+    rank's slice need not hold a group's every sample (ALGORITHM.md, "Advantages").
+    """
+    keep = score.keep
+    local_rewards = score.rewards.float()
+    group_ids = batch.prompt_ids.cpu()
+    sample_ids = batch.sample_ids.cpu()
+    # Dropped samples stay out of the statistics: give them a unique negative group id.
+    masked_ids = torch.where(keep, group_ids, -1 - (group_ids * 1_000_003 + sample_ids))
+    all_rewards, all_ids = gather_rewards(local_rewards, masked_ids, group=group)
+    all_keep = all_ids >= 0
+    result = group_advantages(
+        all_rewards[all_keep], all_ids[all_keep], std_mode=algo.adv_std, clamp=algo.adv_clamp
+    )
+    advantages_all = torch.zeros_like(all_rewards)
+    advantages_all[all_keep] = result.advantages
+    offset = _local_offset(local_rewards.numel(), group)
+    advantages = advantages_all[offset : offset + local_rewards.numel()]
+    device = batch.log_probs.device
+    batch.rewards = local_rewards.to(device)
+    batch.advantages = advantages.to(device)
+    kept = torch.nonzero(keep).flatten()
+    return batch if kept.numel() == batch.batch_size else batch.select(kept)
+
+
+def _local_offset(n_local: int, group: dist.ProcessGroup | None) -> int:
+    """Index of this rank's first sample in the rank-ordered gather of ``gather_rewards``."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return 0
+    sizes = [None] * dist.get_world_size(group)
+    dist.all_gather_object(sizes, n_local, group=group)
+    return sum(sizes[: dist.get_rank(group)])
+
+
+def global_sum(value: float | int, group: dist.ProcessGroup | None = None) -> float:
+    """Sum a scalar over ``group`` (identity in a single process)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return float(value)
+    t = torch.tensor([float(value)], dtype=torch.float64)
+    dist.all_reduce(t, group=group)
+    return float(t.item())
+
+
+@dataclass
+class TrainStats:
+    """Sums over training units, reduced over the trainer pool by :meth:`reduce`."""
+
+    units: float = 0.0
+    loss_sum: float = 0.0
+    ratio_sum: float = 0.0
+    clipped: float = 0.0
+    kl_sum: float = 0.0
+    ratio_min: float = float("inf")
+    ratio_max: float = float("-inf")
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def add(self, stats: dict[str, float]) -> None:
+        self.units += stats["units"]
+        self.loss_sum += stats["loss_sum"]
+        self.ratio_sum += stats["ratio_sum"]
+        self.clipped += stats["clipped_count"]
+        self.kl_sum += stats.get("kl_sum", 0.0)
+        if stats["units"]:
+            self.ratio_min = min(self.ratio_min, stats["ratio_min"])
+            self.ratio_max = max(self.ratio_max, stats["ratio_max"])
+
+    def reduce(self, group: dist.ProcessGroup | None = None) -> dict[str, float]:
+        sums = torch.tensor(
+            [self.units, self.loss_sum, self.ratio_sum, self.clipped, self.kl_sum], dtype=torch.float64
+        )
+        extremes = torch.tensor([-self.ratio_min, self.ratio_max], dtype=torch.float64)
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(sums, group=group)
+            dist.all_reduce(extremes, op=dist.ReduceOp.MAX, group=group)
+        units = max(sums[0].item(), 1.0)
+        return {
+            "units": sums[0].item(),
+            "loss": sums[1].item() / units,
+            "ratio_mean": sums[2].item() / units,
+            "ratio_min": -extremes[0].item(),
+            "ratio_max": extremes[1].item(),
+            "clip_frac": sums[3].item() / units,
+            "kl": sums[4].item() / units,
+        }
+
+
+def train_on(trainer: PolicyTrainer, batch: TrajectoryBatch, total_units: float, stats: TrainStats) -> None:
+    """Accumulate the gradient of ``batch``'s units, weighted so that the sum over every part of the
+    logical batch (all fragments, all ranks) is the gradient of the mean unit loss."""
+    if batch.batch_size == 0:
+        return
+    stats.add(trainer.accumulate(batch, unit_weight=1.0 / total_units))
+
+
+def reward_summary(rewards: torch.Tensor, group: dist.ProcessGroup | None = None) -> tuple[float, float]:
+    """Mean and population std of the rewards held by all ranks of ``group``."""
+    local = rewards.detach().double().cpu()
+    moments = torch.tensor([local.numel(), local.sum().item(), (local**2).sum().item()], dtype=torch.float64)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(moments, group=group)
+    n = max(moments[0].item(), 1.0)
+    mean = moments[1].item() / n
+    var = max(moments[2].item() / n - mean**2, 0.0)
+    return mean, var**0.5

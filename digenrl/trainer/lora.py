@@ -1,0 +1,157 @@
+"""Which transformer parameters the policy update trains: a LoRA adapter, or everything.
+
+LoRA is injected *in place* with diffusers' ``PeftAdapterMixin.add_adapter`` (peft ``LoraConfig``), so
+``flow_model.transformer`` keeps its diffusers class, its ``forward`` signature and its parameter names;
+the sampler, FSDP2 and the weight sync keep working on it unchanged. The KL reference policy of FlowGRPO is
+the same transformer with the adapter switched off (ALGORITHM.md, "Loss"), so no second copy of the base
+weights is held: :func:`reference_policy` disables the adapter for the duration of a ``with`` block.
+
+Defaults follow flow_grpo ``scripts/train_sd3.py``: r = 32, alpha = 64, ``init_lora_weights="gaussian"``
+(lora_B starts at zero, so the adapter starts as the identity edit), targets = the joint-attention
+projections ``attn.{to_q,to_k,to_v,to_out.0,add_q_proj,add_k_proj,add_v_proj,to_add_out}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+ATTENTION_TARGETS: tuple[str, ...] = (
+    "attn.to_q",
+    "attn.to_k",
+    "attn.to_v",
+    "attn.to_out.0",
+    "attn.add_q_proj",
+    "attn.add_k_proj",
+    "attn.add_v_proj",
+    "attn.to_add_out",
+)
+"""flow_grpo scripts/train_sd3.py's LoRA targets. In diffusers 0.42 the same names exist in the dual-stream
+blocks of SD3 (``JointTransformerBlock.attn``), FLUX (``FluxAttention``; single blocks have q/k/v only),
+Qwen-Image and HunyuanVideo (whose token refiner also has an ``attn.to_q`` … and is matched too). SD3.5's
+second self-attention ``attn2`` is *not* matched, as in flow_grpo."""
+
+WAN_TARGETS: tuple[str, ...] = tuple(
+    f"{attn}.{proj}" for attn in ("attn1", "attn2") for proj in ("to_q", "to_k", "to_v", "to_out.0")
+)
+"""Wan's blocks have self-attention ``attn1`` and text cross-attention ``attn2`` (diffusers
+``WanTransformerBlock``); the added-KV projections exist only for image-to-video and are left out."""
+
+DEFAULT_LORA_TARGETS: dict[str, tuple[str, ...]] = {
+    "sd3": ATTENTION_TARGETS,
+    "flux": ATTENTION_TARGETS,
+    "qwen-image": ATTENTION_TARGETS,
+    "hunyuan-video": ATTENTION_TARGETS,
+    "wan": WAN_TARGETS,
+}
+
+ADAPTER_NAME = "default"
+
+
+def _matches(module_name: str, target: str) -> bool:
+    # peft's rule for a list of target names: the full name, or a suffix starting at a dot.
+    return module_name == target or module_name.endswith("." + target)
+
+
+def default_lora_targets(family: str) -> list[str]:
+    if family not in DEFAULT_LORA_TARGETS:
+        raise ValueError(
+            f"no default LoRA targets for family {family!r}; known: {sorted(DEFAULT_LORA_TARGETS)}"
+        )
+    return list(DEFAULT_LORA_TARGETS[family])
+
+
+def _check_targets(transformer: nn.Module, targets: list[str], *, each: bool) -> None:
+    """User-given targets must each match a Linear (a typo would silently train nothing); the family
+    defaults need only match somewhere (a 1-block tiny model lacks e.g. SD3's ``to_add_out``)."""
+    linear_names = [n for n, m in transformer.named_modules() if isinstance(m, nn.Linear)]
+    hits = {t: any(_matches(n, t) for n in linear_names) for t in targets}
+    missing = [t for t, hit in hits.items() if not hit]
+    if (each and missing) or not any(hits.values()):
+        sample = sorted({n.split(".", 2)[-1] for n in linear_names})[:40]
+        raise ValueError(
+            f"trainer.lora_targets {missing or targets} match no Linear module of "
+            f"{type(transformer).__name__}; module names look like: {', '.join(sample)}"
+        )
+
+
+def apply_lora(
+    flow_model: nn.Module,
+    *,
+    rank: int,
+    alpha: float,
+    targets: list[str] | None = None,
+    adapter_dtype: torch.dtype = torch.float32,
+) -> list[nn.Parameter]:
+    """Freeze ``flow_model`` and add a trainable LoRA adapter to ``flow_model.transformer`` in place.
+
+    ``targets=None`` takes the family default (``flow_model.spec.family``). Adapter weights are kept in
+    ``adapter_dtype`` (fp32) even when the base is bf16, so AdamW updates them at full precision; peft casts
+    the adapter input to the adapter dtype and the result back (peft ``lora.Linear.forward``).
+    Returns the trainable parameters (the adapter's lora_A / lora_B weights).
+    """
+    from peft import LoraConfig
+
+    if rank <= 0:
+        raise ValueError(f"trainer.lora_rank must be > 0, got {rank}")
+    transformer = flow_model.transformer
+    if getattr(transformer, "_hf_peft_config_loaded", False):
+        raise ValueError(
+            f"{type(transformer).__name__} already carries a LoRA adapter; apply_lora once per model"
+        )
+    if targets is None:
+        targets = default_lora_targets(flow_model.spec.family)
+        _check_targets(transformer, targets, each=False)
+    else:
+        if not targets:
+            raise ValueError("trainer.lora_targets must be null (family default) or a non-empty list")
+        _check_targets(transformer, list(targets), each=True)
+    flow_model.requires_grad_(False)
+    config = LoraConfig(
+        r=rank, lora_alpha=alpha, init_lora_weights="gaussian", target_modules=list(targets), lora_dropout=0.0
+    )
+    transformer.add_adapter(config, adapter_name=ADAPTER_NAME)
+    params = []
+    for name, p in transformer.named_parameters():
+        if "lora_" in name:
+            p.data = p.data.to(adapter_dtype)
+            p.requires_grad_(True)
+            params.append(p)
+        elif p.requires_grad:  # pragma: no cover - peft only ever unfreezes adapter weights
+            p.requires_grad_(False)
+    return params
+
+
+def enable_full_finetune(flow_model: nn.Module) -> list[nn.Parameter]:
+    """Full fine-tune: every transformer parameter trains; anything else in ``flow_model`` is frozen."""
+    flow_model.requires_grad_(False)
+    flow_model.transformer.requires_grad_(True)
+    return list(flow_model.transformer.parameters())
+
+
+def has_lora(flow_model: nn.Module) -> bool:
+    return bool(getattr(flow_model.transformer, "_hf_peft_config_loaded", False))
+
+
+@contextmanager
+def reference_policy(flow_model: nn.Module) -> Iterator[nn.Module]:
+    """Inside the block ``flow_model`` computes the reference policy: the base model, adapter off.
+
+    peft's ``enable_adapters`` re-marks the active adapter as trainable and ``disable`` freezes it
+    (peft ``BaseTunerLayer.enable_adapters``), so the exact ``requires_grad`` flags are recorded and put
+    back: leaving the block restores the trainer's state whatever it was.
+    """
+    if not has_lora(flow_model):
+        raise ValueError("the KL reference is the adapter-disabled model; it needs trainer.mode=lora")
+    transformer = flow_model.transformer
+    flags = [(p, p.requires_grad) for p in transformer.parameters()]
+    transformer.disable_adapters()
+    try:
+        yield flow_model
+    finally:
+        transformer.enable_adapters()
+        for p, flag in flags:
+            p.requires_grad_(flag)

@@ -1,0 +1,33 @@
+"""How the training units of a trajectory batch are cut into micro-batches.
+
+A unit is one (sample b, trained transition k). FlowGRPO's rollout runs all samples of a batch through
+the transformer at the same timestep in one forward, and its training loop does the same per timestep
+(flow_grpo scripts/train_sd3.py: ``for j in train_timesteps: ... transformer(latents[:, j], ...)``). Units
+are therefore ordered timestep-major, and a micro-batch never mixes timesteps when the batch has at least
+``micro_batch_size`` samples: with ``micro_batch_size`` equal to the rollout's samples per forward, the
+training forward sees the same batch composition as the rollout, which is what makes the first PPO ratio
+exactly 1 (ALGORITHM.md, "Loss"). When the batch is smaller (e.g. a rank's share of a fragment), whole
+timestep rows are packed together so that micro-batches stay full.
+"""
+
+from __future__ import annotations
+
+
+def plan_micro_batches(batch_size: int, num_steps: int, micro_batch_size: int) -> list[list[tuple[int, int]]]:
+    """Micro-batches of ``(sample, step)`` index pairs covering every unit exactly once."""
+    if micro_batch_size <= 0:
+        raise ValueError(f"trainer.micro_batch_size must be > 0, got {micro_batch_size}")
+    if batch_size < 0 or num_steps < 0:
+        raise ValueError(f"batch_size and num_steps must be >= 0, got {batch_size}, {num_steps}")
+    rows = [[(b, k) for b in range(batch_size)] for k in range(num_steps)]
+    plan: list[list[tuple[int, int]]] = []
+    if batch_size >= micro_batch_size:
+        for row in rows:
+            plan.extend(row[i : i + micro_batch_size] for i in range(0, batch_size, micro_batch_size))
+        return plan
+    rows_per_micro_batch = max(1, micro_batch_size // max(batch_size, 1))
+    for i in range(0, len(rows), rows_per_micro_batch):
+        units = [u for row in rows[i : i + rows_per_micro_batch] for u in row]
+        if units:
+            plan.append(units)
+    return plan

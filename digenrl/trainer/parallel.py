@@ -1,0 +1,428 @@
+"""Data parallelism over the trainer ranks: none | ddp | fsdp2 | deepspeed, behind one small interface.
+
+Gradient semantics (all backends). The trainer backpropagates ``loss_sum · unit_weight`` per micro-batch,
+where ``unit_weight = 1 / (units of the logical batch over all ranks)``. Each rank therefore holds the
+*sum* over its units of ∇loss_u / N; the cross-rank reduction must be a **sum** (not the usual average) for
+the result to be ∇ of the global mean loss, independent of how units are split over micro-batches, GAP
+fragments and ranks. Every backend here reduces with SUM:
+
+* ``ddp``: gradients accumulate locally during all micro-batches and fragments; :meth:`finish_gradients`
+  all-reduces them (SUM) once, right before clipping. This is exactly what ``DistributedDataParallel``
+  does under ``no_sync()`` followed by one synchronised backward, but it does not require every rank to run
+  the same number of backwards: with GAP/TSP, ranks receive uneven shares of a fragment's units. Parameters
+  and buffers are broadcast from the group's first rank at wrap time, as DDP does at construction.
+* ``fsdp2``: ``fully_shard`` per transformer block, then the root, on a ``DeviceMesh`` made from the trainer
+  group. Gradients are reduce-scattered every backward with the divide factor set to 1 on *every*
+  ``FSDPModule`` (the setting does not recurse; on the root alone the blocks keep averaging — checked on
+  torch 2.13) and ``set_force_sum_reduction_for_comms`` (gloo has no PREMUL_SUM). Forward and backward are
+  collectives, so ranks must run equally many micro-batches: :attr:`ParallelBackend.lockstep` tells the
+  trainer to pad with zero-weight micro-batches.
+* ``deepspeed``: ZeRO stage 0–2 engine (imported lazily). DeepSpeed averages over the data-parallel world,
+  so the loss is multiplied by the world size. Not exercised by the test-suite (no deepspeed installed).
+
+``trainable state`` helpers gather full (unsharded) tensors keyed by the transformer's parameter names, so
+checkpoints and weight sync do not depend on the process layout that wrote them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+BACKENDS = ("auto", "none", "ddp", "fsdp2", "deepspeed")
+_BUCKET_ELEMENTS = 1 << 26  # 64 Mi elements per all-reduce bucket (256 MB in fp32)
+
+
+def resolve_backend(backend: str, *, world_size: int, mode: str) -> str:
+    """``auto``: several processes → fsdp2 for full fine-tune (shards weights, grads and Adam state), ddp for
+    LoRA (adapter gradients are small; replicas avoid a gather per block per forward). A single trainer
+    process runs ``none`` whatever data-parallel backend was asked for (deepspeed excepted)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"trainer.backend={backend!r} is not allowed; choose one of: {', '.join(BACKENDS)}")
+    if mode not in ("lora", "full"):
+        raise ValueError(f"trainer.mode={mode!r} is not allowed; choose one of: lora, full")
+    if world_size == 1 and backend in ("auto", "ddp", "fsdp2"):
+        return "none"  # one trainer process: nothing to replicate or shard
+    if backend == "auto":
+        return "fsdp2" if mode == "full" else "ddp"
+    if backend == "none" and world_size > 1:
+        raise ValueError(
+            f"trainer.backend=none is single-process but the trainer group has {world_size} ranks; "
+            "use ddp, fsdp2, deepspeed or auto"
+        )
+    return backend
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The tensor this rank stores (a DTensor's shard, or the tensor itself)."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+class ParallelBackend:
+    """A transformer prepared for data-parallel training; single-process behaviour (backend ``none``)."""
+
+    name = "none"
+    lockstep = False  # True: every micro-batch forward/backward is a collective over the group
+
+    def __init__(self, flow_model: nn.Module, *, group: Any, world_size: int, device: torch.device) -> None:
+        self.flow_model = flow_model
+        self.group = group
+        self.world_size = world_size
+        self.rank = dist.get_rank(group) if world_size > 1 else 0
+        self.device = device
+
+    # ---------------------------------------------------------------- parameters
+    @property
+    def module(self) -> nn.Module:
+        return self.flow_model.transformer
+
+    def named_trainable(self) -> list[tuple[str, nn.Parameter]]:
+        return [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for _, p in self.named_trainable()]
+
+    def attach_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        return optimizer
+
+    # ---------------------------------------------------------------- collectives
+    def _sum_over_ranks(self, value: torch.Tensor) -> torch.Tensor:
+        if self.world_size > 1:
+            dist.all_reduce(value, op=dist.ReduceOp.SUM, group=self.group)
+        return value
+
+    def max_over_ranks(self, value: int) -> int:
+        if self.world_size == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.int64, device=self._comm_device())
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        return int(t.item())
+
+    def _comm_device(self) -> torch.device:
+        backend = dist.get_backend(self.group) if self.world_size > 1 else "gloo"
+        return self.device if backend == "nccl" else torch.device("cpu")
+
+    # ---------------------------------------------------------------- gradients
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def finish_gradients(self) -> None:
+        """Called once per optimizer step, before clipping: complete the cross-rank reduction."""
+
+    def clip_grad_norm(self, max_norm: float) -> float:
+        """Clip to ``max_norm`` (global over ranks and shards); returns the norm before clipping."""
+        params = [p for p in self.trainable_parameters() if p.grad is not None]
+        if not params:
+            return 0.0
+        total = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        if hasattr(total, "full_tensor"):
+            total = total.full_tensor()
+        return float(total)
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        optimizer.step()
+
+    def global_sq_norm(self, tensors: Iterable[torch.Tensor]) -> float:
+        """Σ‖t‖² over the given tensors (local shards), summed over ranks where tensors are sharded."""
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        for t in tensors:
+            total += _local(t).detach().double().pow(2).sum()
+        return float(self._reduce_sharded(total.to(self._comm_device())))
+
+    def _reduce_sharded(self, value: torch.Tensor) -> torch.Tensor:
+        return value  # replicated parameters: every rank already holds the full value
+
+    # ---------------------------------------------------------------- state
+    def gather_full_state(self, *, all_ranks: bool = False) -> dict[str, torch.Tensor]:
+        """Full trainable tensors on CPU keyed by parameter name. With sharding this is a collective;
+        ``all_ranks=False`` keeps the result on the group's first rank only (others get ``{}``)."""
+        keep = all_ranks or self.rank == 0
+        out = {}
+        for name, p in self.named_trainable():
+            full = p.detach().full_tensor() if hasattr(p, "full_tensor") else p.detach()
+            if keep:
+                out[name] = full.to("cpu", copy=True)
+        return out
+
+    def _to_param_layout(self, full: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+        """A full tensor laid out like ``param`` (sliced to this rank's shard for a DTensor)."""
+        full = full.to(device=_local(param).device)
+        if hasattr(param, "device_mesh"):
+            from torch.distributed.tensor import distribute_tensor
+
+            # every rank holds the full tensor: slice locally, no communication (src_data_rank=None)
+            return distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
+        return full
+
+    def load_full_state(self, state: dict[str, torch.Tensor]) -> None:
+        named = self.named_trainable()
+        expected = {n for n, _ in named}
+        missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
+        if missing or unexpected:
+            raise ValueError(
+                f"trainable state does not match the model: missing {missing[:8]}, "
+                f"unexpected {unexpected[:8]}"
+            )
+        with torch.no_grad():
+            for name, p in named:
+                value = state[name]
+                if tuple(value.shape) != tuple(p.shape):
+                    raise ValueError(
+                        f"trainable state {name!r} has shape {tuple(value.shape)}, model {tuple(p.shape)}"
+                    )
+                src = self._to_param_layout(value.to(p.dtype), p)
+                _local(p).copy_(_local(src))
+
+    def gather_optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """Optimizer state with full tensors, keyed by parameter name instead of position (collective when
+        sharded); a resume may then use another process layout or another parameter order."""
+        names = {id(p): n for n, p in self.named_trainable()}
+        sd = optimizer.state_dict()
+        ordered = [p for group in optimizer.param_groups for p in group["params"]]
+        keep = self.rank == 0
+        state: dict[str, dict[str, Any]] = {}
+        for index, p in enumerate(ordered):
+            entry = {}
+            for key, value in sd["state"].get(index, {}).items():
+                if isinstance(value, torch.Tensor):
+                    value = value.full_tensor() if hasattr(value, "full_tensor") else value
+                    value = value.to("cpu", copy=True)
+                entry[key] = value
+            if keep and entry:
+                state[names[id(p)]] = entry
+        groups = []
+        for group, group_sd in zip(optimizer.param_groups, sd["param_groups"], strict=True):
+            hyper = {k: v for k, v in group_sd.items() if k != "params"}
+            groups.append({**hyper, "params": [names[id(p)] for p in group["params"]]})
+        return {"state": state, "param_groups": groups} if keep else {}
+
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+        named = dict(self.named_trainable())
+        ordered = [p for group in optimizer.param_groups for p in group["params"]]
+        index_of = {id(p): i for i, p in enumerate(ordered)}
+        if len(state["param_groups"]) != len(optimizer.param_groups):
+            raise ValueError(
+                f"optimizer state has {len(state['param_groups'])} param groups, optimizer "
+                f"{len(optimizer.param_groups)}"
+            )
+        name_of = {id(p): n for n, p in named.items()}
+        groups = []
+        for saved, group in zip(state["param_groups"], optimizer.param_groups, strict=True):
+            if sorted(saved["params"]) != sorted(name_of[id(p)] for p in group["params"]):
+                raise ValueError("optimizer state names other parameters than this trainer trains")
+            groups.append({**saved, "params": [index_of[id(named[n])] for n in saved["params"]]})
+        per_index: dict[int, dict[str, Any]] = {}
+        for name, entry in state["state"].items():
+            p = named[name]
+            per_index[index_of[id(p)]] = {
+                k: self._to_param_layout(v, p) if isinstance(v, torch.Tensor) and v.shape == p.shape else v
+                for k, v in entry.items()
+            }
+        optimizer.load_state_dict({"state": per_index, "param_groups": groups})
+
+
+class DDPBackend(ParallelBackend):
+    """Replicated parameters; gradients all-reduced (SUM) once per optimizer step (see module doc)."""
+
+    name = "ddp"
+
+    def __init__(self, flow_model: nn.Module, **kwargs: Any) -> None:
+        super().__init__(flow_model, **kwargs)
+        _broadcast_module(self.module, self.group if self.group is not None else dist.group.WORLD)
+
+    def finish_gradients(self) -> None:
+        grads = []
+        for p in self.trainable_parameters():  # a rank without units still takes part, with zeros
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            grads.append(p.grad)
+        for bucket in _buckets(grads):
+            flat = torch.cat([g.reshape(-1) for g in bucket])
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
+            offset = 0
+            for g in bucket:
+                g.copy_(flat[offset : offset + g.numel()].view_as(g))
+                offset += g.numel()
+
+
+def _buckets(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """Consecutive same-dtype runs of at most ``_BUCKET_ELEMENTS`` elements (one all-reduce each)."""
+    out: list[list[torch.Tensor]] = []
+    size = 0
+    for t in tensors:
+        if not out or out[-1][0].dtype != t.dtype or size + t.numel() > _BUCKET_ELEMENTS:
+            out.append([])
+            size = 0
+        out[-1].append(t)
+        size += t.numel()
+    return out
+
+
+class FSDP2Backend(ParallelBackend):
+    """``fully_shard`` per transformer block, then the root (FSDP2, torch.distributed.fsdp)."""
+
+    name = "fsdp2"
+    lockstep = True
+
+    def __init__(self, flow_model: nn.Module, *, mode: str, **kwargs: Any) -> None:
+        super().__init__(flow_model, **kwargs)
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+        group = self.group if self.group is not None else dist.group.WORLD
+        _broadcast_module(self.module, group)
+        mesh = DeviceMesh.from_group(group, self.device.type)
+        model_dtype = next(self.module.parameters()).dtype
+        mp = MixedPrecisionPolicy()
+        if self.device.type == "cuda" and model_dtype == torch.bfloat16:
+            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            if mode == "full":
+                # fp32 master weights (sharded); compute still runs in bf16 through the policy
+                for p in self.module.parameters():
+                    p.data = p.data.float()
+        for block in reversed(_repeated_blocks(self.module)):
+            fully_shard(block, mesh=mesh, mp_policy=mp)
+        fully_shard(self.module, mesh=mesh, mp_policy=mp)
+        for m in self.module.modules():
+            if isinstance(m, FSDPModule):
+                m.set_gradient_divide_factor(1.0)
+                if hasattr(m, "set_force_sum_reduction_for_comms"):  # torch >= 2.9; gloo needs it
+                    m.set_force_sum_reduction_for_comms(True)
+
+    def _reduce_sharded(self, value: torch.Tensor) -> torch.Tensor:
+        return self._sum_over_ranks(value)
+
+
+class DeepSpeedBackend(ParallelBackend):
+    """DeepSpeed ZeRO 0–2 over the whole world (DeepSpeed's data-parallel group is the default group).
+
+    Boundaries: every trainer backward runs with the accumulation boundary off; :meth:`optimizer_step`
+    turns it on, completes the reduction (stage ≤ 1 reduce only at a boundary; stage 2 reduces every
+    micro-step) and steps. Clipping is DeepSpeed's (``gradient_clipping``). Untested here.
+    """
+
+    name = "deepspeed"
+
+    def __init__(self, flow_model: nn.Module, *, stage: int, grad_clip: float, **kwargs: Any) -> None:
+        super().__init__(flow_model, **kwargs)
+        if stage not in (0, 1, 2):
+            raise ValueError(
+                f"trainer.deepspeed_stage={stage} is not supported; choose 0, 1 or 2 (or use fsdp2)"
+            )
+        if self.world_size > 1 and self.world_size != dist.get_world_size():
+            raise ValueError(
+                "trainer.backend=deepspeed needs every rank to train (DeepSpeed's data-parallel group is the "
+                "default group); use fsdp2 or ddp for separate generator/trainer pools"
+            )
+        self.stage = stage
+        self.lockstep = stage == 2
+        self.grad_clip = grad_clip
+        self.engine: Any = None
+
+    def attach_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        deepspeed = import_deepspeed()
+        dtype = next(self.module.parameters()).dtype
+        config = {
+            "train_micro_batch_size_per_gpu": 1,
+            "gradient_accumulation_steps": 1 << 30,  # boundaries are set explicitly
+            "zero_optimization": {"stage": self.stage},
+            "gradient_clipping": self.grad_clip,
+            "bf16": {"enabled": dtype == torch.bfloat16},
+            "fp16": {"enabled": dtype == torch.float16},
+        }
+        self.engine, ds_optimizer, _, _ = deepspeed.initialize(
+            model=self.module, optimizer=optimizer, config=config, dist_init_required=False
+        )
+        self.engine.set_gradient_accumulation_boundary(False)
+        return ds_optimizer
+
+    def backward(self, loss: torch.Tensor) -> None:
+        # DeepSpeed averages over the data-parallel world; scale so that the reduction is a sum
+        self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
+
+    def clip_grad_norm(self, max_norm: float) -> float:
+        return float("nan")  # clipped inside engine.step(); read back in optimizer_step
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        self.engine.set_gradient_accumulation_boundary(True)
+        if self.stage < 2:
+            self.engine.allreduce_gradients()
+        self.engine.step()
+        self.engine.set_gradient_accumulation_boundary(False)
+        norm = self.engine.get_global_grad_norm()
+        self.last_grad_norm = float(norm) if norm is not None else float("nan")
+
+    def gather_optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        raise NotImplementedError(
+            "checkpointing the ZeRO-partitioned optimizer state of trainer.backend=deepspeed is not "
+            "implemented; use trainer.backend=fsdp2 or ddp for resumable runs"
+        )
+
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+        self.gather_optimizer_state(optimizer)
+
+
+def import_deepspeed() -> Any:
+    try:
+        import deepspeed
+    except ImportError as exc:
+        raise ImportError(
+            "trainer.backend=deepspeed needs the 'deepspeed' extra: pip install digenrl[deepspeed]"
+        ) from exc
+    return deepspeed
+
+
+def _repeated_blocks(module: nn.Module) -> list[nn.Module]:
+    """The transformer blocks to shard one by one, in pre-order: the classes diffusers lists in
+    ``_no_split_modules`` (e.g. ``JointTransformerBlock``), else the children of top-level ModuleLists."""
+    names = set(getattr(module, "_no_split_modules", None) or ())
+    blocks = [m for m in module.modules() if m is not module and type(m).__name__ in names]
+    if not blocks:
+        blocks = [b for child in module.children() if isinstance(child, nn.ModuleList) for b in child]
+    return blocks
+
+
+def _broadcast_module(module: nn.Module, group: Any) -> None:
+    """Make every rank start from the first rank's weights (what DDP does at construction)."""
+    src = dist.get_global_rank(group, 0)
+    with torch.no_grad():
+        for t in [*module.parameters(), *module.buffers()]:
+            dist.broadcast(t.data, src=src, group=group)
+
+
+def wrap_for_training(
+    flow_model: nn.Module,
+    backend: str,
+    *,
+    process_group: Any = None,
+    device: torch.device | str,
+    mode: str,
+    deepspeed_stage: int = 2,
+    grad_clip: float = 1.0,
+    activation_checkpointing: bool = False,
+) -> ParallelBackend:
+    """Prepare ``flow_model.transformer`` (already LoRA-injected or unfrozen) for the given backend.
+
+    ``process_group``: the trainer ranks (``None`` = the default group when torch.distributed is up, else a
+    single process). The transformer is modified in place (FSDP2 swaps its parameters for DTensors) and
+    keeps its class, so ``flow_model.forward`` and :func:`~digenrl.trainer.lora.reference_policy` still work.
+    """
+    device = torch.device(device)
+    world_size = dist.get_world_size(process_group) if dist.is_available() and dist.is_initialized() else 1
+    name = resolve_backend(backend, world_size=world_size, mode=mode)
+    if activation_checkpointing:
+        flow_model.transformer.enable_gradient_checkpointing()
+    flow_model.to(device)
+    common = {"group": process_group, "world_size": world_size, "device": device}
+    if name == "none":
+        return ParallelBackend(flow_model, **common)
+    if name == "ddp":
+        return DDPBackend(flow_model, **common)
+    if name == "fsdp2":
+        return FSDP2Backend(flow_model, mode=mode, **common)
+    import_deepspeed()  # fail at startup, not at the first step
+    return DeepSpeedBackend(flow_model, stage=deepspeed_stage, grad_clip=grad_clip, **common)

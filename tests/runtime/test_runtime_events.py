@@ -1,0 +1,190 @@
+"""EventLogger -> JSONL -> Chrome trace, and summarize_events on synthetic logs with known answers."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+
+import pytest
+
+from digenrl.runtime.event_records import is_idle_phase, load_events
+from digenrl.runtime.event_summary import union_length
+from digenrl.runtime.events import EventLogger, merge_chrome_trace, summarize_events
+
+
+def _coverage_union(intervals, lo, hi):
+    """Independent reference for the busy time: +1/-1 sweep over endpoints, counting covered length."""
+    points = []
+    for a, b in intervals:
+        a, b = max(a, lo), min(b, hi)
+        if b > a:
+            points += [(a, +1), (b, -1)]
+    points.sort()
+    covered, depth, previous = 0.0, 0, None
+    for x, delta in points:
+        if depth > 0 and previous is not None:
+            covered += x - previous
+        depth += delta
+        previous = x
+    return covered
+
+
+def test_spans_trace_and_records(tmp_path):
+    origin = time.time()
+    generator = EventLogger(tmp_path, 0, "generator", origin)
+    trainer = EventLogger(tmp_path, 1, "trainer", origin)
+    version = random.randint(0, 9)
+    with generator.span("iteration", iteration=0):
+        with generator.span("rollout", iteration=0, fragment=0, policy_version=version) as notes:
+            notes["samples"] = 4
+            notes["steps"] = 10
+        with generator.span("send_fragment", iteration=0, fragment=0, policy_version=version):
+            pass
+    with trainer.span("wait_fragment", iteration=0):
+        pass
+    with pytest.raises(RuntimeError), trainer.span("train", iteration=0, fragment=0, policy_version=version):
+        raise RuntimeError("boom")
+    trainer.counter("gpu", {"util_pct": 87.5, "power_w": 512.0})
+    trainer.note("GPU telemetry disabled", reason="test")
+    generator.close()
+    trainer.close()
+
+    records = load_events(tmp_path)
+    spans = [r for r in records if r["type"] == "span"]
+    assert next(r["type"] for r in records if r["rank"] == 0) == "meta"
+    assert {(r["rank"], r["phase"]) for r in spans} == {
+        (0, "iteration"),
+        (0, "rollout"),
+        (0, "send_fragment"),
+        (1, "wait_fragment"),
+        (1, "train"),
+    }
+    rollout = next(r for r in spans if r["phase"] == "rollout")
+    outer = next(r for r in spans if r["phase"] == "iteration")
+    assert rollout["samples"] == 4 and rollout["extra"] == {"steps": 10}
+    assert rollout["policy_version"] == version and rollout["fragment"] == 0
+    assert outer["t_start"] <= rollout["t_start"] <= rollout["t_end"] <= outer["t_end"]
+    failed = next(r for r in spans if r["phase"] == "train")
+    assert failed["extra"]["error"] == "RuntimeError"
+
+    trace_path = merge_chrome_trace(tmp_path)
+    assert trace_path == tmp_path / "trace.json"
+    trace = json.loads(trace_path.read_text())
+    events = trace["traceEvents"]
+    complete = [e for e in events if e["ph"] == "X"]
+    assert {e["pid"] for e in complete} == {0, 1}
+    assert len(complete) == len(spans)
+    assert all(e["dur"] >= 0 and isinstance(e["ts"], float | int) for e in complete)
+    names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert names == {0: "rank 0 (generator)", 1: "rank 1 (trainer)"}
+    x_rollout = next(e for e in complete if e["name"] == "rollout")
+    assert x_rollout["ts"] == pytest.approx(rollout["t_start"] * 1e6, abs=1e-3)
+    assert x_rollout["dur"] == pytest.approx((rollout["t_end"] - rollout["t_start"]) * 1e6, abs=2e-3)
+    assert x_rollout["args"]["iteration"] == 0 and x_rollout["args"]["policy_version"] == version
+    assert x_rollout["args"]["samples"] == 4
+    # Different phase categories go to different tracks of the rank; nested spans never share one.
+    x_iteration = next(e for e in complete if e["name"] == "iteration")
+    x_send = next(e for e in complete if e["name"] == "send_fragment")
+    assert len({x_iteration["tid"], x_rollout["tid"], x_send["tid"]}) == 3
+    counters = {e["name"]: e["args"] for e in events if e["ph"] == "C"}
+    assert counters == {"gpu.util_pct": {"util_pct": 87.5}, "gpu.power_w": {"power_w": 512.0}}
+    thread_names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    assert thread_names[(1, next(e["tid"] for e in complete if e["name"] == "wait_fragment"))] == "wait"
+
+
+def test_logger_rejects_bad_spans(tmp_path):
+    logger = EventLogger(tmp_path, 0, "trainer", time.time())
+    with pytest.raises(ValueError, match="t_end"):
+        logger.record_span("train", 2.0, 1.0)
+    with pytest.raises(ValueError, match="phase must be a non-empty string"):
+        logger.record_span("", 1.0, 2.0)
+    logger.close()
+    with pytest.raises(ValueError, match="closed"):
+        logger.record_span("train", 1.0, 2.0)
+    with pytest.raises(ValueError, match="role must be a non-empty string"):
+        EventLogger(tmp_path, 1, "", time.time())
+
+
+def test_truncated_last_line_is_tolerated(tmp_path):
+    logger = EventLogger(tmp_path, 0, "trainer", time.time())
+    logger.record_span("train", 0.0, 1.0, iteration=0)
+    logger.close()
+    with logger.path.open("a") as handle:
+        handle.write('{"type":"span","rank":0,"ro')  # killed mid-write
+    assert sum(r["type"] == "span" for r in load_events(tmp_path)) == 1
+
+
+def test_summary_on_hand_computed_log(tmp_path):
+    """Generators 0, 1 and trainers 2, 3 over an iteration window [0, 10]."""
+    loggers = [
+        EventLogger(tmp_path, r, role, 0.0)
+        for r, role in enumerate(["generator", "generator", "trainer", "trainer"])
+    ]
+    for logger in loggers:
+        logger.record_span("iteration", 0.0, 10.0, iteration=0)
+    g0, g1, t2, t3 = loggers
+    g0.record_span("rollout", 0.0, 4.0, iteration=0, samples=8)
+    g0.record_span("reward", 3.0, 5.0, iteration=0)  # overlaps rollout: union 0..5
+    g0.record_span("wait_weights", 5.0, 10.0, iteration=0)  # idle
+    g1.record_span("rollout", 0.0, 10.0, iteration=0, samples=8)
+    g1.record_span("rollout", 9.5, 12.0, iteration=1, samples=8)  # next iteration, inside the window
+    t2.record_span("wait_fragment", 0.0, 6.0, iteration=0)
+    t2.record_span("train", 6.0, 10.0, iteration=0, samples=16)
+    t3.record_span("train", 12.0, 13.0, iteration=1)  # outside the window: rank 3 idle in iteration 0
+    for logger in loggers:
+        logger.close()
+
+    summary = summarize_events(tmp_path)
+    it0 = summary[0]
+    assert it0["wall_s"] == pytest.approx(10.0)
+    assert it0["ranks"] == {"generator": [0, 1], "trainer": [2, 3]}
+    assert it0["busy_fraction"]["generator"] == pytest.approx((5.0 + 10.0) / 20.0)
+    assert it0["busy_fraction"]["trainer"] == pytest.approx((4.0 + 0.0) / 20.0)
+    assert it0["phase_seconds"]["generator"] == pytest.approx(
+        {"rollout": 14.0, "reward": 2.0, "wait_weights": 5.0}
+    )
+    assert it0["phase_seconds"]["trainer"] == pytest.approx({"wait_fragment": 6.0, "train": 4.0})
+    assert it0["samples"] == {"rollout": 16, "train": 16}
+    assert it0["samples_per_s"]["train"] == pytest.approx(1.6)
+    assert it0["busy_gpu_s"] == pytest.approx(19.0)
+    assert it0["bubble_free_bound_s"] == pytest.approx(19.0 / 4)
+    # Iteration 1 has no markers: its window is the extent of its spans, [9.5, 13].
+    assert summary[1]["wall_s"] == pytest.approx(3.5)
+    # Rank 2's iteration-0 train span [6, 10] still makes it busy for 0.5 s inside this window.
+    assert summary[1]["busy_fraction"]["trainer"] == pytest.approx((0.5 + 1.0) / (2 * 3.5))
+
+
+def test_summary_busy_fraction_matches_reference_on_random_logs(tmp_path):
+    roles = ["generator"] * 3 + ["trainer"] * 2
+    loggers = [EventLogger(tmp_path, r, role, 0.0) for r, role in enumerate(roles)]
+    window = (random.uniform(0, 2), random.uniform(20, 30))
+    spans_by_rank = {}
+    for rank, logger in enumerate(loggers):
+        logger.record_span("iteration", *window, iteration=0)
+        spans = []
+        for _ in range(random.randint(0, 12)):
+            a = random.uniform(-5, 35)
+            b = a + random.uniform(0, 8)
+            phase = random.choice(["rollout", "decode", "train", "send_fragment", "wait_fragment", "idle"])
+            logger.record_span(phase, a, b, iteration=random.choice([0, 1, None]))
+            spans.append((phase, a, b))
+        spans_by_rank[rank] = spans
+        logger.close()
+    summary = summarize_events(tmp_path)[0]
+    for role in ("generator", "trainer"):
+        ranks = [r for r, x in enumerate(roles) if x == role]
+        busy = sum(
+            _coverage_union([(a, b) for phase, a, b in spans_by_rank[r] if not is_idle_phase(phase)], *window)
+            for r in ranks
+        )
+        expected = busy / (len(ranks) * (window[1] - window[0]))
+        assert summary["busy_fraction"][role] == pytest.approx(expected, rel=1e-9, abs=1e-12)
+
+
+def test_union_length_against_reference():
+    intervals = [(random.uniform(0, 10), 0.0) for _ in range(30)]
+    intervals = [(a, a + random.uniform(0, 3)) for a, _ in intervals]
+    lo, hi = random.uniform(0, 3), random.uniform(7, 12)
+    assert union_length(intervals, lo, hi) == pytest.approx(_coverage_union(intervals, lo, hi), abs=1e-12)
+    assert union_length([], 0.0, 1.0) == 0.0

@@ -1,0 +1,50 @@
+"""Backend selection, the DeepSpeed extra's error, and activation checkpointing leaving gradients intact."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from digenrl.trainer import PolicyTrainer, resolve_backend
+
+from .fixtures import build_model, grads_by_name, make_config, make_sampler, perturb_adapter, rollout_batch
+
+
+def test_resolve_backend():
+    assert resolve_backend("auto", world_size=1, mode="full") == "none"
+    assert resolve_backend("auto", world_size=4, mode="full") == "fsdp2"
+    assert resolve_backend("auto", world_size=4, mode="lora") == "ddp"
+    assert resolve_backend("fsdp2", world_size=1, mode="full") == "none"
+    assert resolve_backend("deepspeed", world_size=2, mode="full") == "deepspeed"
+    with pytest.raises(ValueError, match="single-process"):
+        resolve_backend("none", world_size=2, mode="lora")
+    with pytest.raises(ValueError, match="choose one of"):
+        resolve_backend("megatron", world_size=2, mode="lora")
+    with pytest.raises(ValueError, match=r"trainer\.mode"):
+        resolve_backend("auto", world_size=2, mode="qlora")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is not None, reason="deepspeed is installed")
+def test_deepspeed_without_the_extra_says_how_to_install_it():
+    cfg = make_config("trainer.backend=deepspeed")
+    model = build_model()
+    with pytest.raises(ImportError, match=r"pip install digenrl\[deepspeed\]"):
+        PolicyTrainer(cfg, model, make_sampler(cfg, model), uncond=None, device="cpu")
+
+
+def test_activation_checkpointing_gives_the_same_gradient():
+    grads = []
+    for flag in ("false", "true"):
+        cfg = make_config(f"trainer.activation_checkpointing={flag}", "algo.kl_beta=0.04")
+        model = build_model()
+        trainer = PolicyTrainer(cfg, model, make_sampler(cfg, model), uncond=None, device="cpu")
+        perturb_adapter(model)
+        assert model.transformer.gradient_checkpointing == (flag == "true")
+        batch = rollout_batch(model, trainer.sampler, batch_size=2, num_train_steps=2, seed=9)
+        trainer.accumulate(batch, 1.0 / batch.num_units)
+        grads.append(grads_by_name(trainer))
+    assert grads[0].keys() == grads[1].keys()
+    assert max(float(g.abs().max()) for g in grads[0].values()) > 1e-4
+    for name, g in grads[0].items():
+        assert (g - grads[1][name]).abs().max() <= 1e-6, name
