@@ -215,9 +215,12 @@ class TextEncoder(nn.Module):
         missing = [p for p in dict.fromkeys(prompts) if p not in self._cache]
         self._hits += len(prompts) - sum(prompts.count(p) for p in missing)
         self._misses += len(missing)
+        # One prompt per encoder call: a prompt's embedding must not depend on which other prompts
+        # happened to miss the cache with it (batch composition changes fp32 results in the last bits),
+        # or a resumed run / another schedule would condition the same sample differently.
         fresh: dict[str, _CachedPrompt] = {}
-        if missing:
-            fresh = self._encode_uncached(missing)
+        for p in missing:
+            fresh.update(self._encode_uncached([p]))
         rows = []
         for p in prompts:
             entry = fresh.get(p) or self._cache[p]

@@ -1,0 +1,37 @@
+"""Run ``experiments/run_train.py`` in a subprocess, plainly or under torchrun, for system tests."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+RUN_TRAIN = REPO / "experiments" / "run_train.py"
+TINY = REPO / "experiments" / "configs" / "tiny.yaml"
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS="1", DIGENRL_THREADS="1", PYTHONUNBUFFERED="1")
+    env.pop("RANK", None)
+    env.pop("WORLD_SIZE", None)
+    return env
+
+
+def run_train(
+    overrides: list[str], *, nproc: int = 0, timeout_s: float = 240, check: bool = True
+) -> subprocess.CompletedProcess:
+    """``nproc=0`` runs a plain single process; otherwise ``torchrun --standalone --nproc_per_node``."""
+    if nproc:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    else:
+        cmd = [sys.executable]
+    cmd += [str(RUN_TRAIN), "--config", str(TINY), *overrides]
+    proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=timeout_s)
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(cmd)} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+        )
+    return proc
