@@ -17,6 +17,10 @@ class ScoreResult:
     rewards: torch.Tensor  # [B] float32 (non-finite entries of dropped groups replaced by 0)
     keep: torch.Tensor  # [B] bool: False for samples of a group dropped for a non-finite reward
 
+    @classmethod
+    def cat(cls, parts: list[ScoreResult]) -> ScoreResult:
+        return cls(rewards=torch.cat([p.rewards for p in parts]), keep=torch.cat([p.keep for p in parts]))
+
 
 class Scorer:
     """VAE decode + reward, in chunks of ``decode_batch`` samples; non-finite rewards are handled by

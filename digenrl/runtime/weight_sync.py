@@ -86,9 +86,11 @@ class WeightSyncError(RuntimeError):
 class SyncStats:
     """One sync as this rank saw it. ``bytes``/``buckets`` are 0 on trainer ranks other than the source.
 
-    ``seconds`` covers the whole call (handshake, gather, broadcasts, checksum); ``verify_seconds`` is the
-    checksum part. ``checksum`` is a 63-bit digest of the per-tensor checksums (None when verification is
-    off or nothing was sent).
+    ``seconds`` covers the whole call (handshake, gather, broadcasts, checksum), measured with
+    ``perf_counter`` after a CUDA synchronise; ``verify_seconds`` is the verification part (generators:
+    checksum + comparison; source: comparison only, its checksums are computed bucket by bucket).
+    ``checksum`` is a 63-bit digest of the per-tensor checksums (None when verification is off or nothing
+    was sent).
     """
 
     version: int

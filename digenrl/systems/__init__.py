@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
 _SYSTEMS: dict[str, str] = {
     "colocated-sync": "digenrl.systems.colocated_sync:ColocatedSync",
+    "colocated-overlap": "digenrl.systems.colocated_overlap:ColocatedOverlap",
 }
 
 

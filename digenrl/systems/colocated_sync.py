@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import time
 
+from digenrl.rollout.scoring import ScoreResult
+from digenrl.rollout.trajectory import TrajectoryBatch
 from digenrl.systems import SystemRequirements
 from digenrl.systems.base import IterationReport, System
 from digenrl.systems.components import RankComponents, build_rank_components
-from digenrl.systems.phases import TrainStats, assign_advantages, global_sum, reward_summary, train_on
+from digenrl.systems.phases import assign_advantages, global_sum, reward_summary, train_logical_batch
 
 
 class ColocatedSync(System):
@@ -28,45 +30,44 @@ class ColocatedSync(System):
             self.cfg, self.ctx, role="colocated", generate=True, train=True, clock_origin=self.clock_origin
         )
 
-    def run_iteration(self, iteration: int) -> IterationReport:
-        cfg, parts, rank, world = self.cfg, self.parts, self.ctx.rank, self.ctx.world_size
-        events, engine, scorer, trainer = parts.events, parts.engine, parts.scorer, parts.trainer
-        version = self.policy_version
-        prompts = parts.prompts.prompts_for(iteration, cfg.algo.prompts_per_iteration)
-        per_rank = len(prompts) // world
-        mine = list(range(rank * per_rank, (rank + 1) * per_rank))
-        phase_s: dict[str, float] = {}
+    def my_prompt_ids(self, iteration: int) -> tuple[list[str], list[int]]:
+        """This rank's contiguous share of the iteration's prompt groups."""
+        prompts = self.parts.prompts.prompts_for(iteration, self.cfg.algo.prompts_per_iteration)
+        per_rank = len(prompts) // self.ctx.world_size
+        mine = list(range(self.ctx.rank * per_rank, (self.ctx.rank + 1) * per_rank))
+        return [prompts[i] for i in mine], mine
 
-        t = time.perf_counter()
-        with events.span("generate", iteration=iteration, policy_version=version):
-            batch = engine.generate(
-                [prompts[i] for i in mine], mine, iteration=iteration, policy_version=version
-            )
-        phase_s["generate"] = time.perf_counter() - t
-
-        t = time.perf_counter()
+    def rollout(self, iteration: int, version: int) -> tuple[TrajectoryBatch, ScoreResult]:
+        """Generate every group of this rank, then decode and score them all."""
+        events = self.parts.events
+        prompts, ids = self.my_prompt_ids(iteration)
+        with events.span("generate", iteration=iteration, policy_version=version, samples=len(ids)):
+            batch = self.parts.engine.generate(prompts, ids, iteration=iteration, policy_version=version)
         with events.span("score", iteration=iteration, policy_version=version):
-            score = scorer(batch)
-            batch = assign_advantages(batch, score, cfg.algo)
-        phase_s["score"] = time.perf_counter() - t
-        reward_mean, reward_std = reward_summary(score.rewards[score.keep])
+            score = self.parts.scorer(batch)
+        return batch, score
 
-        t = time.perf_counter()
-        total_units = global_sum(batch.num_units)
-        stats = TrainStats()
-        step_stats: dict[str, float] = {}
-        for _ in range(cfg.algo.num_updates_per_batch):
-            with events.span("train", iteration=iteration, policy_version=version):
-                train_on(trainer, batch, total_units, stats)
-            with events.span("optimizer", iteration=iteration, policy_version=version):
-                step_stats = trainer.step()
+    def run_iteration(self, iteration: int) -> IterationReport:
+        version = self.policy_version
+        t0 = time.perf_counter()
+        batch, score = self.rollout(iteration, version)
+        batch = assign_advantages(batch, score, self.cfg.algo)
+        t1 = time.perf_counter()
+        stats, step_stats = train_logical_batch(
+            self.parts.trainer,
+            [batch],
+            self.cfg.algo.num_updates_per_batch,
+            self.parts.events,
+            iteration,
+            version,
+        )
         self.policy_version = version + 1
-        phase_s["train"] = time.perf_counter() - t
+        reward_mean, reward_std = reward_summary(score.rewards[score.keep])
         return IterationReport(
             samples=int(global_sum(batch.batch_size)),
             reward_mean=reward_mean,
             reward_std=reward_std,
             train=stats.reduce(),
             step=step_stats,
-            phase_s=phase_s,
+            phase_s={"rollout": t1 - t0, "train": time.perf_counter() - t1},
         )

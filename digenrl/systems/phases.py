@@ -15,6 +15,7 @@ from digenrl.algo.advantages import gather_rewards, group_advantages
 from digenrl.config import AlgoConfig
 from digenrl.rollout.scoring import ScoreResult
 from digenrl.rollout.trajectory import TrajectoryBatch
+from digenrl.runtime.events import EventLogger
 from digenrl.trainer.trainer import PolicyTrainer
 
 
@@ -108,6 +109,29 @@ class TrainStats:
             "clip_frac": sums[3].item() / units,
             "kl": sums[4].item() / units,
         }
+
+
+def train_logical_batch(
+    trainer: PolicyTrainer,
+    parts: list[TrajectoryBatch],
+    num_updates: int,
+    events: EventLogger,
+    iteration: int,
+    version: int,
+) -> tuple[TrainStats, dict[str, float]]:
+    """Train on a logical batch that is already complete (the synchronous schedules): accumulate every
+    part, then step; ``num_updates`` passes (flow_grpo's inner epochs). Streaming schedules (GAP)
+    call :func:`train_on` per fragment instead and step after the last one."""
+    total_units = global_sum(sum(p.num_units for p in parts))
+    stats = TrainStats()
+    step_stats: dict[str, float] = {}
+    for _ in range(num_updates):
+        for part in parts:
+            with events.span("train", iteration=iteration, policy_version=version, samples=part.batch_size):
+                train_on(trainer, part, total_units, stats)
+        with events.span("optimizer", iteration=iteration, policy_version=version):
+            step_stats = trainer.step()
+    return stats, step_stats
 
 
 def train_on(trainer: PolicyTrainer, batch: TrajectoryBatch, total_units: float, stats: TrainStats) -> None:
