@@ -61,6 +61,14 @@ def available_rewards() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def reward_needs_weights(name: str) -> bool:
+    """Whether reward ``name`` runs a model (and so could live on scorer ranks)."""
+    _load_builtins()
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown reward {name!r}; allowed values: {', '.join(sorted(_REGISTRY))}")
+    return bool(_REGISTRY[name].needs_weights)
+
+
 def build_reward(
     name: str,
     *,

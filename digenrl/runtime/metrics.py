@@ -36,11 +36,11 @@ class MetricsWriter:
                 self.path.write_text("")
 
     def log(self, record: dict[str, Any]) -> None:
+        if not self.is_writer:
+            return
         missing = [k for k in REQUIRED_KEYS if k not in record]
         if missing:
             raise KeyError(f"metrics record lacks {missing}")
-        if not self.is_writer:
-            return
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
         with self.path.open("a") as f:
             f.write(json.dumps(clean) + "\n")

@@ -16,6 +16,8 @@ if TYPE_CHECKING:
 _SYSTEMS: dict[str, str] = {
     "colocated-sync": "digenrl.systems.colocated_sync:ColocatedSync",
     "colocated-overlap": "digenrl.systems.colocated_overlap:ColocatedOverlap",
+    "separate-sync": "digenrl.systems.separate_sync:SeparateSync",
+    "separate-async": "digenrl.systems.separate_async:SeparateAsync",
 }
 
 

@@ -10,6 +10,8 @@ would have done.
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import time
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -36,6 +38,20 @@ class IterationReport:
     phase_s: dict[str, float] = field(default_factory=dict)
 
 
+def inject_fault(rank: int, iteration: int) -> None:
+    """Fault injection for robustness tests: ``DIGENRL_INJECT_FAULT="rank=R,iteration=I[,kind=raise|kill]"``
+    makes rank R raise (or SIGKILL itself) at the start of iteration I."""
+    spec = os.environ.get("DIGENRL_INJECT_FAULT")
+    if not spec:
+        return
+    fields = dict(item.split("=", 1) for item in spec.split(","))
+    if int(fields["rank"]) != rank or int(fields["iteration"]) != iteration:
+        return
+    if fields.get("kind", "raise") == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    raise RuntimeError(f"injected fault on rank {rank} at iteration {iteration}")
+
+
 class System:
     """Base class of a schedule. Subclasses set ``name``/``requirements`` and write ``setup`` and
     ``run_iteration``; they must build their parts with :func:`build_rank_components`."""
@@ -56,6 +72,9 @@ class System:
     def run_iteration(self, iteration: int) -> IterationReport:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def before_first_iteration(self) -> None:
+        """Hook after setup and resume (separate pools sync the initial weights here)."""
+
     # ------------------------------------------------------------------ checkpoint
     def checkpoint_payload(self, next_iteration: int) -> dict:
         trainer = self.parts.trainer
@@ -71,13 +90,21 @@ class System:
             self.parts.trainer.load_state_dict(payload["trainer"])
         return int(payload["next_iteration"])
 
+    def checkpoint_ranks(self) -> tuple[bool, object]:
+        """(does this rank take part in saving, over which process group). Default: every rank."""
+        return True, None
+
     def _save(self, next_iteration: int) -> None:
+        takes_part, group = self.checkpoint_ranks()
+        if not takes_part:
+            return
         save_checkpoint(
             self.cfg.out_dir,
             next_iteration,
             self.checkpoint_payload(next_iteration),
             rank=self.ctx.rank,
             is_writer=self.ctx.rank == 0,
+            group=group,
         )
 
     # ------------------------------------------------------------------ the loop
@@ -92,8 +119,10 @@ class System:
                     log.info("resumed from %s at iteration %d", cfg.out_dir, start)
         if ctx.rank == 0:
             save_config(cfg, f"{cfg.out_dir}/config.yaml")
+        self.before_first_iteration()
         records = []
         for iteration in range(start, cfg.iterations):
+            inject_fault(ctx.rank, iteration)
             t0 = time.perf_counter()
             report = self.run_iteration(iteration)
             wall = time.perf_counter() - t0

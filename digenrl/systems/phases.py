@@ -118,11 +118,12 @@ def train_logical_batch(
     events: EventLogger,
     iteration: int,
     version: int,
+    group: dist.ProcessGroup | None = None,
 ) -> tuple[TrainStats, dict[str, float]]:
     """Train on a logical batch that is already complete (the synchronous schedules): accumulate every
     part, then step; ``num_updates`` passes (flow_grpo's inner epochs). Streaming schedules (GAP)
-    call :func:`train_on` per fragment instead and step after the last one."""
-    total_units = global_sum(sum(p.num_units for p in parts))
+    call :func:`train_on` per fragment instead and step after the last one. ``group``: the trainer pool."""
+    total_units = global_sum(sum(p.num_units for p in parts), group)
     stats = TrainStats()
     step_stats: dict[str, float] = {}
     for _ in range(num_updates):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ TINY = REPO / "experiments" / "configs" / "tiny.yaml"
 
 def _env() -> dict[str, str]:
     env = dict(os.environ)
-    env.update(OMP_NUM_THREADS="1", DIGENRL_THREADS="1", PYTHONUNBUFFERED="1")
+    env.update(OMP_NUM_THREADS="1", DIGENRL_THREADS="1", PYTHONUNBUFFERED="1", TORCH_CPP_LOG_LEVEL="ERROR")
     env.pop("RANK", None)
     env.pop("WORLD_SIZE", None)
     return env
@@ -29,7 +30,25 @@ def run_train(
     else:
         cmd = [sys.executable]
     cmd += [str(RUN_TRAIN), "--config", str(TINY), *overrides]
-    proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=timeout_s)
+    # Own session, so a hung run is killed with all its torchrun workers, not just the launcher.
+    popen = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = popen.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(popen.pid, signal.SIGKILL)
+        stdout, stderr = popen.communicate()
+        raise AssertionError(
+            f"{' '.join(cmd)} hung for {timeout_s} s\nstdout:\n{stdout}\nstderr:\n{stderr}"
+        ) from None
+    proc = subprocess.CompletedProcess(cmd, popen.returncode, stdout, stderr)
     if check and proc.returncode != 0:
         raise AssertionError(
             f"{' '.join(cmd)} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"

@@ -1,0 +1,120 @@
+"""``separate-sync``: naive disaggregation with a full-batch barrier (DESIGN.md §4).
+
+Generator pool and trainer pool alternate; each waits for the other every iteration::
+
+    generators │ generate k ─ score k ─ advantages ─ ship k │ ············ idle ············ │ pull θ_k+1 │
+    trainers   │ ······ idle ······ │ receive k │ train k (accumulate all) ─ optimizer step │ push θ_k+1 │
+
+The bubbles this leaves — trainers idle during generation, generators idle during training — are
+what GAP, TSP, TAG and TCSS remove. Same sampler, reward, loss, trainer and sync code as every
+other system; with the same seed it trains on exactly the trajectories ``colocated-sync`` generates.
+"""
+
+from __future__ import annotations
+
+import time
+
+from digenrl.rollout.scoring import ScoreResult
+from digenrl.rollout.trajectory import TrajectoryBatch
+from digenrl.systems.base import IterationReport
+from digenrl.systems.phases import assign_advantages, global_sum, reward_summary, train_logical_batch
+from digenrl.systems.separate import SeparateRequirements, SeparateSystem
+
+
+class SeparateSync(SeparateSystem):
+    name = "separate-sync"
+    requirements = SeparateRequirements(name="separate-sync", prompts_divisible_by_world=False)
+
+    def before_first_iteration(self) -> None:
+        self.initial_sync()
+
+    def my_prompt_ids(self, iteration: int) -> tuple[list[str], list[int]]:
+        """This generator's contiguous share of the iteration's prompt groups."""
+        prompts = self.parts.prompts.prompts_for(iteration, self.cfg.algo.prompts_per_iteration)
+        gens = self.generator_ranks
+        per = len(prompts) // len(gens)
+        first = gens.index(self.ctx.rank) * per
+        ids = list(range(first, first + per))
+        return [prompts[i] for i in ids], ids
+
+    def advantages(self, batch: TrajectoryBatch, score: ScoreResult) -> TrajectoryBatch:
+        """Group advantages with rewards gathered over the generator pool (it holds the whole batch)."""
+        return assign_advantages(batch, score, self.cfg.algo, group=self.groups.generator_group)
+
+    max_staleness = 0  # policy versions a trained trajectory may lag; checked on every received batch
+
+    def check_staleness(self, batch: TrajectoryBatch, version: int) -> int:
+        """Run-time invariant: no trajectory trained at version v is older than v − max_staleness."""
+        oldest = int(batch.policy_version.min())
+        staleness = version - oldest
+        if staleness > self.max_staleness:
+            raise RuntimeError(
+                f"rank {self.ctx.rank}: trajectories of policy version {oldest} reached the trainer at "
+                f"version {version} (staleness {staleness} > allowed {self.max_staleness})"
+            )
+        return staleness
+
+    def run_iteration(self, iteration: int) -> IterationReport:
+        if self.is_trainer:
+            return self.train_iteration(iteration)
+        return self.generate_iteration(iteration)
+
+    # ------------------------------------------------------------------ generator pool
+    def generate_iteration(self, iteration: int) -> IterationReport:
+        events, version = self.parts.events, self.policy_version
+        prompts, ids = self.my_prompt_ids(iteration)
+        t0 = time.perf_counter()
+        with events.span("generate", iteration=iteration, policy_version=version, samples=len(ids)):
+            batch = self.parts.engine.generate(prompts, ids, iteration=iteration, policy_version=version)
+        with events.span("score", iteration=iteration, policy_version=version):
+            score = self.parts.scorer(batch)
+            batch = self.advantages(batch, score)
+        with events.span("transfer", iteration=iteration, policy_version=version):
+            self.ship(batch, key=f"it{iteration}")
+        t1 = time.perf_counter()
+        self.pull_weights(version + 1, iteration)
+        self.policy_version = version + 1
+        return IterationReport(
+            samples=batch.batch_size,
+            reward_mean=float(score.rewards[score.keep].mean()),
+            reward_std=float(score.rewards[score.keep].std(unbiased=False)),
+            train={},
+            step={},
+            phase_s={"rollout": t1 - t0, "sync": time.perf_counter() - t1},
+        )
+
+    # ------------------------------------------------------------------ trainer pool
+    def train_iteration(self, iteration: int) -> IterationReport:
+        events, version, group = self.parts.events, self.policy_version, self.groups.trainer_group
+        t0 = time.perf_counter()
+        with events.span("wait_transfer", iteration=iteration, policy_version=version):
+            batch = self.receive(key=f"it{iteration}")
+        staleness = self.check_staleness(batch, version)
+        t1 = time.perf_counter()
+        stats, step_stats = train_logical_batch(
+            self.parts.trainer,
+            [batch],
+            self.cfg.algo.num_updates_per_batch,
+            events,
+            iteration,
+            version,
+            group,
+        )
+        t2 = time.perf_counter()
+        with events.span("sync", iteration=iteration, policy_version=version + 1):
+            sync = self.push_weights(version + 1)
+        self.policy_version = version + 1
+        reward_mean, reward_std = reward_summary(batch.rewards, group)
+        return IterationReport(
+            samples=int(global_sum(batch.batch_size, group)),
+            reward_mean=reward_mean,
+            reward_std=reward_std,
+            train=stats.reduce(group),
+            step={
+                **step_stats,
+                "sync_bytes": float(sync.bytes),
+                "sync_s": sync.seconds,
+                "staleness": staleness,
+            },
+            phase_s={"wait_rollout": t1 - t0, "train": t2 - t1, "sync": time.perf_counter() - t2},
+        )

@@ -1,0 +1,1 @@
+"""Paper figures from DigenRL profile logs and results tables; see paper_figures/README.md."""

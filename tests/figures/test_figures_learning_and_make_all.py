@@ -1,0 +1,109 @@
+"""Reward curves from metrics.jsonl, and make_all end to end (in-process and as the documented command)."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from paper_figures.learning import plot_learning, reward_curve
+from paper_figures.logs import load_run
+from paper_figures.make_all import default_timeline_window, make_all
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+EXPECTED_PNGS = {
+    "timeline_tiny_cpu2_run.png",
+    "learning.png",
+    "results_table_throughput.png",
+    "results_table_ablation.png",
+    "results_table_scaling.png",
+    "results_table_split.png",
+}
+
+
+def test_reward_curve_matches_the_metrics_file(sample_run):
+    raw = [json.loads(line) for line in (sample_run / "metrics.jsonl").read_text().splitlines()]
+    xs, means, stds = reward_curve(load_run(sample_run).metrics)
+    assert xs == [0.0, 1.0, 2.0, 3.0]
+    assert means == [r["reward_mean"] for r in raw] and stds == [r["reward_std"] for r in raw]
+    wall_xs, _, _ = reward_curve(load_run(sample_run).metrics, x="wall")
+    np.testing.assert_allclose(wall_xs, np.cumsum(np.array([r["wall_s"] for r in raw], dtype=np.float64)))
+    with pytest.raises(ValueError, match="x="):
+        reward_curve(raw, x="epoch")
+
+
+def test_reward_curve_drops_non_finite_rewards():
+    walls = [random.uniform(0.1, 1) for _ in range(3)]
+    records = [
+        {"iteration": 0, "reward_mean": 0.5, "reward_std": 0.1, "wall_s": walls[0]},
+        {
+            "iteration": 1,
+            "reward_mean": None,
+            "reward_std": None,
+            "wall_s": walls[1],
+        },  # non-finite, as logged
+        {"iteration": 2, "reward_mean": 0.7, "reward_std": None, "wall_s": walls[2]},
+    ]
+    xs, means, stds = reward_curve(records, x="wall")
+    assert xs == pytest.approx([walls[0], sum(walls)]) and means == [0.5, 0.7] and stds == [0.1, 0.0]
+    with pytest.raises(ValueError, match="'wall_s'"):
+        reward_curve([{"iteration": 0, "reward_mean": 1.0, "reward_std": 0.0}])
+
+
+def test_learning_png_for_several_runs(tmp_path, sample_run, png_ok):
+    out = plot_learning([sample_run, load_run(sample_run)], tmp_path / "l.png", labels=["a", "b"], dpi=100)
+    png_ok(out, (640, 400))
+    with pytest.raises(ValueError, match="labels"):
+        plot_learning([sample_run], tmp_path / "l.png", labels=["a", "b"])
+
+
+def test_default_timeline_window_skips_warm_up(sample_run):
+    run = load_run(sample_run)
+    assert default_timeline_window(run) is None  # 4 iterations: draw them all
+    run.spans = [dict(s, iteration=s["iteration"] + 4 * copy) for copy in range(2) for s in run.spans]
+    assert default_timeline_window(run) == (1, 3)
+    run.spans.append(dict(run.spans[0], iteration=-1))  # set-up spans (initial weight sync) are not warm-up
+    assert default_timeline_window(run) == (1, 3)
+
+
+def test_make_all_in_process_with_a_bad_table_and_an_empty_run(tmp_path, data_dir, png_ok, capsys):
+    logs = tmp_path / "logs"
+    shutil.copytree(data_dir, logs)
+    (logs / "empty_run" / "events").mkdir(parents=True)  # a run with metrics but no events
+    (logs / "empty_run" / "metrics.jsonl").write_text("")
+    (logs / "broken.csv").write_text("model,system\nm,s\n")  # lacks source and throughput
+    (logs / "tiny_cpu2_run" / "trace.json").write_text(json.dumps({"traceEvents": []}))  # a run's own file
+    report = make_all(logs, tmp_path / "out")
+    assert {p.name for p in report.made} == EXPECTED_PNGS
+    for path in report.made:
+        png_ok(path)
+    skipped = dict(report.skipped)
+    assert any("broken.csv" in what and "not a results table" in why for what, why in skipped.items())
+    assert not any("trace.json" in what for what in skipped)
+    printed = capsys.readouterr().out
+    assert printed.count("made ") == len(EXPECTED_PNGS) and "skipped " in printed
+
+
+def test_make_all_command_end_to_end(tmp_path, data_dir, png_ok):
+    command = [sys.executable, "paper_figures/make_all.py", "--logs", str(data_dir), "--out", str(tmp_path)]
+    result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert {p.name for p in tmp_path.glob("*.png")} == EXPECTED_PNGS
+    for name in EXPECTED_PNGS:
+        png_ok(tmp_path / name)
+        assert f"made     {tmp_path / name}" in result.stdout
+    assert "6 figure(s) made, 0 skipped" in result.stdout
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    nothing = subprocess.run(
+        [sys.executable, "paper_figures/make_all.py", "--logs", str(empty), "--out", str(tmp_path / "o")],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert nothing.returncode == 1 and "no run directories" in nothing.stdout
