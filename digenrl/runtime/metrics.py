@@ -61,3 +61,24 @@ def progress_line(r: dict[str, Any]) -> str:
 def read_metrics(out_dir: str | Path) -> list[dict[str, Any]]:
     path = Path(out_dir) / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def add_event_summary(out_dir: str | Path) -> None:
+    """Fold the merged event logs into ``metrics.jsonl``: per iteration, the busy fraction of each
+    pool (role) and the seconds each role spent per phase (from ``summarize_events``). Runs once, on
+    rank 0, after every rank has flushed its events; the file is replaced atomically."""
+    from digenrl.runtime.event_summary import summarize_events
+
+    path = Path(out_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return
+    summary = summarize_events(out_dir)
+    records = read_metrics(out_dir)
+    for record in records:
+        per_iteration = summary.get(record["iteration"]) or summary.get(str(record["iteration"]))
+        if per_iteration:
+            record["busy_fraction"] = per_iteration["busy_fraction"]
+            record["phase_seconds"] = per_iteration["phase_seconds"]
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
+    tmp.replace(path)

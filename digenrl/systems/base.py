@@ -19,6 +19,8 @@ from typing import ClassVar
 from digenrl.config import Config, save_config
 from digenrl.runtime.distributed import DistContext
 from digenrl.runtime.events import agree_clock_origin, merge_chrome_trace
+from digenrl.runtime.metrics import add_event_summary
+from digenrl.runtime.telemetry import GpuTelemetry
 from digenrl.systems import SystemRequirements
 from digenrl.systems.components import RankComponents
 from digenrl.trainer.checkpoint import load_latest_checkpoint, save_checkpoint
@@ -120,6 +122,9 @@ class System:
         if ctx.rank == 0:
             save_config(cfg, f"{cfg.out_dir}/config.yaml")
         self.before_first_iteration()
+        telemetry = GpuTelemetry(self.parts.events) if ctx.device.type == "cuda" else None
+        if telemetry is not None:
+            telemetry.start()
         records = []
         for iteration in range(start, cfg.iterations):
             inject_fault(ctx.rank, iteration)
@@ -145,8 +150,11 @@ class System:
             last = iteration + 1 == cfg.iterations
             if last or (cfg.checkpoint_every and (iteration + 1) % cfg.checkpoint_every == 0):
                 self._save(iteration + 1)
+        if telemetry is not None:
+            telemetry.stop()
         self.parts.events.close()
         ctx.barrier("events flushed before trace merge", cfg.runtime.timeout_s)
         if ctx.rank == 0:
             merge_chrome_trace(cfg.out_dir)
+            add_event_summary(cfg.out_dir)
         return records

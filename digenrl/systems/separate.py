@@ -17,6 +17,7 @@ increasing rank order, and a trainer receives from generators in increasing rank
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import torch
@@ -45,16 +46,20 @@ def separate_layout(cfg: Config, world_size: int) -> Layout:
     from digenrl.rewards.registry import reward_needs_weights
 
     reward_names = list(cfg.reward.weights) if cfg.reward.weights else [cfg.reward.name]
+    pools = cfg.pools
+    if pools.trainers == pools.generators == pools.scorers == 0 and world_size >= 2:
+        # No split given: half the ranks train, the rest generate (printed at startup by the system).
+        pools = dataclasses.replace(pools, trainers=world_size // 2, generators=world_size - world_size // 2)
     layout = build_layout(
-        cfg.pools,
+        pools,
         world_size,
         needs_scorer_model=any(reward_needs_weights(n) for n in reward_names),
         reward_name=",".join(reward_names),
     )
     if layout.is_colocated:
         raise ConfigError(
-            f"system={cfg.system!r} runs on disjoint pools: set pools.trainers and pools.generators "
-            f"(they must add up to the {world_size} launched ranks)"
+            f"system={cfg.system!r} runs on disjoint pools and needs at least 2 ranks; launch with torchrun and "
+            f"set pools.trainers and pools.generators (they must add up to the launched ranks, {world_size} now)"
         )
     if layout.scorer_ranks:
         raise ConfigError("pools.scorers > 0 is not supported by this system yet; score on the generators")
@@ -93,6 +98,12 @@ class SeparateSystem(System):
         self.layout = separate_layout(cfg, ctx.world_size)
         self.groups = build_process_groups(self.layout, timeout_s=cfg.runtime.timeout_s)
         self.role = self.layout.role_of(ctx.rank)
+        if ctx.rank == 0:
+            log.info(
+                "layout: trainers %s, generators %s",
+                list(self.layout.trainer_ranks),
+                list(self.layout.generator_ranks),
+            )
         self.is_trainer = self.role == "trainer"
         self.plane = ControlPlane.from_default_group(self.role, cfg.runtime.timeout_s)
         parts = build_rank_components(
