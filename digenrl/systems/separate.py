@@ -58,8 +58,9 @@ def separate_layout(cfg: Config, world_size: int) -> Layout:
     )
     if layout.is_colocated:
         raise ConfigError(
-            f"system={cfg.system!r} runs on disjoint pools and needs at least 2 ranks; launch with torchrun and "
-            f"set pools.trainers and pools.generators (they must add up to the launched ranks, {world_size} now)"
+            f"system={cfg.system!r} runs on disjoint pools and needs at least 2 ranks; launch with "
+            f"torchrun and set pools.trainers and pools.generators (they must add up to the launched "
+            f"ranks, {world_size} now)"
         )
     if layout.scorer_ranks:
         raise ConfigError("pools.scorers > 0 is not supported by this system yet; score on the generators")
