@@ -1,0 +1,143 @@
+"""GAP fragments: the logical batch cut along the generation axis into runs of whole prompt groups.
+
+DESIGN.md §3 (GAP): an iteration's P prompt groups (prompt index 0..P−1, B = P·G samples) are cut into
+fragments of ``gap.fragment_groups`` consecutive whole groups. A group never straddles two fragments, so
+the group-relative advantage (r − mean_group) / (std_group + ε) of every sample can be computed the moment
+its fragment is scored, and the trainer can accumulate the fragment's gradient at once. Fragment f holds
+prompt indices ``[f·F, (f+1)·F)``; the prompt index keys every random draw of a sample
+(:func:`digenrl.rollout.noise.sample_seed`), so *which* generator produces a fragment, and when, never
+changes its trajectories.
+
+Generators are D data-parallel producers (TSP pipelines, :mod:`digenrl.tsp.pipeline`; plain generator
+ranks when ``tsp.stages = 1``). Two assignments of fragments to producers:
+
+* ``round-robin`` (default): fragment f goes to pipeline ``f mod D``; pipeline p produces
+  p, p+D, p+2D, … in that order. Production round r therefore finishes fragments ``[r·D, (r+1)·D)`` at
+  about the same time, so the trainer receives fragments in nearly ascending index order and its first
+  fragment arrives after one fragment time whatever D is.
+* ``contiguous``: pipeline p produces one block of consecutive fragments (block sizes differ by at most
+  one, the first ``num_fragments mod D`` pipelines take the larger blocks), in ascending order — the
+  layout of a static data-parallel split of the batch.
+
+Either way the per-pipeline fragment counts differ by at most one; with fewer fragments than pipelines
+some pipelines idle (:attr:`FragmentPlan.idle_pipelines`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from digenrl.config import ConfigError
+
+FRAGMENT_GROUPS_KEY = "gap.fragment_groups"
+PROMPTS_KEY = "algo.prompts_per_iteration"
+ASSIGNMENTS = ("round-robin", "contiguous")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class FragmentPlan:
+    """Which prompt groups form each fragment, which pipeline produces it, and in what order."""
+
+    prompts_per_iteration: int  # P prompt groups in the logical batch
+    fragment_groups: int  # F whole groups per fragment (gap.fragment_groups)
+    num_pipelines: int = 1  # D data-parallel producers
+    assignment: str = "round-robin"  # see the module docstring
+
+    def __post_init__(self) -> None:
+        p, f = self.prompts_per_iteration, self.fragment_groups
+        if not _is_int(p) or p < 1:
+            raise ConfigError(f"{PROMPTS_KEY} must be an int >= 1, got {p!r}")
+        if not _is_int(f) or f < 1:
+            raise ConfigError(f"{FRAGMENT_GROUPS_KEY} must be an int >= 1, got {f!r}")
+        if p % f:
+            divisors = [d for d in range(1, p + 1) if p % d == 0]
+            raise ConfigError(
+                f"{PROMPTS_KEY}={p} is not a multiple of {FRAGMENT_GROUPS_KEY}={f}: a fragment holds whole "
+                f"prompt groups and all fragments are equal; choose {FRAGMENT_GROUPS_KEY} in {divisors}"
+            )
+        if not _is_int(self.num_pipelines) or self.num_pipelines < 1:
+            raise ValueError(f"num_pipelines must be an int >= 1, got {self.num_pipelines!r}")
+        if self.assignment not in ASSIGNMENTS:
+            raise ValueError(f"assignment={self.assignment!r} is not allowed; choose one of: {ASSIGNMENTS}")
+
+    # ------------------------------------------------------------------ fragments
+    @property
+    def num_fragments(self) -> int:
+        return self.prompts_per_iteration // self.fragment_groups
+
+    def fragment_samples(self, group_size: int) -> int:
+        """Samples per fragment: F·G (a multiple of the group size by construction)."""
+        if not _is_int(group_size) or group_size < 1:
+            raise ValueError(f"group_size must be an int >= 1, got {group_size!r}")
+        return self.fragment_groups * group_size
+
+    def prompt_ids(self, fragment: int) -> range:
+        """Prompt indices (= group ids) of ``fragment`` in the iteration's logical batch."""
+        self._check_fragment(fragment)
+        return range(fragment * self.fragment_groups, (fragment + 1) * self.fragment_groups)
+
+    def fragment_of_prompt(self, prompt_id: int) -> int:
+        if not _is_int(prompt_id) or not 0 <= prompt_id < self.prompts_per_iteration:
+            raise ValueError(
+                f"prompt_id must be an int in [0, {self.prompts_per_iteration}), got {prompt_id!r}"
+            )
+        return prompt_id // self.fragment_groups
+
+    # ------------------------------------------------------------------ producers
+    def pipeline_of(self, fragment: int) -> int:
+        """The pipeline that produces ``fragment``."""
+        self._check_fragment(fragment)
+        d = self.num_pipelines
+        if self.assignment == "round-robin":
+            return fragment % d
+        return next(p for p in range(d) if fragment < self._block_start(p + 1))
+
+    def fragments_of(self, pipeline: int) -> tuple[int, ...]:
+        """The fragments ``pipeline`` produces, in production order (empty for an idle pipeline)."""
+        if not _is_int(pipeline) or not 0 <= pipeline < self.num_pipelines:
+            raise ValueError(f"pipeline must be an int in [0, {self.num_pipelines}), got {pipeline!r}")
+        if self.assignment == "round-robin":
+            return tuple(range(pipeline, self.num_fragments, self.num_pipelines))
+        return tuple(range(self._block_start(pipeline), self._block_start(pipeline + 1)))
+
+    def position_in_pipeline(self, fragment: int) -> int:
+        """How many fragments its pipeline produces before ``fragment`` (its production round)."""
+        return self.fragments_of(self.pipeline_of(fragment)).index(fragment)
+
+    def production_rounds(self) -> list[tuple[int, ...]]:
+        """Round r lists the r-th fragment of every pipeline that has one (pipeline order): with equal
+        pipelines, the fragments that finish together — the order the trainer should expect them in."""
+        per_pipeline = [self.fragments_of(p) for p in range(self.num_pipelines)]
+        depth = max(len(f) for f in per_pipeline)
+        return [tuple(f[r] for f in per_pipeline if r < len(f)) for r in range(depth)]
+
+    @property
+    def idle_pipelines(self) -> tuple[int, ...]:
+        """Pipelines with no fragment (only when num_fragments < num_pipelines)."""
+        return tuple(p for p in range(self.num_pipelines) if not self.fragments_of(p))
+
+    def describe(self, group_size: int | None = None) -> str:
+        size = f" ({self.fragment_samples(group_size)} samples)" if group_size is not None else ""
+        text = (
+            f"GAP: {self.prompts_per_iteration} prompt groups -> {self.num_fragments} fragments of "
+            f"{self.fragment_groups} groups{size}, {self.assignment} over {self.num_pipelines} pipeline(s)"
+        )
+        for p in range(self.num_pipelines):
+            text += f"\n  pipeline {p}: fragments {list(self.fragments_of(p))}"
+        if self.idle_pipelines:
+            text += f"\n  idle pipelines: {list(self.idle_pipelines)} (fewer fragments than pipelines)"
+        return text
+
+    # ------------------------------------------------------------------ internals
+    def _block_start(self, pipeline: int) -> int:
+        """First fragment of ``pipeline``'s contiguous block (blocks differ in size by at most one)."""
+        base, extra = divmod(self.num_fragments, self.num_pipelines)
+        return pipeline * base + min(pipeline, extra)
+
+    def _check_fragment(self, fragment: int) -> None:
+        if not _is_int(fragment) or not 0 <= fragment < self.num_fragments:
+            raise ValueError(f"fragment must be an int in [0, {self.num_fragments}), got {fragment!r}")
