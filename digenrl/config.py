@@ -135,6 +135,35 @@ class AsyncConfig:
 
 
 @dataclass
+class GapConfig:
+    """GAP: stream fragments of whole prompt groups to the trainer (system ``digenrl``)."""
+
+    enabled: bool = True
+    fragment_groups: int = 1  # prompt groups per fragment; a group never straddles fragments
+
+
+@dataclass
+class TspConfig:
+    """TSP: the generator pool as D data-parallel pipelines × ``stages`` stages of denoising steps."""
+
+    stages: int = 1  # S; 1 = plain data parallelism
+
+
+@dataclass
+class TagConfig:
+    """TAG: trainer GPUs generate fragments while they have nothing to train (not built yet)."""
+
+    enabled: bool = False
+
+
+@dataclass
+class TcssConfig:
+    """TCSS: generators start iteration k+1 with θ_k; at most one version stale (not built yet)."""
+
+    enabled: bool = False
+
+
+@dataclass
 class RuntimeConfig:
     """Distributed runtime knobs."""
 
@@ -163,6 +192,10 @@ class Config:
     pools: PoolConfig = field(default_factory=PoolConfig)
     sync: SyncConfig = field(default_factory=SyncConfig)
     asynchrony: AsyncConfig = field(default_factory=AsyncConfig)
+    gap: GapConfig = field(default_factory=GapConfig)
+    tsp: TspConfig = field(default_factory=TspConfig)
+    tag: TagConfig = field(default_factory=TagConfig)
+    tcss: TcssConfig = field(default_factory=TcssConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -247,6 +280,10 @@ def _set(obj: Any, path: list[str], value: Any, full_key: str) -> None:
                 # ``model=tiny-flux`` is shorthand for ``model.name=tiny-flux``.
                 _set(current, ["name"], value, f"{full_key}.name")
                 return
+            if "enabled" in _field_types(type(current)) and isinstance(value, bool):
+                # ``gap=false`` is shorthand for ``gap.enabled=false``.
+                _set(current, ["enabled"], value, f"{full_key}.enabled")
+                return
             raise ConfigError(f"{full_key} is a section; set its keys as {full_key}.<key>=value")
         _set(current, path[1:], value, full_key)
         return
@@ -257,12 +294,16 @@ def _set(obj: Any, path: list[str], value: Any, full_key: str) -> None:
     setattr(obj, name, _coerce(full_key, value, types_[name]))
 
 
+ALIASES = {"tsp_stages": "tsp.stages"}
+"""Top-level spellings of nested keys, as the mechanisms are usually written (``tsp_stages=2``)."""
+
+
 def parse_override(text: str) -> tuple[str, Any]:
     """``"algo.group_size=8"`` → ``("algo.group_size", 8)``; values are parsed as YAML scalars."""
     if "=" not in text:
         raise ConfigError(f"override {text!r} must look like key=value")
     key, raw = text.split("=", 1)
-    key = key.strip()
+    key = ALIASES.get(key.strip(), key.strip())
     if not key:
         raise ConfigError(f"override {text!r} has an empty key")
     try:
@@ -382,6 +423,8 @@ def validate_config(cfg: Config, world_size: int | None = None) -> None:
     if len(cfg.trainer.betas) != 2 or not all(0 <= b < 1 for b in cfg.trainer.betas):
         raise ConfigError(f"trainer.betas must be two numbers in [0, 1), got {cfg.trainer.betas}")
     _positive("runtime.timeout_s", cfg.runtime.timeout_s)
+    _positive("gap.fragment_groups", cfg.gap.fragment_groups)
+    _positive("tsp.stages", cfg.tsp.stages)
     if cfg.checkpoint_every < 0:
         raise ConfigError(f"checkpoint_every must be >= 0, got {cfg.checkpoint_every}")
     for key in ("height", "width", "frames"):

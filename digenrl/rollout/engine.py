@@ -5,11 +5,16 @@ through one transformer forward per denoising step (batching a group is worth ~4
 DESIGN.md §1; verl-omni measured +62% for B = N over B = 1, references/003). Every random draw is
 keyed by the sample's identity (:mod:`digenrl.rollout.noise`), so the trajectory of a sample does not
 depend on how the engine batches it.
+
+A rollout can also run in pieces (TSP, DESIGN.md §3): :meth:`RolloutEngine.start` draws x_T and decides
+the trained steps, :meth:`RolloutEngine.advance` runs a range of steps on the in-flight batch — on any
+rank, since the noise of step i is keyed by (sample seed, i) — and ``generate = advance(start(...), T)``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
@@ -54,7 +59,8 @@ class RolloutEngine:
         self.device = torch.device(device)
 
     def uncond(self) -> TextCondition | None:
-        """The empty-prompt condition for true CFG (cached by the encoder), else None."""
+        """The empty-prompt condition for true CFG (cached by the encoder), else None. Every TSP stage
+        computes it from its own text encoder, so it never travels with a batch."""
         return self.text_encoder.negative_condition(1) if self.sampler.true_cfg else None
 
     def _train_steps(self, iteration: int, seeds: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -96,26 +102,106 @@ class RolloutEngine:
         on_step: Callable[[int], None] | None = None,
     ) -> TrajectoryBatch:
         """Roll out ``group_size`` samples for each prompt; ``prompt_ids`` are the prompts' indices in
-        the iteration's logical batch (group ids), which — with the sample index — key every draw."""
+        the iteration's logical batch (group ids), which — with the sample index — key every draw.
+
+        Equals ``advance(start(...), num_steps)``: a rollout split into TSP stages reproduces it bit for
+        bit."""
+        batch = self.start(prompts, prompt_ids, iteration=iteration, policy_version=policy_version)
+        return self._advance(batch, self.sampler.num_steps, on_step, in_place=True)
+
+    @torch.no_grad()
+    def start(
+        self, prompts: list[str], prompt_ids: list[int], *, iteration: int, policy_version: int
+    ) -> TrajectoryBatch:
+        """A rollout that has run no step yet (``steps_done = 0``), the first stage of a TSP pipeline.
+
+        ``final_latents`` holds the initial noise x_T; the trained steps are decided here, so that their
+        sigmas are known and the ``latents`` / ``next_latents`` / ``log_probs`` buffers (zeros until the
+        step that fills them has run) travel with the batch from stage to stage.
+        """
         if len(prompts) != len(prompt_ids):
             raise ValueError("prompts and prompt_ids must have the same length")
         g = self.group_size
         seeds = [sample_seed(self.seed, iteration, pid, j) for pid in prompt_ids for j in range(g)]
         b = len(seeds)
-        sample_prompts = [p for p in prompts for _ in range(g)]
         cond = self.text_encoder.encode(prompts).repeat_interleave(g).to(self.device)
-        uncond = self.uncond()
-        seeds_t = torch.tensor(seeds, dtype=torch.long)
-        train_steps, sde_mask = self._train_steps(iteration, seeds)
-
+        train_steps, _ = self._train_steps(iteration, seeds)
         sigmas = self.sampler.sigmas.to(self.device)
+        idx = train_steps.to(self.device)
+        k = idx.shape[1]
         x = step_noise(seeds, INITIAL_NOISE_STEP, self.latent_shape, device=self.device)
-        visited = [x]
-        log_probs = torch.zeros(b, self.sampler.num_steps, dtype=torch.float32, device=self.device)
+        return TrajectoryBatch(
+            prompts=[p for p in prompts for _ in range(g)],
+            prompt_ids=torch.tensor([pid for pid in prompt_ids for _ in range(g)], dtype=torch.long),
+            sample_ids=torch.arange(g).repeat(len(prompt_ids)),
+            seeds=torch.tensor(seeds, dtype=torch.long),
+            cond=cond,
+            latents=x.new_zeros(b, k, *self.latent_shape),
+            next_latents=x.new_zeros(b, k, *self.latent_shape),
+            log_probs=torch.zeros(b, k, dtype=torch.float32, device=self.device),
+            step_indices=train_steps.clone(),
+            sigmas=sigmas[idx].reshape(b, k),
+            next_sigmas=sigmas[idx + 1].reshape(b, k),
+            policy_version=torch.full((b,), policy_version, dtype=torch.long),
+            iteration=iteration,
+            final_latents=x,
+            steps_done=0,
+        )
+
+    @torch.no_grad()
+    def advance(
+        self,
+        batch: TrajectoryBatch,
+        until_step: int,
+        *,
+        on_step: Callable[[int], None] | None = None,
+    ) -> TrajectoryBatch:
+        """``batch`` after denoising steps ``[batch.steps_done, until_step)`` (a new batch; the input is
+        left untouched, so a fragment kept for a resend or a test stays valid).
+
+        Each trained transition the range passes is recorded (x before and after, behaviour log-prob).
+        Everything a step needs comes from the batch (seeds, cond, trained steps) or from this engine's
+        config (sigmas, SDE mask, the unconditional condition from its own text encoder), and the noise
+        of step i is keyed by (sample seed, i): a TSP stage on another rank, with its own engine, draws
+        exactly what a single-rank rollout would.
+        """
+        return self._advance(batch, until_step, on_step, in_place=False)
+
+    def _advance(
+        self,
+        batch: TrajectoryBatch,
+        until_step: int,
+        on_step: Callable[[int], None] | None,
+        *,
+        in_place: bool,
+    ) -> TrajectoryBatch:
+        """``in_place`` writes the trained transitions into ``batch``'s own buffers (``generate``'s fresh
+        batch) instead of copies."""
+        t = self.sampler.num_steps
+        first = batch.steps_done
+        if isinstance(until_step, bool) or not isinstance(until_step, int) or not first <= until_step <= t:
+            raise ValueError(
+                f"until_step must be an int in [steps_done={first}, num_steps={t}], got {until_step!r}"
+            )
+        if batch.final_latents is None:
+            raise ValueError("batch.final_latents is None: advance() needs the current latent x")
+        buffers = (batch.latents, batch.next_latents, batch.log_probs)
+        latents, next_latents, log_probs = (buf.to(self.device) for buf in buffers)
+        if not in_place:
+            latents, next_latents, log_probs = latents.clone(), next_latents.clone(), log_probs.clone()
+        x = batch.final_latents.to(self.device)
+        seeds = batch.seeds.tolist()
+        b = len(seeds)
+        cond = batch.cond.to(self.device)
+        uncond = self.uncond()
+        train_steps = batch.step_indices.cpu()
+        sde_mask = sde_step_mask(t, batch.step_indices[0].cpu(), mode=self.timestep_selection) if b else None
+        sigmas = self.sampler.sigmas.to(self.device)
         chunk = self.samples_per_forward or b
-        for i in range(self.sampler.num_steps):
+        for i in range(first, until_step):
             noise = step_noise(seeds, i, self.latent_shape, device=self.device)
             nxt = torch.empty_like(x)
+            step_log_prob = torch.empty(b, dtype=torch.float32, device=self.device)
             for start in range(0, b, chunk):
                 sl = slice(start, min(start + chunk, b))
                 n = sl.stop - sl.start
@@ -127,29 +213,21 @@ class RolloutEngine:
                     v, x[sl], sigma, sigmas[i + 1].expand(n), noise=noise[sl], stochastic=bool(sde_mask[i])
                 )
                 nxt[sl] = res.prev_sample
-                log_probs[sl, i] = res.log_prob
+                step_log_prob[sl] = res.log_prob
+            rows, cols = torch.nonzero(train_steps == i, as_tuple=True)  # on CPU: no device sync
+            if rows.numel():
+                rows, cols = rows.to(self.device), cols.to(self.device)
+                latents[rows, cols] = x[rows]
+                next_latents[rows, cols] = nxt[rows]
+                log_probs[rows, cols] = step_log_prob[rows]
             x = nxt
-            visited.append(x)
             if on_step is not None:
                 on_step(i)
-
-        trajectory = torch.stack(visited, dim=1)  # [B, T+1, *latent]
-        idx = train_steps.to(self.device)
-        gather_idx = idx.view(b, -1, *([1] * len(self.latent_shape))).expand(-1, -1, *self.latent_shape)
-        k = idx.shape[1]
-        return TrajectoryBatch(
-            prompts=sample_prompts,
-            prompt_ids=torch.tensor([pid for pid in prompt_ids for _ in range(g)], dtype=torch.long),
-            sample_ids=torch.arange(g).repeat(len(prompt_ids)),
-            seeds=seeds_t,
-            cond=cond,
-            latents=torch.gather(trajectory, 1, gather_idx),
-            next_latents=torch.gather(trajectory, 1, gather_idx + 1),
-            log_probs=torch.gather(log_probs, 1, idx),
-            step_indices=train_steps.clone(),
-            sigmas=sigmas[idx].reshape(b, k),
-            next_sigmas=sigmas[idx + 1].reshape(b, k),
-            policy_version=torch.full((b,), policy_version, dtype=torch.long),
-            iteration=iteration,
+        return replace(
+            batch,
+            latents=latents,
+            next_latents=next_latents,
+            log_probs=log_probs,
             final_latents=x,
+            steps_done=until_step,
         )

@@ -9,6 +9,11 @@ policy version that produced it. Rewards and advantages are filled in after scor
 Every field is a tensor with a leading batch dimension (or per-batch metadata), so a batch can be cut
 into fragments, concatenated, moved between devices and shipped point-to-point without knowing what
 model produced it.
+
+Two further uses share the type. An *in-flight* rollout between TSP pipeline stages has
+``steps_done < T``: ``final_latents`` is the current x, and the trained-transition buffers are filled up
+to that step (:meth:`RolloutEngine.start` / :meth:`RolloutEngine.advance`). A *unit shard* for one
+trainer rank holds one K = 1 row per (sample, trained step) (:meth:`TrajectoryBatch.select_units`).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ class TrajectoryBatch:
     final_latents: torch.Tensor | None = None  # [B, *latent] clean latent (decoded for the reward)
     rewards: torch.Tensor | None = None  # [B] float32
     advantages: torch.Tensor | None = None  # [B] float32
+    steps_done: int = 0  # denoising steps run: final_latents is x after them (generate() sets T)
 
     @property
     def batch_size(self) -> int:
@@ -67,6 +73,36 @@ class TrajectoryBatch:
             self, prompts=[self.prompts[i] for i in idx.tolist()], cond=self.cond.index_select(idx), **updates
         )
 
+    def select_units(
+        self, sample_index: torch.Tensor | list[int], k_index: torch.Tensor | list[int]
+    ) -> TrajectoryBatch:
+        """One row per training unit ``(sample_index[u], k_index[u])``, each with K = 1.
+
+        A unit row carries its sample's identity, conditioning, reward and advantage and the one trained
+        transition, so any subset of units — e.g. a trainer rank's share of a fragment, cut by timestep
+        (:mod:`digenrl.gap.unit_sharding`) — is again a TrajectoryBatch the trainer accepts unchanged.
+        A sample listed at several steps appears in several rows (its conditioning is repeated).
+        """
+        b = torch.as_tensor(sample_index, dtype=torch.long).reshape(-1)
+        k = torch.as_tensor(k_index, dtype=torch.long).reshape(-1)
+        if b.shape != k.shape:
+            raise ValueError(
+                f"sample_index and k_index must have the same length, got {b.numel()} and {k.numel()}"
+            )
+        if b.numel() and not (int(b.min()) >= 0 and int(b.max()) < self.batch_size):
+            raise ValueError(f"sample_index must lie in [0, {self.batch_size}), got {b.tolist()}")
+        if k.numel() and not (int(k.min()) >= 0 and int(k.max()) < self.num_train_steps):
+            raise ValueError(f"k_index must lie in [0, {self.num_train_steps}), got {k.tolist()}")
+        per_unit = {"latents", "next_latents", "log_probs", "step_indices", "sigmas", "next_sigmas"}
+        updates = {}
+        for name in self._tensor_fields():
+            t = getattr(self, name)
+            bi = b.to(t.device)
+            updates[name] = t[bi, k.to(t.device)].unsqueeze(1) if name in per_unit else t[bi]
+        return replace(
+            self, prompts=[self.prompts[i] for i in b.tolist()], cond=self.cond.index_select(b), **updates
+        )
+
     def to(self, device: torch.device | str) -> TrajectoryBatch:
         updates = {name: getattr(self, name).to(device) for name in self._tensor_fields()}
         return replace(self, cond=self.cond.to(device), **updates)
@@ -89,6 +125,12 @@ class TrajectoryBatch:
                 merged[f.name] = TextCondition.cat(values)
             elif f.name == "iteration":
                 merged[f.name] = first.iteration
+            elif f.name == "steps_done":
+                if len(set(values)) != 1:
+                    raise ValueError(
+                        f"cannot concatenate trajectories at different steps_done {sorted(set(values))}"
+                    )
+                merged[f.name] = first.steps_done
             elif all(v is None for v in values):
                 merged[f.name] = None
             elif any(v is None for v in values):

@@ -38,7 +38,7 @@ from digenrl.runtime.control_plane import ControlPlane
 #: Version of the metadata layout; a receiver refuses metadata of another format.
 TRANSFER_FORMAT = 1
 _COND_PREFIX = "cond."
-_SCALAR_FIELDS = ("prompts", "iteration")
+_SCALAR_FIELDS = ("prompts", "iteration", "steps_done")
 _DTYPE_BY_NAME: dict[str, torch.dtype] = {
     str(d).removeprefix("torch."): d
     for d in (
@@ -103,6 +103,7 @@ def batch_to_tensors(batch: TrajectoryBatch) -> tuple[dict[str, Any], list[torch
     meta = {
         "format": TRANSFER_FORMAT,
         "iteration": int(batch.iteration),
+        "steps_done": int(batch.steps_done),
         "prompts": list(batch.prompts),
         "fields": entries,
     }
@@ -138,6 +139,7 @@ def batch_from_tensors(meta: dict[str, Any], tensors: list[torch.Tensor]) -> Tra
     return TrajectoryBatch(
         prompts=list(meta["prompts"]),
         iteration=int(meta["iteration"]),
+        steps_done=int(meta["steps_done"]),
         cond=TextCondition.from_dict(cond),
         **values,
     )

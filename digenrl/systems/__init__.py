@@ -18,6 +18,7 @@ _SYSTEMS: dict[str, str] = {
     "colocated-overlap": "digenrl.systems.colocated_overlap:ColocatedOverlap",
     "separate-sync": "digenrl.systems.separate_sync:SeparateSync",
     "separate-async": "digenrl.systems.separate_async:SeparateAsync",
+    "digenrl": "digenrl.systems.digenrl_system:DigenRL",
 }
 
 

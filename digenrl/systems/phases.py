@@ -12,7 +12,8 @@ import torch
 import torch.distributed as dist
 
 from digenrl.algo.advantages import gather_rewards, group_advantages
-from digenrl.config import AlgoConfig
+from digenrl.config import AlgoConfig, Config
+from digenrl.rollout.sampler import Sampler
 from digenrl.rollout.scoring import ScoreResult
 from digenrl.rollout.trajectory import TrajectoryBatch
 from digenrl.runtime.events import EventLogger
@@ -20,13 +21,19 @@ from digenrl.trainer.trainer import PolicyTrainer
 
 
 def assign_advantages(
-    batch: TrajectoryBatch, score: ScoreResult, algo: AlgoConfig, group: dist.ProcessGroup | None = None
+    batch: TrajectoryBatch,
+    score: ScoreResult,
+    algo: AlgoConfig,
+    group: dist.ProcessGroup | None = None,
+    *,
+    local: bool = False,
 ) -> TrajectoryBatch:
     """Fill ``rewards``/``advantages`` and drop samples of groups with a non-finite reward.
 
     Rewards are gathered over ``group`` (the ranks that together hold the logical batch) before
     normalising, because with ``adv_std=global`` the std spans the whole batch and, in general, a
-    rank's slice need not hold a group's every sample (ALGORITHM.md, "Advantages").
+    rank's slice need not hold a group's every sample (ALGORITHM.md, "Advantages"). ``local=True``
+    normalises over this batch alone (a GAP fragment: complete groups, per-group std).
     """
     keep = score.keep
     local_rewards = score.rewards.float()
@@ -34,14 +41,17 @@ def assign_advantages(
     sample_ids = batch.sample_ids.cpu()
     # Dropped samples stay out of the statistics: give them a unique negative group id.
     masked_ids = torch.where(keep, group_ids, -1 - (group_ids * 1_000_003 + sample_ids))
-    all_rewards, all_ids = gather_rewards(local_rewards, masked_ids, group=group)
+    if local:
+        all_rewards, all_ids = local_rewards, masked_ids
+    else:
+        all_rewards, all_ids = gather_rewards(local_rewards, masked_ids, group=group)
     all_keep = all_ids >= 0
     result = group_advantages(
         all_rewards[all_keep], all_ids[all_keep], std_mode=algo.adv_std, clamp=algo.adv_clamp
     )
     advantages_all = torch.zeros_like(all_rewards)
     advantages_all[all_keep] = result.advantages
-    offset = _local_offset(local_rewards.numel(), group)
+    offset = 0 if local else _local_offset(local_rewards.numel(), group)
     advantages = advantages_all[offset : offset + local_rewards.numel()]
     device = batch.log_probs.device
     batch.rewards = local_rewards.to(device)
@@ -153,3 +163,10 @@ def reward_summary(rewards: torch.Tensor, group: dist.ProcessGroup | None = None
     mean = moments[1].item() / n
     var = max(moments[2].item() / n - mean**2, 0.0)
     return mean, var**0.5
+
+
+def units_per_sample(cfg: Config, sampler: Sampler) -> int:
+    """Trained transitions per trajectory (K), as the engine selects them (same count in every mode)."""
+    if cfg.algo.timestep_selection == "fast-window":
+        return cfg.algo.fast_window
+    return max(1, int(sampler.num_steps * cfg.algo.timestep_fraction))

@@ -135,6 +135,19 @@ class SeparateSystem(System):
         under ``separate-async`` runs ahead of the trainer's."""
         return self.is_trainer, self.groups.trainer_group
 
+    max_staleness = 0  # policy versions a trained trajectory may lag; checked on every received batch
+
+    def check_staleness(self, batch: TrajectoryBatch, version: int) -> int:
+        """Run-time invariant: no trajectory trained at version v is older than v − max_staleness."""
+        oldest = int(batch.policy_version.min())
+        staleness = version - oldest
+        if staleness > self.max_staleness:
+            raise RuntimeError(
+                f"rank {self.ctx.rank}: trajectories of policy version {oldest} reached the trainer at "
+                f"version {version} (staleness {staleness} > allowed {self.max_staleness})"
+            )
+        return staleness
+
     # ------------------------------------------------------------------ data plane
     @property
     def trainer_ranks(self) -> tuple[int, ...]:

@@ -41,19 +41,6 @@ class SeparateSync(SeparateSystem):
         """Group advantages with rewards gathered over the generator pool (it holds the whole batch)."""
         return assign_advantages(batch, score, self.cfg.algo, group=self.groups.generator_group)
 
-    max_staleness = 0  # policy versions a trained trajectory may lag; checked on every received batch
-
-    def check_staleness(self, batch: TrajectoryBatch, version: int) -> int:
-        """Run-time invariant: no trajectory trained at version v is older than v − max_staleness."""
-        oldest = int(batch.policy_version.min())
-        staleness = version - oldest
-        if staleness > self.max_staleness:
-            raise RuntimeError(
-                f"rank {self.ctx.rank}: trajectories of policy version {oldest} reached the trainer at "
-                f"version {version} (staleness {staleness} > allowed {self.max_staleness})"
-            )
-        return staleness
-
     def run_iteration(self, iteration: int) -> IterationReport:
         if self.is_trainer:
             return self.train_iteration(iteration)
