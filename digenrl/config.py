@@ -164,6 +164,18 @@ class TcssConfig:
 
 
 @dataclass
+class ResidencyConfig:
+    """Colocated layouts: which roles keep their state on the device while idle (references/001).
+
+    The rollout shares the trainer's weights in DigenRL's colocated systems, so ``train`` parks the
+    optimizer state during generation and scoring; ``reward`` parks a reward model's weights.
+    """
+
+    train_resident: bool = True
+    reward_resident: bool = True
+
+
+@dataclass
 class RuntimeConfig:
     """Distributed runtime knobs."""
 
@@ -192,6 +204,7 @@ class Config:
     pools: PoolConfig = field(default_factory=PoolConfig)
     sync: SyncConfig = field(default_factory=SyncConfig)
     asynchrony: AsyncConfig = field(default_factory=AsyncConfig)
+    residency: ResidencyConfig = field(default_factory=ResidencyConfig)
     gap: GapConfig = field(default_factory=GapConfig)
     tsp: TspConfig = field(default_factory=TspConfig)
     tag: TagConfig = field(default_factory=TagConfig)

@@ -24,6 +24,7 @@ from digenrl.systems.colocated_sync import ColocatedSync
 class ColocatedOverlap(ColocatedSync):
     name = "colocated-overlap"
     requirements = SystemRequirements(name="colocated-overlap", prompts_divisible_by_world=True)
+    track_reward_residency = False
 
     def sub_batches(self, ids: list[int]) -> list[list[int]]:
         """Groups per sub-batch: ``sampler.samples_per_forward`` samples (at least one group)."""
@@ -43,7 +44,10 @@ class ColocatedOverlap(ColocatedSync):
                 return scorer(batch)
 
         batches, futures = [], []
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward") as pool:
+        with (
+            self.residency.generation(),
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward") as pool,
+        ):
             for j, chunk in enumerate(self.sub_batches(ids)):
                 with events.span("generate", iteration=iteration, fragment=j, policy_version=version):
                     batch = engine.generate(

@@ -13,8 +13,17 @@ from __future__ import annotations
 
 import time
 
+import torch
+
+from digenrl.config import ConfigError
 from digenrl.rollout.scoring import ScoreResult
 from digenrl.rollout.trajectory import TrajectoryBatch
+from digenrl.runtime.residency import (
+    ResidencyPlanner,
+    ResidencyPolicy,
+    module_transitions,
+    optimizer_transitions,
+)
 from digenrl.systems import SystemRequirements
 from digenrl.systems.base import IterationReport, System
 from digenrl.systems.components import RankComponents, build_rank_components
@@ -25,9 +34,42 @@ class ColocatedSync(System):
     name = "colocated-sync"
     requirements = SystemRequirements(name="colocated-sync", prompts_divisible_by_world=True)
 
+    track_reward_residency = True  # colocated-overlap scores during generation, so it cannot park the reward
+
     def setup(self) -> RankComponents:
-        return build_rank_components(
+        parts = build_rank_components(
             self.cfg, self.ctx, role="colocated", generate=True, train=True, clock_origin=self.clock_origin
+        )
+        self.residency = self.build_residency(parts)
+        return parts
+
+    def build_residency(self, parts: RankComponents) -> ResidencyPlanner:
+        """Roles sharing this device: ``train`` = the optimizer state (generation reads the trainer's own
+        weights, so those never move), ``reward`` = the reward model's weights, if it has any."""
+        res = self.cfg.residency
+        transitions = {"train": optimizer_transitions(parts.trainer.optimizer, self.ctx.device)}
+        reward_model = parts.scorer.reward if isinstance(parts.scorer.reward, torch.nn.Module) else None
+        if (
+            self.track_reward_residency
+            and reward_model is not None
+            and any(True for _ in reward_model.parameters())
+        ):
+            transitions["reward"] = module_transitions(reward_model, self.ctx.device)
+        elif not res.reward_resident:
+            raise ConfigError(
+                f"residency.reward_resident=false: reward {self.cfg.reward.name!r} has no weights to park "
+                f"under system={self.name!r}; leave it true"
+            )
+        policy = ResidencyPolicy(
+            train_resident=res.train_resident, rollout_resident=True, reward_resident=res.reward_resident
+        )
+        events = parts.events
+        return ResidencyPlanner(
+            policy,
+            tracked=set(transitions),
+            transitions=transitions,
+            initial={role: True for role in transitions},
+            log=lambda message: events.note(message, kind="residency"),
         )
 
     def my_prompt_ids(self, iteration: int) -> tuple[list[str], list[int]]:
@@ -41,9 +83,12 @@ class ColocatedSync(System):
         """Generate every group of this rank, then decode and score them all."""
         events = self.parts.events
         prompts, ids = self.my_prompt_ids(iteration)
-        with events.span("generate", iteration=iteration, policy_version=version, samples=len(ids)):
+        with (
+            self.residency.generation(),
+            events.span("generate", iteration=iteration, policy_version=version),
+        ):
             batch = self.parts.engine.generate(prompts, ids, iteration=iteration, policy_version=version)
-        with events.span("score", iteration=iteration, policy_version=version):
+        with self.residency.scoring(), events.span("score", iteration=iteration, policy_version=version):
             score = self.parts.scorer(batch)
         return batch, score
 
@@ -53,6 +98,7 @@ class ColocatedSync(System):
         batch, score = self.rollout(iteration, version)
         batch = assign_advantages(batch, score, self.cfg.algo)
         t1 = time.perf_counter()
+        self.residency.before_optimizer_step()
         stats, step_stats = train_logical_batch(
             self.parts.trainer,
             [batch],

@@ -110,3 +110,21 @@ def test_more_ranks_than_the_profile_fails_at_startup(tmp_path):
     proc = run_train(["profile=cpu-1", f"out_dir={tmp_path}"], nproc=2, check=False, timeout_s=120)
     assert proc.returncode != 0
     assert "profile='cpu-1' has only 1 devices" in proc.stderr
+
+
+def test_parked_optimizer_state_moves_once_per_iteration_and_changes_nothing(tmp_path):
+    """residency.train_resident=false parks the optimizer state for generation and scoring and brings
+    it back once, right before the optimizer step (the seed PR's train_resident=false sequence, with
+    the rollout sharing the trainer's weights); the run itself is unchanged bit for bit."""
+    resident, parked = tmp_path / "resident", tmp_path / "parked"
+    run_train(["iterations=3", f"out_dir={resident}"])
+    run_train(["iterations=3", "residency.train_resident=false", f"out_dir={parked}"])
+    for a, b in zip(read_metrics(resident), read_metrics(parked), strict=True):
+        for key in ("reward_mean", "loss", "update_norm", "grad_norm"):
+            assert a[key] == b[key], key
+    lines = (parked / "events" / "rank0.jsonl").read_text().splitlines()
+    notes = [json.loads(line)["message"] for line in lines if '"residency"' in line]
+    assert notes == ["residency: train offload", "residency: train onload"] * 3
+    assert not any(
+        '"residency"' in line for line in (resident / "events" / "rank0.jsonl").read_text().splitlines()
+    )
