@@ -1,0 +1,59 @@
+"""The policy version the generator pool holds, and the weight sync that advances it (DESIGN.md §1 step 5).
+
+A sync is one broadcast from the first trainer rank (``Layout.sync_source``) to every generator rank of
+``weight_sync_bytes`` (LoRA adapter or full weights), timed as a pipelined ring broadcast and booked on
+the ports of all participants (:class:`~digenrl.sim.network.Network`). The source is busy for the whole
+broadcast; generators are not (NCCL receives on a side stream), so a generator that is still working —
+TCSS — keeps working and the new version takes effect at its next fragment boundary, while a generator
+that waits for the version idles until the broadcast ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from digenrl.sim.cluster import SimCluster
+from digenrl.sim.des import Delay, Process
+
+
+class GeneratorWeights:
+    """``version``: the newest policy every generator rank holds (all receive a broadcast together)."""
+
+    def __init__(self, cluster: SimCluster, source: int, generators: Sequence[int]) -> None:
+        self.cluster = cluster
+        self.source = source
+        self.generators = tuple(generators)
+        self.version = 0
+        self.changed = cluster.condition("generator weights")
+        self._sync_start: dict[int, float] = {0: 0.0}
+
+    def publish(self, version: int, **tags: Any) -> Process:
+        """Broadcast ``version`` from the source trainer (the caller is the source's process)."""
+        cluster = self.cluster
+        ranks = [self.source, *self.generators]
+        seconds = cluster.net.broadcast_s(ranks, cluster.cost(self.source).weight_sync_bytes)
+        start, end = cluster.net.reserve_group(cluster.now, ranks, seconds)
+        self._sync_start[version] = start
+        if end > start:
+            for rank in ranks:
+                cluster.log.add(rank, "sync", start, end, policy_version=version, **tags)
+        if end > cluster.now:
+            cluster.sim.call_at(end, lambda: self._arrive(version))  # runs before the source resumes
+            yield Delay(end - cluster.now)
+        else:
+            self._arrive(version)  # nothing to move: the caller must see the new version at once
+
+    def _arrive(self, version: int) -> None:
+        self.version = max(self.version, version)
+        self.changed.notify_all()
+
+    def wait_for(self, rank: int, version: int, **tags: Any) -> Process:
+        """Idle until the pool holds ``version``; the ``wait_sync`` span stops where the sync starts
+        (the sync itself is logged as ``sync``, the phase name of the real systems)."""
+        start = self.cluster.now
+        while self.version < version:
+            yield self.changed.wait()
+        stop = min(self.cluster.now, max(start, self._sync_start.get(version, self.cluster.now)))
+        if stop > start:
+            self.cluster.log.add(rank, "wait_sync", start, stop, **tags)

@@ -1,0 +1,352 @@
+"""Measure a :class:`~digenrl.sim.costs.CostModel` from the real components on one device.
+
+Everything timed is the code a real run executes, built the way ``digenrl/systems/components.py`` builds
+it: ``build_model_bundle`` (random weights unless ``pretrained_path``), :class:`PolicyTrainer` (which
+applies the LoRA adapter first, so the generator forward is timed with the adapter a generator rank also
+carries, ``runtime.weight_sync.prepare_generator_model``), :class:`Sampler` (``velocity`` + ``transition``
+is one sampler step exactly as :class:`RolloutEngine` issues it), the bundle's VAE decoder, the reward
+from the registry, and :meth:`PolicyTrainer.accumulate` / :meth:`PolicyTrainer.step` on a trajectory batch
+the :class:`RolloutEngine` generated. Each measurement: ``warmup`` untimed calls, then the median of
+``iters`` timed calls (CUDA synchronised). Trajectory byte counts come from the transfer encoding
+(``runtime.transfer.batch_to_tensors``) of that batch.
+
+The TAG switch cost (``helper_switch_s``) is measured as what a trainer rank does to lend itself to
+generation and come back: park the pending gradient accumulation of the trainable parameters to host
+memory, flip the module to eval and back to train, and restore the gradients losslessly (DESIGN.md §3
+"TAG"). A trainer rank already holds the weights and the sampler, so no engine warm-up is included.
+"""
+
+from __future__ import annotations
+
+import copy
+import platform
+import re
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+import torch
+
+from digenrl.config import Config, apply_overrides
+from digenrl.models import ModelBundle, ModelSpec, build_model_bundle
+from digenrl.models.text_condition import TextCondition
+from digenrl.rewards.registry import build_reward
+from digenrl.rollout.engine import RolloutEngine
+from digenrl.rollout.sampler import Sampler
+from digenrl.rollout.trajectory import TrajectoryBatch
+from digenrl.runtime.transfer import batch_to_tensors
+from digenrl.sim.costs import CFG_KEYS, CostModel
+from digenrl.trainer.trainer import PolicyTrainer
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+#: Short device names used in cost file names, matched inside ``torch.cuda.get_device_name``.
+KNOWN_GPUS = ("h200", "h100", "h800", "h20", "a100", "a800", "l40s", "l40", "a10", "v100", "b200")
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def device_label(device: torch.device) -> str:
+    """``cpu``, or a short GPU name (``h200``) for cost file names; unknown GPUs get a slug of their name."""
+    if device.type != "cuda":
+        return device.type
+    full = torch.cuda.get_device_name(device).lower()
+    for short in KNOWN_GPUS:
+        if re.search(rf"\b{short}\b", full):
+            return short
+    return re.sub(r"[^a-z0-9]+", "-", full).strip("-")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_seconds(fn: Callable[[], object], device: torch.device, warmup: int, iters: int) -> float:
+    """Median wall time of ``fn`` over ``iters`` calls after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    times = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _tensor_bytes(tensors: Sequence[torch.Tensor]) -> int:
+    return int(sum(t.numel() * t.element_size() for t in tensors))
+
+
+def measure_costs(
+    model_name: str,
+    device: str = "auto",
+    *,
+    batches: Sequence[int] = (1, 2, 4),
+    micro_batches: Sequence[int] = (1, 2, 4),
+    cfg_flags: Sequence[bool] = (False, True),
+    mode: str = "lora",
+    reward: str = "brightness",
+    dtype: str | None = None,
+    num_steps: int | None = None,
+    height: int | None = None,
+    width: int | None = None,
+    pretrained_path: str | None = None,
+    warmup: int = 1,
+    iters: int = 3,
+    device_name: str | None = None,
+    command: str = "",
+) -> CostModel:
+    """Measure every per-operation cost of ``model_name`` on ``device`` (see the module docstring).
+
+    ``cfg_flags`` lists the guidance settings to measure; guidance-distilled models (FLUX-dev,
+    HunyuanVideo) have no separate CFG pass, so only ``False`` is measured for them.
+    """
+    if not batches or min(batches) < 1 or not micro_batches or min(micro_batches) < 1:
+        raise ValueError(f"batches and micro_batches need positive ints, got {batches}, {micro_batches}")
+    if iters < 1 or warmup < 0:
+        raise ValueError(f"iters must be >= 1 and warmup >= 0, got {iters}, {warmup}")
+    torch_device = resolve_device(device)
+    dtype_name = dtype or ("bfloat16" if torch_device.type == "cuda" else "float32")
+    if dtype_name not in _DTYPES:
+        raise ValueError(f"dtype={dtype_name!r} is not allowed; choose one of: {', '.join(_DTYPES)}")
+    cfg = apply_overrides(
+        Config(),
+        {
+            "model.name": model_name,
+            "model.dtype": dtype_name,
+            "model.pretrained_path": pretrained_path,
+            "model.height": height,
+            "model.width": width,
+            "sampler.num_steps": num_steps,
+            "trainer.mode": mode,
+            "trainer.backend": "none",
+            "reward.name": reward,
+        },
+    )
+    torch.manual_seed(0)
+    bundle = build_model_bundle(
+        model_name, pretrained_path=pretrained_path, dtype=_DTYPES[dtype_name], device=torch_device
+    )
+    spec, flow_model = bundle.spec, bundle.flow_model
+    h, w_px = height or spec.default_height, width or spec.default_width
+    frames = spec.default_frames if spec.is_video else None
+    latent_shape = flow_model.latent_shape(h, w_px, frames)
+    tokens = flow_model.token_count(h, w_px, frames)
+    flags = [f for f in dict.fromkeys(bool(f) for f in cfg_flags) if not (f and spec.guidance_embedded)]
+    if not flags:
+        raise ValueError(f"cfg_flags={list(cfg_flags)} leaves nothing to measure for {model_name}")
+    samplers = {flag: _sampler(cfg, spec, tokens, flag) for flag in flags}
+    uncond = bundle.text_encoder.negative_condition(1).to(torch_device)
+    trainer = PolicyTrainer(
+        cfg, flow_model, samplers[flags[0]], uncond=uncond, device=torch_device, world_size=1
+    )
+
+    def timed(fn: Callable[[], object]) -> float:
+        return median_seconds(fn, torch_device, warmup, iters)
+
+    prompts = [f"a photo of object number {i}" for i in range(max(max(batches), max(micro_batches)))]
+    generator_points: dict[str, dict[int, float]] = {}
+    for flag, sampler in samplers.items():
+        points = {}
+        for b in batches:
+            cond = bundle.text_encoder.encode(prompts[:b]).to(torch_device)
+            x = torch.randn(b, *latent_shape, device=torch_device)
+            points[b] = timed(lambda s=sampler, x=x, c=cond: _sampler_step(s, flow_model, x, c, uncond))
+        generator_points[CFG_KEYS[flag]] = points
+
+    reward_fn = build_reward(reward, device=torch_device)
+    decode_points, reward_points = {}, {}
+    for b in batches:
+        z = torch.randn(b, *latent_shape, device=torch_device)
+        decode_points[b] = timed(lambda z=z: bundle.decoder.decode(z))
+        images = bundle.decoder.decode(z)
+        reward_points[b] = timed(lambda im=images, b=b: reward_fn(im, prompts[:b]))
+
+    group = max(micro_batches)
+    train_points: dict[str, dict[int, float]] = {}
+    batch: TrajectoryBatch | None = None
+    for flag, sampler in samplers.items():
+        batch = _rollout(cfg, bundle, sampler, latent_shape, group, torch_device, prompts[0])
+        trainer.sampler, trainer.uncond = sampler, (uncond if sampler.true_cfg else None)
+        points = {}
+        for m in micro_batches:
+            trainer.cfg.trainer.micro_batch_size = m
+            seconds = timed(lambda b=batch: _accumulate_and_drop(trainer, b))
+            points[m] = seconds * m / batch.num_units
+        train_points[CFG_KEYS[flag]] = points
+    assert batch is not None
+    trainer.cfg.trainer.micro_batch_size = max(micro_batches)
+
+    optimizer_s = _time_optimizer_step(trainer, batch, torch_device, warmup, iters)
+    switch_s = _time_helper_switch(trainer, batch, torch_device, warmup, iters)
+    trainable = list(trainer.backend.trainable_parameters())
+    wire = _wire_bytes(batch)
+    reward_params = [p for m in _modules_of(reward_fn) for p in m.parameters()]
+    return CostModel(
+        device=device_name or device_label(torch_device),
+        model=model_name,
+        generator_step_points=generator_points,
+        vae_decode_points=decode_points,
+        reward_points=reward_points,
+        train_points=train_points,
+        optimizer_step_s=optimizer_s,
+        weight_sync_bytes=_tensor_bytes(trainable),
+        grad_bytes=_tensor_bytes(trainable),
+        fragment_bytes_per_sample=wire["per_sample"],
+        unit_bytes=wire["per_unit"],
+        cond_bytes_per_sample=wire["cond"],
+        latent_bytes_per_sample=wire["latent"],
+        param_bytes=_tensor_bytes(list(flow_model.parameters())),
+        optimizer_bytes=_tensor_bytes(
+            [t for state in trainer.optimizer.state.values() for t in state.values() if torch.is_tensor(t)]
+        ),
+        reward_param_bytes=_tensor_bytes(reward_params),
+        helper_switch_s=switch_s,
+        source="measured",
+        command=command,
+        meta={
+            "device_name": torch.cuda.get_device_name(torch_device)
+            if torch_device.type == "cuda"
+            else f"{platform.machine()} CPU, {torch.get_num_threads()} threads",
+            "dtype": dtype_name,
+            "trainer_mode": mode,
+            "lora_rank": cfg.trainer.lora_rank if mode == "lora" else None,
+            "reward": reward,
+            "height": h,
+            "width": w_px,
+            "frames": frames,
+            "latent_shape": list(latent_shape),
+            "num_steps": samplers[flags[0]].num_steps,
+            "train_steps_per_sample": batch.num_train_steps,
+            "train_batch_samples": batch.batch_size,
+            "warmup": warmup,
+            "iters": iters,
+            "torch": torch.__version__,
+        },
+    )
+
+
+def _sampler(cfg: Config, spec: ModelSpec, tokens: int, cfg_on: bool) -> Sampler:
+    """The sampler of ``cfg`` with guidance on (the model's default scale, at least 1.5) or off (1.0);
+    guidance-distilled models keep their embedded scale."""
+    run = copy.deepcopy(cfg)
+    if spec.guidance_embedded:
+        run.sampler.guidance_scale = spec.default_guidance_scale
+    else:
+        run.sampler.guidance_scale = max(spec.default_guidance_scale, 1.5) if cfg_on else 1.0
+    return Sampler.from_config(run, spec, tokens)
+
+
+@torch.no_grad()
+def _sampler_step(
+    sampler: Sampler, model: torch.nn.Module, x: torch.Tensor, cond: TextCondition, uncond: TextCondition
+) -> torch.Tensor:
+    """One rollout step exactly as RolloutEngine.generate issues it: guided velocity, then transition."""
+    b = x.shape[0]
+    sigma = sampler.sigmas[0].to(x.device).expand(b)
+    sigma_next = sampler.sigmas[1].to(x.device).expand(b)
+    v = sampler.velocity(model, x, sigma, cond, uncond if sampler.true_cfg else None)
+    return sampler.transition(v, x, sigma, sigma_next, noise=torch.randn_like(x)).prev_sample
+
+
+def _rollout(
+    cfg: Config,
+    bundle: ModelBundle,
+    sampler: Sampler,
+    latent_shape: tuple[int, ...],
+    group: int,
+    device: torch.device,
+    prompt: str,
+) -> TrajectoryBatch:
+    """One real rollout of ``group`` samples of one prompt; rewards/advantages filled like a scored batch."""
+    engine = RolloutEngine(
+        bundle.flow_model,
+        bundle.text_encoder,
+        sampler,
+        latent_shape=latent_shape,
+        group_size=group,
+        seed=0,
+        timestep_fraction=cfg.algo.timestep_fraction,
+        timestep_selection=cfg.algo.timestep_selection,
+        fast_window=cfg.algo.fast_window,
+        device=device,
+    )
+    batch = engine.generate([prompt], [0], iteration=0, policy_version=0)
+    batch.rewards = torch.rand(batch.batch_size, device=device)
+    batch.advantages = torch.randn(batch.batch_size, device=device)
+    return batch
+
+
+def _wire_bytes(batch: TrajectoryBatch) -> dict[str, int]:
+    """Bytes on the wire (``runtime.transfer.batch_to_tensors``) of what the systems ship: a whole
+    sample's record without the clean latent (``systems/separate.py``), one unit row of a GAP shard
+    (``TrajectoryBatch.select_units``, as ``gap.unit_sharding.shard_units``), the condition, one latent."""
+    if batch.final_latents is None:
+        raise ValueError("the measured rollout has no final latents")
+    latent = batch.final_latents[0].numel() * batch.final_latents[0].element_size()
+    shipped = replace(batch, final_latents=None)
+    b, k = shipped.batch_size, shipped.num_train_steps
+    units = shipped.select_units(
+        [i for i in range(b) for _ in range(k)], [j for _ in range(b) for j in range(k)]
+    )
+    return {
+        "per_sample": _tensor_bytes(batch_to_tensors(shipped)[1]) // b,
+        "per_unit": _tensor_bytes(batch_to_tensors(units)[1]) // units.batch_size,
+        "cond": shipped.cond.num_bytes() // b,
+        "latent": latent,
+    }
+
+
+def _accumulate_and_drop(trainer: PolicyTrainer, batch: TrajectoryBatch) -> None:
+    trainer.accumulate(batch, 1.0 / batch.num_units)
+    trainer.zero_grad()
+
+
+def _time_optimizer_step(
+    trainer: PolicyTrainer, batch: TrajectoryBatch, device: torch.device, warmup: int, iters: int
+) -> float:
+    times = []
+    for i in range(warmup + iters):
+        trainer.accumulate(batch, 1.0 / batch.num_units)
+        _sync(device)
+        start = time.perf_counter()
+        trainer.step()
+        _sync(device)
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _time_helper_switch(
+    trainer: PolicyTrainer, batch: TrajectoryBatch, device: torch.device, warmup: int, iters: int
+) -> float:
+    """Park pending gradients to host + eval(), then train() + restore them (one round trip = 2 switches);
+    returns the cost of one switch."""
+    trainer.accumulate(batch, 1.0 / batch.num_units)
+    params = [p for p in trainer.backend.trainable_parameters() if p.grad is not None]
+    model = trainer.flow_model
+
+    def round_trip() -> None:
+        parked = [p.grad.to("cpu", copy=True) for p in params]
+        for p in params:
+            p.grad = None
+        model.eval()
+        model.train()
+        for p, g in zip(params, parked, strict=True):
+            p.grad = g.to(p.device)
+
+    seconds = median_seconds(round_trip, device, warmup, iters)
+    trainer.zero_grad()
+    return seconds / 2
+
+
+def _modules_of(reward_fn) -> list[torch.nn.Module]:
+    """nn.Modules a reward holds as attributes (reward models with weights); empty for pixel rewards."""
+    return [v for v in vars(reward_fn).values() if isinstance(v, torch.nn.Module)]

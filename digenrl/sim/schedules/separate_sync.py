@@ -1,0 +1,89 @@
+"""``separate-sync``: disjoint pools with a full-batch barrier — the naive disaggregation (DESIGN.md §4).
+
+Per iteration k::
+
+    generators: wait θ_k ─▶ generate own share of the logical batch ─▶ score ─▶ send to every trainer
+    trainers:   wait for every generator's data ─▶ train own units ─▶ all-reduce ─▶ optimizer step
+    source trainer: broadcast θ_{k+1} to the generators
+
+Every generator splits its samples over the trainer ranks as evenly as possible (``systems/separate.py``
+``ship``: ``torch.tensor_split``, first ranks take the larger parts), sending to the trainers in rank
+order; trainers receive from the generators in rank order. With zero link
+costs an iteration takes exactly generate + score + train + all-reduce + optimizer step.
+"""
+
+from __future__ import annotations
+
+from digenrl.sim.cluster import SimCluster
+from digenrl.sim.des import Process
+from digenrl.sim.generator_weights import GeneratorWeights
+from digenrl.sim.schedule_plan import SchedulePlan
+from digenrl.sim.workload import split_evenly
+
+
+def run_separate_sync(cluster: SimCluster, plan: SchedulePlan) -> None:
+    world = cluster.profile.world_size
+    trainers, generators = plan.trainer_ranks(world), plan.generator_ranks(world)
+    weights = GeneratorWeights(cluster, trainers[0], generators)
+    rendezvous = plan.transport == "rendezvous"
+    groups = split_evenly(cluster.workload.prompts_per_iteration, len(generators))
+    for rank, share in zip(generators, groups, strict=True):
+        cluster.spawn(_generator(cluster, rank, share, trainers, weights, rendezvous), f"generator {rank}")
+    for rank in trainers:
+        cluster.spawn(_trainer(cluster, rank, trainers, generators, weights), f"trainer {rank}")
+
+
+def _generator(
+    cluster: SimCluster,
+    rank: int,
+    groups: int,
+    trainers: tuple[int, ...],
+    weights: GeneratorWeights,
+    rendezvous: bool,
+) -> Process:
+    w, cost = cluster.workload, cluster.cost(rank)
+    samples = groups * w.group_size
+    for k in range(w.iterations):
+        tags = {"iteration": k, "policy_version": k}
+        yield from weights.wait_for(rank, k, iteration=k)
+        yield from cluster.work(rank, "generate", w.generation_s(cost, samples), **tags)
+        yield from cluster.work(rank, "score", cost.score_s(samples), samples=samples, **tags)
+        # samples split over the trainers like torch.tensor_split (systems/separate.py ``ship``)
+        for t, share in zip(trainers, split_evenly(samples, len(trainers)), strict=True):
+            channel = cluster.channel(("batch", k, rank, t), rank, t)
+            nbytes = share * cost.fragment_bytes_per_sample
+            yield from channel.send(nbytes, rendezvous=rendezvous, what="batch", **tags)
+
+
+def trainer_units(
+    cluster: SimCluster, trainers: tuple[int, ...], generators: tuple[int, ...], rank: int
+) -> int:
+    """Units trainer ``rank`` receives: from every generator its ``tensor_split`` share of samples."""
+    w = cluster.workload
+    groups = split_evenly(w.prompts_per_iteration, len(generators))
+    position = trainers.index(rank)
+    samples = sum(split_evenly(g * w.group_size, len(trainers))[position] for g in groups)
+    return samples * w.train_steps
+
+
+def _trainer(
+    cluster: SimCluster,
+    rank: int,
+    trainers: tuple[int, ...],
+    generators: tuple[int, ...],
+    weights: GeneratorWeights,
+) -> Process:
+    w, cost = cluster.workload, cluster.cost(rank)
+    units = trainer_units(cluster, trainers, generators, rank)
+    for k in range(w.iterations):
+        tags = {"iteration": k, "policy_version": k}
+        for g in generators:
+            yield from cluster.channel(("batch", k, g, rank), g, rank).recv("wait_transfer", **tags)
+        yield from cluster.work(rank, "train", w.train_s(cost, units), **tags)
+        seconds = cluster.net.allreduce_s(trainers, cost.grad_bytes)
+        yield from cluster.collective(("allreduce", k), rank, trainers, seconds, "allreduce", **tags)
+        committed = w.samples_per_iteration if rank == trainers[0] else None
+        yield from cluster.work(rank, "optimizer", cost.optimizer_step_s, samples=committed, **tags)
+        cluster.finish_iteration(k)
+        if rank == trainers[0] and k + 1 < w.iterations:
+            yield from weights.publish(k + 1, iteration=k)

@@ -1,0 +1,212 @@
+"""Replay a schedule on a hardware profile from measured per-operation costs (DESIGN.md §5).
+
+    from digenrl.sim import CostModel, SchedulePlan, Workload, simulate
+    costs = CostModel.load("experiments/results/costs/h200-sd3.5-medium.json")
+    work = Workload(prompts_per_iteration=32, group_size=16, num_steps=10, train_steps=9, cfg=True)
+    plan = SchedulePlan("digenrl", trainers=2, generators=6, fragment_groups=4, tsp_stages=2)
+    result = simulate("h200-8", costs, work, plan)
+    print(result.describe()); result.write_events("runs/sim_digenrl")   # then summarize_events(...)
+
+The result carries the spans in the real runs' record format, so ``summarize_events``,
+``merge_chrome_trace`` and the figure code work unchanged on a simulated run.
+
+Throughput definition (DESIGN.md §5: trained samples per second in steady state): iteration k *ends* when
+its optimizer step ends; ``iteration_s[k]`` is the time between the ends of k−1 and k (iteration 0 is
+measured from t = 0), so overlapping schedules (TCSS, async) are measured by the rate at which they
+commit steps. Steady state = iterations ``[w, n − c)`` (w warm-up, c cool-down, see
+:class:`~digenrl.sim.workload.Workload`): ``samples_per_s = B · (n − w − c) / (end[n−c−1] − end[w−1])``.
+Busy fractions and busy GPU-seconds cover the same window; phase seconds sum spans tagged with steady
+iterations.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from digenrl.runtime.event_records import is_work_phase
+from digenrl.runtime.event_summary import union_length
+from digenrl.runtime.profiles import HardwareProfile, load_profile
+from digenrl.sim.cluster import SimCluster
+from digenrl.sim.costs import CostModel
+from digenrl.sim.device_costs import DeviceCosts
+from digenrl.sim.schedule_plan import SchedulePlan
+from digenrl.sim.schedules import SCHEDULES
+from digenrl.sim.span_log import SpanLog
+from digenrl.sim.workload import Workload
+
+#: TAG budgets beyond this many fragments per trainer rank per iteration are not searched.
+MAX_TAG_BUDGET = 16
+
+
+@dataclass
+class SimResult:
+    """What a simulated run predicts. Times in seconds; ``spans`` are real-format span records."""
+
+    plan: SchedulePlan
+    workload: Workload
+    iteration_end_s: list[float]
+    iteration_s: list[float]
+    samples_per_s: float
+    busy_fraction: dict[str, float]
+    phase_seconds: dict[str, dict[str, float]]
+    busy_gpu_s: float
+    makespan_s: float
+    log: SpanLog
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def spans(self) -> list[dict[str, Any]]:
+        return self.log.spans
+
+    @property
+    def steady_iteration_s(self) -> float:
+        """Mean steady-state iteration time (warm-up excluded)."""
+        return self.workload.samples_per_iteration / self.samples_per_s
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every record (meta lines, spans, iteration markers) as the real per-rank logs hold them."""
+        return self.log.records()
+
+    def write_events(self, out_dir: str | Path) -> Path:
+        """Write ``out_dir/events/rank<r>.jsonl``; ``summarize_events(out_dir)`` then reads it."""
+        return self.log.write(out_dir)
+
+    def results_row(self, model: str, experiment: str = "main") -> dict[str, Any]:
+        """A row of the figures' results table (``paper_figures/README.md``), marked ``simulated``."""
+        world = len(self.log.roles)
+        separate = not self.plan.colocated
+        return {
+            "experiment": experiment,
+            "model": model,
+            "system": self.plan.system,
+            "gpus": world,
+            "generators": self.plan.generators if separate else "",
+            "trainers": self.plan.trainers if separate else "",
+            "samples_per_s": self.samples_per_s,
+            "source": "simulated",
+        }
+
+    def describe(self) -> str:
+        busy = ", ".join(f"{role} {100 * f:.1f}%" for role, f in sorted(self.busy_fraction.items()))
+        lines = [
+            f"{self.plan.describe()}",
+            f"  {self.samples_per_s:.4g} samples/s steady state, {self.steady_iteration_s:.4g} s/iteration "
+            f"(B = {self.workload.samples_per_iteration}); busy: {busy}",
+        ]
+        for key, value in self.info.items():
+            if isinstance(value, list):
+                lines.extend(f"  {key}: {item}" for item in value)
+            else:
+                lines.append(f"  {key}: {value}")
+        return "\n".join(lines)
+
+
+def simulate(
+    profile: HardwareProfile | str,
+    costs: CostModel | Mapping[str, CostModel] | DeviceCosts,
+    workload: Workload,
+    plan: SchedulePlan,
+) -> SimResult:
+    """Simulate ``plan`` for ``workload`` on ``profile`` (``tag`` with ``tag_budget=None`` searches the
+    budget: the best predicted throughput wins, ties go to the smaller budget, so TAG is inserted only
+    where the cost model predicts a shorter makespan)."""
+    profile = load_profile(profile) if isinstance(profile, str) else profile
+    device_costs = costs if isinstance(costs, DeviceCosts) else DeviceCosts(profile, costs)
+    plan.check(profile.world_size, workload)
+    if plan.system == "digenrl" and plan.tag and plan.tag_budget is None:
+        return _search_tag_budget(profile, device_costs, workload, plan)
+    return _simulate_once(profile, device_costs, workload, plan)
+
+
+def _search_tag_budget(
+    profile: HardwareProfile, costs: DeviceCosts, workload: Workload, plan: SchedulePlan
+) -> SimResult:
+    limit = min(MAX_TAG_BUDGET, math.ceil(plan.num_fragments(workload) / plan.trainers))
+    best = _simulate_once(profile, costs, workload, plan.with_(tag_budget=0))
+    worse_in_a_row = 0
+    for budget in range(1, limit + 1):
+        trial = _simulate_once(profile, costs, workload, plan.with_(tag_budget=budget))
+        if trial.samples_per_s > best.samples_per_s * (1 + 1e-12):
+            best, worse_in_a_row = trial, 0
+        else:
+            worse_in_a_row += 1
+            if worse_in_a_row == 2:
+                break
+    best.info["tag_budget"] = f"searched 0..{limit}, chose {best.plan.tag_budget}"
+    return best
+
+
+def _roles(profile: HardwareProfile, plan: SchedulePlan) -> dict[int, str]:
+    world = profile.world_size
+    if plan.colocated:
+        return dict.fromkeys(range(world), "colocated")
+    roles = dict.fromkeys(plan.trainer_ranks(world), "trainer")
+    roles.update(dict.fromkeys(plan.generator_ranks(world), "generator"))
+    return roles
+
+
+def _simulate_once(
+    profile: HardwareProfile, costs: DeviceCosts, workload: Workload, plan: SchedulePlan
+) -> SimResult:
+    cluster = SimCluster(profile, costs, workload, _roles(profile, plan))
+    info = SCHEDULES[plan.system](cluster, plan) or {}
+    makespan = cluster.sim.run()
+    missing = [k for k in range(workload.iterations) if k not in cluster.iteration_end]
+    if missing:
+        raise RuntimeError(f"{plan.describe()}: iterations {missing} never finished their optimizer step")
+    ends = [cluster.iteration_end[k] for k in range(workload.iterations)]
+    iteration_s = [end - (ends[k - 1] if k else 0.0) for k, end in enumerate(ends)]
+    steady = workload.steady_iterations
+    window_start = ends[steady.start - 1] if steady.start else 0.0
+    window_end = ends[steady.stop - 1]
+    window = window_end - window_start
+    samples_per_s = workload.samples_per_iteration * len(steady) / window if window > 0 else math.inf
+    busy_fraction, busy_gpu_s = _busy(cluster.log, window_start, window_end)
+    phase_seconds: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for span in cluster.log.spans:
+        if span["iteration"] in steady:
+            phase_seconds[span["role"]][span["phase"]] += span["t_end"] - span["t_start"]
+    return SimResult(
+        plan=plan,
+        workload=workload,
+        iteration_end_s=ends,
+        iteration_s=iteration_s,
+        samples_per_s=samples_per_s,
+        busy_fraction=busy_fraction,
+        phase_seconds={role: dict(phases) for role, phases in phase_seconds.items()},
+        busy_gpu_s=busy_gpu_s,
+        makespan_s=makespan,
+        log=cluster.log,
+        info=dict(info),
+    )
+
+
+def _busy(log: SpanLog, start: float, end: float) -> tuple[dict[str, float], float]:
+    """Per-pool busy fraction (union of work spans per rank, clipped to [start, end]) and busy GPU-s."""
+    intervals: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for span in log.spans:
+        if is_work_phase(span["phase"]):
+            intervals[span["rank"]].append((span["t_start"], span["t_end"]))
+    busy = {rank: union_length(intervals.get(rank, []), start, end) for rank in log.roles}
+    by_role: dict[str, list[int]] = defaultdict(list)
+    for rank, role in log.roles.items():
+        by_role[role].append(rank)
+    window = end - start
+    fraction = {
+        role: (sum(busy[r] for r in ranks) / (len(ranks) * window) if window > 0 else 0.0)
+        for role, ranks in by_role.items()
+    }
+    return fraction, sum(busy.values())
+
+
+def compute_seconds(
+    spans: list[dict[str, Any]], phases: tuple[str, ...] = ("generate", "tag_generate", "score", "train")
+) -> float:
+    """Summed duration of the given compute phases over all ranks: the work a schedule performed,
+    independent of when (the conservation check between schedules of one workload)."""
+    return sum(s["t_end"] - s["t_start"] for s in spans if s["phase"] in phases)

@@ -1,0 +1,146 @@
+"""CostModel: interpolation against a float64 reference, JSON round trip, scaling, per-type resolution."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+from digenrl.runtime.profiles import load_profile
+from digenrl.sim.costs import CostModel, cost_path, interpolate, load_costs
+from digenrl.sim.device_costs import DeviceCosts
+from tests.sim.toy_costs import toy_costs
+
+
+def _random_points(rng: random.Random, n: int) -> dict[int, float]:
+    batches = sorted(rng.sample(range(1, 64), n))
+    return {b: rng.uniform(0.01, 2.0) for b in batches}
+
+
+def test_interpolation_matches_numpy_between_points():
+    rng = random.Random()
+    for _ in range(50):
+        points = _random_points(rng, rng.randint(2, 6))
+        xs = sorted(points)
+        x = rng.uniform(xs[0], xs[-1])
+        expected = float(np.interp(x, np.array(xs, dtype=np.float64), np.array([points[b] for b in xs])))
+        assert interpolate(points, x) == pytest.approx(expected, rel=1e-12, abs=1e-15)
+        assert interpolate(points, xs[1]) == pytest.approx(points[xs[1]], rel=1e-12)
+
+
+def test_extrapolation_is_linear_with_throughput_floors():
+    rng = random.Random()
+    for _ in range(50):
+        points = _random_points(rng, rng.randint(2, 5))
+        xs = sorted(points)
+        (a, ya), (b, yb) = (xs[-2], points[xs[-2]]), (xs[-1], points[xs[-1]])
+        x = xs[-1] + rng.uniform(0.5, 40)
+        line = ya + (yb - ya) * (x - a) / (b - a)
+        assert interpolate(points, x) == pytest.approx(max(line, yb), rel=1e-12)
+        (a, ya), (b, yb) = (xs[0], points[xs[0]]), (xs[1], points[xs[1]])
+        x = rng.uniform(0.01, xs[0])
+        line = ya + (yb - ya) * (x - a) / (b - a)
+        assert interpolate(points, x) == pytest.approx(max(line, ya * x / a), rel=1e-12)
+    assert interpolate({4: 1.0}, 6) == pytest.approx(1.5)  # one point: constant throughput
+    assert interpolate({4: 1.0, 8: 3.0}, 0) == 0.0
+
+
+def test_train_units_use_full_then_partial_micro_batch():
+    costs = toy_costs()
+    costs.train_points = {"no_cfg": {1: 0.3, 4: 0.9, 8: 1.1}}
+    for units in range(0, 30):
+        full, rest = divmod(units, 4)
+        expected = full * 0.9 + (0.3 + (0.9 - 0.3) * (rest - 1) / 3 if rest else 0.0)
+        assert costs.train_units_s(units, 4, cfg=False) == pytest.approx(expected, rel=1e-12, abs=1e-15)
+    assert costs.train_unit_s(8, cfg=False) == pytest.approx(1.1 / 8)
+    with pytest.raises(ValueError, match=r"train_points\['cfg'\]"):
+        costs.train_unit_s(4, cfg=True)
+
+
+def test_json_round_trip(tmp_path):
+    rng = random.Random()
+    costs = CostModel(
+        device="h200",
+        model="sd3.5-medium",
+        generator_step_points={"cfg": _random_points(rng, 3), "no_cfg": _random_points(rng, 2)},
+        vae_decode_points=_random_points(rng, 3),
+        reward_points=_random_points(rng, 2),
+        train_points={"cfg": _random_points(rng, 3)},
+        optimizer_step_s=rng.uniform(0, 1),
+        weight_sync_bytes=rng.randint(0, 10**9),
+        grad_bytes=rng.randint(0, 10**9),
+        fragment_bytes_per_sample=rng.randint(0, 10**7),
+        unit_bytes=rng.randint(0, 10**7),
+        cond_bytes_per_sample=rng.randint(0, 10**6),
+        latent_bytes_per_sample=rng.randint(0, 10**6),
+        param_bytes=rng.randint(0, 10**10),
+        optimizer_bytes=rng.randint(0, 10**10),
+        helper_switch_s=rng.uniform(0, 1),
+        command="python experiments/run_profile.py --model sd3.5-medium",
+        meta={"dtype": "bfloat16"},
+    )
+    path = costs.save(tmp_path / "h200-sd3.5-medium.json")
+    loaded = CostModel.load(path)
+    assert loaded == costs
+    assert loaded.generator_step_s(5, cfg=True) == costs.generator_step_s(5, cfg=True)
+    assert load_costs("h200", "sd3.5-medium", root=tmp_path) == costs
+    assert cost_path("h200", "sd3.5-medium", tmp_path) == path
+    data = json.loads(path.read_text())
+    assert all(isinstance(k, str) for k in data["vae_decode_points"])  # JSON keys, converted back on load
+
+
+def test_bad_cost_files_name_the_problem(tmp_path):
+    data = toy_costs().to_dict()
+    with pytest.raises(ValueError, match="unknown key"):
+        CostModel.from_dict({**data, "gpu": "x"})
+    with pytest.raises(ValueError, match="missing key"):
+        CostModel.from_dict({k: v for k, v in data.items() if k != "grad_bytes"})
+    with pytest.raises(ValueError, match="optimizer_step_s"):
+        CostModel.from_dict({**data, "optimizer_step_s": -1.0})
+    with pytest.raises(ValueError, match="positive integer batch"):
+        CostModel.from_dict({**data, "reward_points": {"0": 1.0}})
+    with pytest.raises(ValueError, match="unknown key"):
+        CostModel.from_dict({**data, "train_points": {"guided": {"1": 1.0}}})
+    with pytest.raises(ValueError, match="available"):
+        load_costs("nope", "toy", root=tmp_path)
+
+
+def test_scale_to_uses_spec_ratios_and_marks_extrapolated():
+    profile = load_profile("hetero-h100-a100-16")
+    h100, a100 = profile.gpu_types["h100"], profile.gpu_types["a100"]
+    rng = random.Random()
+    costs = toy_costs(step=rng.uniform(0.01, 1), unit=rng.uniform(0.01, 1), decode=0.5, reward=0.25)
+    costs.optimizer_step_s, costs.helper_switch_s = rng.uniform(0.01, 1), rng.uniform(0.01, 1)
+    costs.grad_bytes = 12345
+    scaled = costs.scale_to(a100, h100)
+    compute, memory = h100.bf16_tflops / a100.bf16_tflops, h100.hbm_gbps / a100.hbm_gbps
+    assert scaled.source == "extrapolated from toy" and scaled.device == "a100"
+    assert scaled.generator_step_s(3, cfg=True) == pytest.approx(
+        costs.generator_step_s(3, cfg=True) * compute
+    )
+    assert scaled.train_unit_s(2, cfg=False) == pytest.approx(costs.train_unit_s(2, cfg=False) * compute)
+    assert scaled.score_s(4) == pytest.approx(costs.score_s(4) * compute)
+    assert scaled.optimizer_step_s == pytest.approx(costs.optimizer_step_s * memory)
+    assert scaled.helper_switch_s == pytest.approx(costs.helper_switch_s * memory)
+    assert scaled.grad_bytes == 12345
+    assert scaled.scale_to(h100, a100).source == "extrapolated from toy"  # keeps the measured origin
+
+
+def test_device_costs_per_type_and_relative_speed():
+    profile = load_profile("hetero-h100-a100-16")
+    costs = toy_costs(step=0.1, device="h100")
+    by_speed = DeviceCosts(profile, costs, reference_type="h100")
+    h100, a100 = profile.gpu_types["h100"], profile.gpu_types["a100"]
+    assert by_speed.for_rank(0) is costs
+    factor = h100.relative_speed / a100.relative_speed
+    assert by_speed.for_rank(8).generator_step_s(2, cfg=False) == pytest.approx(0.2 * factor)
+    assert by_speed.for_rank(15).source.startswith("extrapolated")
+    explicit = toy_costs(step=0.7, device="a100")
+    both = DeviceCosts(profile, {"h100": costs, "a100": explicit})
+    assert both.for_rank(9) is explicit and both.for_rank(3) is costs
+    with pytest.raises(ValueError, match="reference_type"):
+        DeviceCosts(profile, toy_costs(device="cpu"))
+    single = load_profile("cpu-2")
+    assert DeviceCosts(single, toy_costs(device="cpu")).for_rank(1).device == "cpu"

@@ -1,0 +1,60 @@
+"""experiments/run_profile.py measures the real tiny-sd3 components; run_plan.py plans from the file.
+No timed assertions: only that every cost was measured and the byte counts are what the tensors hold."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+
+from digenrl.sim.costs import CostModel
+
+EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, EXPERIMENTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("costs") / "cpu-tiny-sd3.json"
+    args = ["--batches", "1,2", "--micro-batches", "1,2", "--iters", "1", "--warmup", "0", "--out", str(out)]
+    assert _load("run_profile").main(args) == 0
+    return out
+
+
+def test_profile_cli_writes_a_complete_measured_cost_model(measured, capsys):
+    costs = CostModel.load(measured)
+    assert costs.source == "measured" and costs.device == "cpu" and costs.model == "tiny-sd3"
+    assert "run_profile.py" in costs.command
+    for table in (*costs.generator_step_points.values(), *costs.train_points.values()):
+        assert sorted(table) == [1, 2] and all(t > 0 and math.isfinite(t) for t in table.values())
+    assert set(costs.generator_step_points) == {"cfg", "no_cfg"}
+    assert sorted(costs.vae_decode_points) == [1, 2] and sorted(costs.reward_points) == [1, 2]
+    assert costs.optimizer_step_s > 0 and costs.helper_switch_s > 0
+    # tiny-sd3 latents are [4, 8, 8] float32; a trajectory record holds latents and next latents for every
+    # trained step, so it is at least 2 * K latents; LoRA is a strict subset of the transformer.
+    assert costs.latent_bytes_per_sample == 4 * 8 * 8 * 4
+    k = costs.meta["train_steps_per_sample"]
+    # a whole record holds the condition once and 2 latents per trained step; a unit row holds the
+    # condition and one transition (2 latents), so K unit rows repeat the condition K times
+    assert (
+        costs.fragment_bytes_per_sample >= costs.cond_bytes_per_sample + 2 * k * costs.latent_bytes_per_sample
+    )
+    assert costs.unit_bytes >= costs.cond_bytes_per_sample + 2 * costs.latent_bytes_per_sample
+    assert k * costs.unit_bytes - costs.fragment_bytes_per_sample >= (k - 1) * costs.cond_bytes_per_sample
+    assert costs.cond_bytes_per_sample > 0
+    assert 0 < costs.weight_sync_bytes == costs.grad_bytes < costs.param_bytes
+    assert costs.optimizer_bytes >= 2 * costs.weight_sync_bytes  # AdamW: two moments per trainable value
+
+
+def test_plan_cli_plans_from_the_measured_file(measured, capsys):
+    assert _load("run_plan").main(["--profile", "cpu-4", "--costs", str(measured), "--baselines"]) == 0
+    printed = capsys.readouterr().out
+    assert "best:" in printed and "runner-up:" in printed and "colocated-sync" in printed

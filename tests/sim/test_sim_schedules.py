@@ -1,0 +1,360 @@
+"""Properties of the simulated schedules that a wrong schedule would violate."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+from collections import defaultdict
+
+import pytest
+
+from digenrl.runtime.events import merge_chrome_trace, summarize_events
+from digenrl.runtime.profiles import load_profile
+from digenrl.sim.schedule_plan import SchedulePlan
+from digenrl.sim.simulator import compute_seconds, simulate
+from digenrl.sim.validation import simulation_error
+from digenrl.sim.workload import Workload
+from tests.sim.toy_costs import toy_costs
+
+H200_8 = load_profile("h200-8")
+
+
+def _dyadic(rng: random.Random, lo: int = 1, hi: int = 16) -> float:
+    """k/64: sums of a few of these are exact in binary floating point."""
+    return rng.randint(lo, hi) / 64
+
+
+def _workload(**kw) -> Workload:
+    base = dict(
+        prompts_per_iteration=4, group_size=2, num_steps=4, train_steps=2, cfg=False, micro_batch_size=2
+    )
+    return Workload(**{**base, **kw})
+
+
+def _trained(spans):
+    return [s for s in spans if s["iteration"] is not None]
+
+
+def test_separate_sync_iteration_is_generate_plus_score_plus_train_exactly():
+    rng = random.Random()
+    for _ in range(10):
+        step, decode, reward, unit, opt = (_dyadic(rng) for _ in range(5))
+        costs = toy_costs(step=step, decode=decode, reward=reward, unit=unit, optimizer=opt)
+        trainers, generators = rng.randint(1, 3), rng.choice([1, 2, 4])
+        groups_per_gen = rng.randint(1, 3)
+        w = _workload(prompts_per_iteration=groups_per_gen * generators, iterations=4)
+        samples = groups_per_gen * w.group_size  # per generator
+        # every generator gives trainer 0 the largest part, ceil(samples / trainers) samples; the
+        # all-reduce makes every trainer wait for it
+        units_of_slowest_trainer = generators * -(-samples // trainers) * w.train_steps
+        expected = (
+            w.num_steps * step * samples + (decode + reward) * samples + unit * units_of_slowest_trainer + opt
+        )
+        result = simulate(
+            H200_8, costs, w, SchedulePlan("separate-sync", trainers=trainers, generators=generators)
+        )
+        assert result.iteration_s == [expected] * w.iterations
+
+
+def test_gap_strictly_shortens_the_iteration_and_gap_off_equals_the_barrier():
+    """With >= 2 fragments per generator and training time > 0, streaming fragments beats the barrier.
+
+    Holds for buffered sends whatever the bytes, and for rendezvous sends (runtime/transfer.py) when
+    moving a shard is free; with costly rendezvous sends a generator blocked on a busy trainer can lose
+    the gain (the simulator shows it on some instances — a reason to pre-post receives in the runtime).
+    """
+    rng = random.Random()
+    for _ in range(10):
+        fragment_bytes = rng.choice([0, 10**6])
+        costs = toy_costs(
+            step=rng.uniform(0.01, 0.2),
+            decode=rng.uniform(0, 0.1),
+            reward=rng.uniform(0, 0.1),
+            unit=rng.uniform(0.01, 0.3),
+            optimizer=rng.uniform(0, 0.2),
+            fragment_bytes=fragment_bytes,
+            unit_bytes=fragment_bytes // 2,  # K = 2 trained steps per sample below
+            sync_bytes=rng.choice([0, 10**7]),
+        )
+        generators, trainers = rng.randint(1, 3), rng.randint(1, 3)
+        # >= 2 fragments *per generator*: with one fragment each, all fragments land at the same instant
+        # and there is nothing to overlap (the simulator then predicts equal times, as it should).
+        per_gen, fragment_groups = rng.randint(2, 3), rng.randint(1, 2)
+        w = _workload(prompts_per_iteration=per_gen * generators * fragment_groups, iterations=4)
+        transports = ["buffered"] + (["rendezvous"] if fragment_bytes == 0 else [])
+        for transport in transports:
+            pools = {"trainers": trainers, "generators": generators, "transport": transport}
+            sync = simulate(H200_8, costs, w, SchedulePlan("separate-sync", **pools))
+            plan = SchedulePlan("digenrl", fragment_groups=fragment_groups, **pools)
+            gap = simulate(H200_8, costs, w, plan)
+            assert gap.steady_iteration_s < sync.steady_iteration_s, plan.describe()
+            if fragment_bytes == 0:  # the same work at the same times without fragment traffic
+                barrier = simulate(H200_8, costs, w, plan.with_(gap=False))
+                samples_per_generator = per_gen * fragment_groups * w.group_size
+                if samples_per_generator % trainers == 0:  # both split the units identically
+                    assert barrier.steady_iteration_s == pytest.approx(sync.steady_iteration_s, rel=1e-9)
+                else:  # separate-sync splits samples (first ranks +1), GAP deals units evenly
+                    assert barrier.steady_iteration_s <= sync.steady_iteration_s * (1 + 1e-12)
+
+
+def test_tsp_fill_and_drain_cost_s_minus_one_stage_slots():
+    rng = random.Random()
+    for _ in range(10):
+        stages, steps_per_stage, fragments = rng.randint(2, 4), rng.randint(1, 3), rng.randint(1, 6)
+        step = _dyadic(rng)
+        w = _workload(prompts_per_iteration=fragments, num_steps=stages * steps_per_stage, train_steps=1)
+        plan = SchedulePlan("digenrl", trainers=1, generators=stages, fragment_groups=1, tsp_stages=stages)
+        result = simulate(H200_8, toy_costs(step=step), w, plan)
+        slot = steps_per_stage * step * w.group_size  # one fragment on one stage
+        first = [s for s in result.spans if s["iteration"] == 0 and s["phase"] == "generate"]
+        generation_end = max(s["t_end"] for s in first)
+        assert generation_end == pytest.approx((fragments + stages - 1) * slot, rel=1e-12)
+        for s in range(stages):
+            starts = sorted(span["t_start"] for span in first if span["extra"]["stage"] == s)
+            assert starts[0] == pytest.approx(s * slot, rel=1e-12)  # fill: stage s starts after s slots
+            assert len(starts) == fragments
+
+
+def test_tcss_keeps_every_trajectory_at_most_one_version_stale():
+    rng = random.Random()
+    for stages in (1, 2):
+        costs = toy_costs(
+            step=0.05, unit=rng.uniform(0.05, 0.2), optimizer=0.3, decode=0.05, sync_bytes=10**8
+        )
+        w = _workload(prompts_per_iteration=8, num_steps=4, train_steps=3, iterations=6)
+        plan = SchedulePlan(
+            "digenrl", trainers=2, generators=2 * stages, fragment_groups=1, tsp_stages=stages
+        )
+        for tcss in (False, True):
+            result = simulate(H200_8, costs, w, plan.with_(tcss=tcss))
+            generated = [s for s in result.spans if s["phase"] in ("generate", "tag_generate")]
+            lags = {s["iteration"] - s["policy_version"] for s in generated}
+            assert lags == ({0, 1} if tcss else {0})
+            versions = defaultdict(set)
+            for s in generated:
+                versions[s["iteration"], s["fragment"]].add(s["policy_version"])
+            assert all(len(v) == 1 for v in versions.values())  # one version per trajectory, every stage
+            for s in result.spans:  # training of k never starts before step k−1 committed
+                if s["phase"] == "train" and s["iteration"] > 0:
+                    assert s["t_start"] >= result.iteration_end_s[s["iteration"] - 1] - 1e-12
+        assert (
+            simulate(H200_8, costs, w, plan.with_(tcss=True)).samples_per_s
+            > simulate(H200_8, costs, w, plan).samples_per_s
+        )
+
+
+def _trainer_head_idle(result) -> float:
+    """Trainer-pool seconds without work between step k−1's end and k's first training span."""
+    total = 0.0
+    trainers = [r for r, role in result.log.roles.items() if role == "trainer"]
+    for k in result.workload.steady_iterations:
+        head_start = result.iteration_end_s[k - 1]
+        for rank in trainers:
+            spans = [s for s in result.spans if s["rank"] == rank]
+            first_train = min(s["t_start"] for s in spans if s["phase"] == "train" and s["iteration"] == k)
+            busy = sum(
+                min(s["t_end"], first_train) - max(s["t_start"], head_start)
+                for s in spans
+                if s["phase"] in ("tag_generate", "score", "tag_switch", "optimizer", "sync")
+                and s["t_end"] > head_start
+                and s["t_start"] < first_train
+            )
+            total += (first_train - head_start) - busy
+    return total
+
+
+def test_tag_fills_the_trainer_head_bubble_and_never_lowers_throughput():
+    rng = random.Random()
+    costs = toy_costs(step=0.1, decode=0.02, unit=0.01, optimizer=0.01, switch=rng.uniform(0, 0.05))
+    w = _workload(prompts_per_iteration=12, num_steps=6, train_steps=4, iterations=5)
+    plan = SchedulePlan("digenrl", trainers=2, generators=2, fragment_groups=1)
+    off = simulate(H200_8, costs, w, plan)
+    on = simulate(H200_8, costs, w, plan.with_(tag=True))
+    assert on.plan.tag_budget is not None and on.plan.tag_budget > 0
+    assert on.samples_per_s > off.samples_per_s
+    assert _trainer_head_idle(on) < _trainer_head_idle(off)
+    helpers = [s for s in on.spans if s["phase"] == "tag_generate"]
+    assert all(on.log.roles[s["rank"]] == "trainer" for s in helpers)
+    assert helpers and all(s["policy_version"] == s["iteration"] for s in helpers)  # bound to θ_k
+    # when training is the bottleneck the budget search inserts no TAG at all
+    busy_trainer = toy_costs(step=0.01, unit=0.5)
+    assert simulate(H200_8, busy_trainer, w, plan.with_(tag=True)).plan.tag_budget == 0
+
+
+def _all_plans(world: int) -> list[SchedulePlan]:
+    half = world // 2
+    return [
+        SchedulePlan("colocated-sync"),
+        SchedulePlan("colocated-overlap", overlap_sub_batches=2),
+        SchedulePlan("separate-sync", trainers=half, generators=world - half),
+        SchedulePlan("separate-async", trainers=half, generators=world - half, max_staleness=4),
+        SchedulePlan("digenrl", trainers=half, generators=world - half, fragment_groups=1),
+        SchedulePlan("digenrl", trainers=half, generators=world - half, fragment_groups=1, tsp_stages=2),
+        SchedulePlan("digenrl", trainers=half, generators=world - half, tag=True, tag_budget=1, tcss=True),
+    ]
+
+
+def test_busy_gpu_seconds_are_conserved_across_schedules():
+    rng = random.Random()
+    step, decode, reward, unit = (rng.uniform(0.01, 0.2) for _ in range(4))
+    costs = toy_costs(step=step, decode=decode, reward=reward, unit=unit)
+    profile = load_profile("cpu-4")
+    w = _workload(prompts_per_iteration=8, num_steps=4, train_steps=3, iterations=4)
+    expected = w.iterations * (
+        w.samples_per_iteration * (w.num_steps * step + decode + reward) + w.units_per_iteration * unit
+    )
+    for plan in _all_plans(profile.world_size):
+        result = simulate(profile, costs, w, plan)
+        assert compute_seconds(_trained(result.spans)) == pytest.approx(expected, rel=1e-9), plan.describe()
+
+
+def test_a_device_never_runs_two_things_at_once():
+    costs = toy_costs(
+        step=0.05,
+        decode=0.02,
+        reward=0.01,
+        unit=0.03,
+        optimizer=0.02,
+        fragment_bytes=10**7,
+        unit_bytes=10**7,
+        cond_bytes=10**6,
+        latent_bytes=10**6,
+        sync_bytes=10**8,
+        grad_bytes=10**8,
+        optimizer_bytes=10**9,
+    )
+    profile = load_profile("cpu-4")
+    w = _workload(prompts_per_iteration=8, iterations=4)
+    compute = (
+        "generate",
+        "score",
+        "train",
+        "optimizer",
+        "tag_switch",
+        "offload_optimizer",
+        "onload_optimizer",
+    )
+    for plan in _all_plans(profile.world_size):
+        result = simulate(profile, costs, w, plan)
+        by_rank = defaultdict(list)
+        for s in result.spans:
+            if s["phase"] in compute and not s.get("extra", {}).get("background"):
+                by_rank[s["rank"]].append((s["t_start"], s["t_end"]))
+        for intervals in by_rank.values():
+            intervals.sort()
+            for (_, end), (start, _) in itertools.pairwise(intervals):
+                assert start >= end - 1e-12, plan.describe()
+
+
+def test_emitted_spans_pass_the_real_summary_and_trace(tmp_path):
+    costs = toy_costs(
+        step=0.05,
+        decode=0.02,
+        unit=0.03,
+        optimizer=0.02,
+        fragment_bytes=10**6,
+        unit_bytes=10**6,
+        sync_bytes=10**7,
+    )
+    profile = load_profile("cpu-4")
+    w = _workload(prompts_per_iteration=8, iterations=4)
+    for i, plan in enumerate(_all_plans(profile.world_size)):
+        result = simulate(profile, costs, w, plan)
+        out = tmp_path / f"run{i}"
+        result.write_events(out)
+        summary = summarize_events(out)
+        assert sorted(summary) == list(range(w.iterations)), plan.describe()
+        for k, it in summary.items():
+            assert it["samples"]["score"] == w.samples_per_iteration, (plan.describe(), k)
+            assert it["samples"]["optimizer"] == w.samples_per_iteration
+            assert all(0.0 <= f <= 1.0 + 1e-9 for f in it["busy_fraction"].values())
+            assert it["wall_s"] > 0
+        trace = merge_chrome_trace(out)
+        assert trace.is_file()
+
+
+def test_colocated_overlap_hides_scoring_behind_generation():
+    rng = random.Random()
+    costs = toy_costs(step=rng.uniform(0.05, 0.1), decode=rng.uniform(0.01, 0.05), reward=0.02, unit=0.01)
+    w = _workload(prompts_per_iteration=8, iterations=3)
+    sync = simulate("cpu-2", costs, w, SchedulePlan("colocated-sync"))
+    overlap = simulate("cpu-2", costs, w, SchedulePlan("colocated-overlap", overlap_sub_batches=4))
+    hidden = 3 * (costs.score_s(w.group_size))  # 4 sub-batches of one group each: 3 of 4 scores overlap
+    assert overlap.steady_iteration_s == pytest.approx(sync.steady_iteration_s - hidden, rel=1e-9)
+
+
+def test_separate_async_reap_before_launch_and_staleness_budget():
+    costs = toy_costs(step=0.05, decode=0.02, unit=0.05, optimizer=0.02, fragment_bytes=4 * 10**8)
+    w = _workload(prompts_per_iteration=8, iterations=10)
+    # UniRL's recipe (references/000): sync every 4 steps; launching before reaping stalls the transfer
+    plan = SchedulePlan("separate-async", trainers=2, generators=2, max_staleness=1, weight_sync_interval=4)
+    reap_first = simulate("cpu-4", costs, w, plan)
+    launch_first = simulate("cpu-4", costs, w, plan.with_(reap_before_launch=False))
+    assert reap_first.samples_per_s > launch_first.samples_per_s
+    # staleness 0 evicts the drained batch at every sync: a cold rollout per sync window
+    assert simulate("cpu-4", costs, w, plan.with_(max_staleness=0)).samples_per_s < reap_first.samples_per_s
+    plan = plan.with_(weight_sync_interval=1)
+    for staleness in (0, 1):
+        result = simulate("cpu-4", costs, w, plan.with_(max_staleness=staleness))
+        lags = {
+            s["extra"]["staleness"]
+            for s in result.spans
+            if s["phase"] == "generate" and s["iteration"] is not None
+        }
+        assert lags == ({0} if staleness == 0 else {0, 1})
+        evicted = [s for s in result.spans if s.get("extra", {}).get("evicted")]
+        assert bool(evicted) == (staleness == 0)  # a zero budget throws the drained batch away
+
+
+def test_heterogeneous_pipeline_gives_the_faster_gpu_more_steps():
+    profile = load_profile("hetero-h100-a100-16")
+    from digenrl.sim.device_costs import DeviceCosts
+
+    costs = DeviceCosts(profile, toy_costs(step=0.1, unit=0.01, device="h100"), reference_type="h100")
+    w = _workload(prompts_per_iteration=6, num_steps=12, train_steps=4, iterations=3)
+    plan = SchedulePlan("digenrl", trainers=7, generators=9, tsp_stages=3)
+    result = simulate(profile, costs, w, plan)
+    steps = {}
+    for s in result.spans:
+        if s["phase"] == "generate" and s["rank"] in (7, 8, 9):  # pipeline 0: h100, a100, a100
+            lo, hi = s["extra"]["steps"]
+            steps[s["rank"]] = hi - lo
+    assert steps[7] > steps[8] and steps[7] > steps[9]
+    assert sum(steps.values()) == w.num_steps
+
+
+def test_plan_validation_names_the_problem():
+    w = _workload()
+    with pytest.raises(ValueError, match="tsp_stages"):
+        simulate(H200_8, toy_costs(), w, SchedulePlan("digenrl", trainers=2, generators=3, tsp_stages=2))
+    with pytest.raises(ValueError, match="exceeds"):
+        simulate(H200_8, toy_costs(), w, SchedulePlan("separate-sync", trainers=4, generators=5))
+    with pytest.raises(ValueError, match="system"):
+        SchedulePlan("pipedream")
+
+
+def test_simulation_error_reads_real_format_logs(tmp_path):
+    """A run compared with its own event log has zero error; stretching every span by 10% (a slower
+    "measured" run) gives simulated/measured − 1 = +10% on throughput and −1/11 on every phase."""
+    costs = toy_costs(step=0.05, decode=0.02, unit=0.03, optimizer=0.02, unit_bytes=10**6)
+    w = _workload(prompts_per_iteration=8, iterations=5)
+    result = simulate("cpu-4", costs, w, SchedulePlan("digenrl", trainers=2, generators=2))
+    result.write_events(tmp_path / "same")
+    same = simulation_error(result, tmp_path / "same")
+    assert same["relative_error"] == pytest.approx(0.0, abs=1e-12)
+    slow = tmp_path / "slow" / "events"
+    slow.mkdir(parents=True)
+    for path in (tmp_path / "same" / "events").glob("rank*.jsonl"):
+        lines = []
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            if record["type"] == "span":
+                record["t_start"] *= 1.1
+                record["t_end"] *= 1.1
+            lines.append(json.dumps(record))
+        (slow / path.name).write_text("\n".join(lines) + "\n")
+    error = simulation_error(result, tmp_path / "slow")
+    assert error["relative_error"] == pytest.approx(0.1, rel=1e-9)
+    train = error["phases"]["trainer"]["train"]
+    assert train["relative_error"] == pytest.approx(1 / 1.1 - 1, rel=1e-9)
