@@ -16,12 +16,54 @@ iteration on a rank (it is not work either).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 EVENTS_SUBDIR = "events"
 ITERATION_PHASE = "iteration"
 RECORD_TYPES = ("meta", "span", "counter", "note")
+
+
+def span_record(
+    rank: int,
+    role: str,
+    phase: str,
+    t_start: float,
+    t_end: float,
+    *,
+    iteration: int | None = None,
+    fragment: int | None = None,
+    policy_version: int | None = None,
+    samples: int | None = None,
+    category: str | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One span in the shared event format, written by real runs and the simulator alike."""
+    if not isinstance(phase, str) or not phase:
+        raise ValueError(f"phase must be a non-empty string, got {phase!r}")
+    if t_end < t_start:
+        raise ValueError(
+            f"span '{phase}' on rank {rank}: t_end ({t_end}) must not be before t_start ({t_start})"
+        )
+    record: dict[str, Any] = {
+        "type": "span",
+        "rank": rank,
+        "role": role,
+        "phase": phase,
+        "iteration": iteration,
+        "fragment": fragment,
+        "policy_version": policy_version,
+        "t_start": t_start,
+        "t_end": t_end,
+    }
+    if samples is not None:
+        record["samples"] = int(samples)
+    if category is not None:
+        record["category"] = category
+    if extra:
+        record["extra"] = dict(extra)
+    return record
 
 
 def rank_log_path(out_dir: str | Path, rank: int) -> Path:

@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from digenrl.runtime.chrome_trace import merge_chrome_trace
 from digenrl.runtime.distributed import DistContext
-from digenrl.runtime.event_records import load_events, rank_log_path
+from digenrl.runtime.event_records import load_events, rank_log_path, span_record
 from digenrl.runtime.event_summary import summarize_events
 
 __all__ = ["EventLogger", "agree_clock_origin", "load_events", "merge_chrome_trace", "summarize_events"]
@@ -148,27 +148,19 @@ class EventLogger:
         extra: Mapping[str, Any] | None = None,
     ) -> None:
         """Write a span timed elsewhere (e.g. from CUDA events); times are seconds since the clock origin."""
-        if not isinstance(phase, str) or not phase:
-            raise ValueError(f"phase must be a non-empty string, got {phase!r}")
-        if t_end < t_start:
-            raise ValueError(f"span '{phase}': t_end ({t_end}) must not be before t_start ({t_start})")
-        record: dict[str, Any] = {
-            "type": "span",
-            "rank": self.rank,
-            "role": self.role,
-            "phase": phase,
-            "iteration": iteration,
-            "fragment": fragment,
-            "policy_version": policy_version,
-            "t_start": t_start,
-            "t_end": t_end,
-        }
-        if samples is not None:
-            record["samples"] = int(samples)
-        if category is not None:
-            record["category"] = category
-        if extra:
-            record["extra"] = dict(extra)
+        record = span_record(
+            self.rank,
+            self.role,
+            phase,
+            t_start,
+            t_end,
+            iteration=iteration,
+            fragment=fragment,
+            policy_version=policy_version,
+            samples=samples,
+            category=category,
+            extra=extra,
+        )
         self._write(record)
 
     def counter(self, name: str, values: Mapping[str, float], t: float | None = None) -> None:

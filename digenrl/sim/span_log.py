@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from digenrl.runtime.event_records import ITERATION_PHASE, is_work_phase, rank_log_path
+from digenrl.runtime.event_records import ITERATION_PHASE, is_work_phase, rank_log_path, span_record
 
 
 class SpanLog:
@@ -47,25 +47,19 @@ class SpanLog:
         """Record one span and return it (schedules may re-tag it later, e.g. an evicted batch)."""
         if rank not in self.roles:
             raise ValueError(f"rank {rank} has no role in this simulation; roles: {self.roles}")
-        if t_end < t_start:
-            raise ValueError(f"span '{phase}' on rank {rank}: t_end {t_end} < t_start {t_start}")
-        record: dict[str, Any] = {
-            "type": "span",
-            "rank": rank,
-            "role": self.roles[rank],
-            "phase": phase,
-            "iteration": iteration,
-            "fragment": fragment,
-            "policy_version": policy_version,
-            "t_start": t_start,
-            "t_end": t_end,
-        }
-        if samples is not None:
-            record["samples"] = int(samples)
-        if category is not None:
-            record["category"] = category
-        if extra:
-            record["extra"] = dict(extra)
+        record = span_record(
+            rank,
+            self.roles[rank],
+            phase,
+            t_start,
+            t_end,
+            iteration=iteration,
+            fragment=fragment,
+            policy_version=policy_version,
+            samples=samples,
+            category=category,
+            extra=extra,
+        )
         self.spans.append(record)
         return record
 

@@ -15,6 +15,7 @@ import torch
 from digenrl.config import Config
 from digenrl.data.prompts import PromptSource
 from digenrl.models import ModelBundle, build_model_bundle
+from digenrl.models.optimize import optimize_flow_model
 from digenrl.rewards.registry import build_reward
 from digenrl.rollout.engine import RolloutEngine
 from digenrl.rollout.sampler import Sampler
@@ -86,6 +87,15 @@ def build_rank_components(
             device=ctx.device,
             process_group=process_group,
             world_size=torch.distributed.get_world_size(process_group) if ctx.is_distributed else 1,
+        )
+    if cfg.model.compile or trainer is None:
+        # model.attention_backend / model.compile (digenrl/models/optimize.py); a trainer has already chosen
+        # the attention backend for backward in PolicyTrainer.__init__
+        optimize_flow_model(
+            bundle.flow_model,
+            compile=cfg.model.compile,
+            attention_backend=cfg.model.attention_backend,
+            needs_backward=trainer is not None,
         )
     engine = scorer = None
     if generate:

@@ -45,7 +45,7 @@ from digenrl.systems.phases import (
     train_on,
     units_per_sample,
 )
-from digenrl.systems.separate import SeparateRequirements, SeparateSystem, separate_layout
+from digenrl.systems.separate import SeparateRequirements, SeparateSystem, generator_report, separate_layout
 from digenrl.tsp.pipeline import TspLayout, plan_tsp
 
 log = logging.getLogger(__name__)
@@ -154,14 +154,7 @@ class DigenRL(SeparateSystem):
         self.pull_weights(version + 1, iteration)
         self.policy_version = version + 1
         local = torch.cat(rewards) if rewards else torch.zeros(0)
-        return IterationReport(
-            samples=samples,
-            reward_mean=float(local.mean()) if local.numel() else 0.0,
-            reward_std=float(local.std(unbiased=False)) if local.numel() else 0.0,
-            train={},
-            step={},
-            phase_s={"rollout": t1 - t0, "sync": time.perf_counter() - t1},
-        )
+        return generator_report(local, samples, {"rollout": t1 - t0, "sync": time.perf_counter() - t1})
 
     # ------------------------------------------------------------------ trainer pool
     def train_iteration(self, iteration: int) -> IterationReport:

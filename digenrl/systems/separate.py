@@ -35,7 +35,7 @@ from digenrl.runtime.weight_sync import (
     resolve_sync_mode,
 )
 from digenrl.systems import SystemRequirements
-from digenrl.systems.base import System
+from digenrl.systems.base import IterationReport, System
 from digenrl.systems.components import RankComponents, build_rank_components
 
 log = logging.getLogger(__name__)
@@ -85,6 +85,18 @@ class SeparateRequirements(SystemRequirements):
                 f"each generator produces {per_generator} samples per iteration, fewer than "
                 f"pools.trainers={trainers}: raise algo.prompts_per_iteration or lower pools.trainers"
             )
+
+
+def generator_report(rewards: torch.Tensor, samples: int, phase_s: dict[str, float]) -> IterationReport:
+    """A generator rank's own view of an iteration (rank 0, a trainer, writes the metrics)."""
+    return IterationReport(
+        samples=samples,
+        reward_mean=float(rewards.mean()) if rewards.numel() else 0.0,
+        reward_std=float(rewards.std(unbiased=False)) if rewards.numel() else 0.0,
+        train={},
+        step={},
+        phase_s=phase_s,
+    )
 
 
 class SeparateSystem(System):

@@ -25,7 +25,7 @@ import time
 
 from digenrl.config import Config, ConfigError
 from digenrl.systems.base import IterationReport
-from digenrl.systems.separate import SeparateRequirements
+from digenrl.systems.separate import SeparateRequirements, generator_report
 from digenrl.systems.separate_sync import SeparateSync
 
 
@@ -60,28 +60,15 @@ class SeparateAsync(SeparateSync):
             self.policy_version = nxt
 
     def generate_iteration(self, iteration: int) -> IterationReport:
-        events = self.parts.events
-        staleness = self.cfg.asynchrony.max_staleness
         t0 = time.perf_counter()
-        self._pull_through(iteration - staleness, iteration)
+        self._pull_through(iteration - self.cfg.asynchrony.max_staleness, iteration)
         version = self.policy_version
-        prompts, ids = self.my_prompt_ids(iteration)
-        with events.span("generate", iteration=iteration, policy_version=version, samples=len(ids)):
-            batch = self.parts.engine.generate(prompts, ids, iteration=iteration, policy_version=version)
-        with events.span("score", iteration=iteration, policy_version=version):
-            score = self.parts.scorer(batch)
-            batch = self.advantages(batch, score)
+        batch, score = self.rollout(iteration)
         t1 = time.perf_counter()
         self._pull_through(iteration, iteration)  # the trainer publishes θ_j before it receives batch j
-        with events.span("transfer", iteration=iteration, policy_version=version):
+        with self.parts.events.span("transfer", iteration=iteration, policy_version=version):
             self.ship(batch, key=f"it{iteration}")
         if iteration + 1 == self.cfg.iterations:
             self._pull_through(iteration + 1, iteration)  # join the trainer's last push
-        return IterationReport(
-            samples=batch.batch_size,
-            reward_mean=float(score.rewards[score.keep].mean()),
-            reward_std=float(score.rewards[score.keep].std(unbiased=False)),
-            train={},
-            step={},
-            phase_s={"rollout": t1 - t0, "ship": time.perf_counter() - t1},
-        )
+        phase_s = {"rollout": t1 - t0, "ship": time.perf_counter() - t1}
+        return generator_report(score.rewards[score.keep], batch.batch_size, phase_s)

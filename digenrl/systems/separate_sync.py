@@ -18,7 +18,7 @@ from digenrl.rollout.scoring import ScoreResult
 from digenrl.rollout.trajectory import TrajectoryBatch
 from digenrl.systems.base import IterationReport
 from digenrl.systems.phases import assign_advantages, global_sum, reward_summary, train_logical_batch
-from digenrl.systems.separate import SeparateRequirements, SeparateSystem
+from digenrl.systems.separate import SeparateRequirements, SeparateSystem, generator_report
 
 
 class SeparateSync(SeparateSystem):
@@ -47,28 +47,27 @@ class SeparateSync(SeparateSystem):
         return self.generate_iteration(iteration)
 
     # ------------------------------------------------------------------ generator pool
-    def generate_iteration(self, iteration: int) -> IterationReport:
+    def rollout(self, iteration: int) -> tuple[TrajectoryBatch, ScoreResult]:
+        """Generate, score and normalise this generator's groups with the weights it holds."""
         events, version = self.parts.events, self.policy_version
         prompts, ids = self.my_prompt_ids(iteration)
-        t0 = time.perf_counter()
         with events.span("generate", iteration=iteration, policy_version=version, samples=len(ids)):
             batch = self.parts.engine.generate(prompts, ids, iteration=iteration, policy_version=version)
         with events.span("score", iteration=iteration, policy_version=version):
             score = self.parts.scorer(batch)
             batch = self.advantages(batch, score)
-        with events.span("transfer", iteration=iteration, policy_version=version):
+        return batch, score
+
+    def generate_iteration(self, iteration: int) -> IterationReport:
+        version, t0 = self.policy_version, time.perf_counter()
+        batch, score = self.rollout(iteration)
+        with self.parts.events.span("transfer", iteration=iteration, policy_version=version):
             self.ship(batch, key=f"it{iteration}")
         t1 = time.perf_counter()
         self.pull_weights(version + 1, iteration)
         self.policy_version = version + 1
-        return IterationReport(
-            samples=batch.batch_size,
-            reward_mean=float(score.rewards[score.keep].mean()),
-            reward_std=float(score.rewards[score.keep].std(unbiased=False)),
-            train={},
-            step={},
-            phase_s={"rollout": t1 - t0, "sync": time.perf_counter() - t1},
-        )
+        phase_s = {"rollout": t1 - t0, "sync": time.perf_counter() - t1}
+        return generator_report(score.rewards[score.keep], batch.batch_size, phase_s)
 
     # ------------------------------------------------------------------ trainer pool
     def train_iteration(self, iteration: int) -> IterationReport:
