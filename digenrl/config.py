@@ -38,6 +38,7 @@ class ModelConfig:
     width: int | None = None
     frames: int | None = None  # video models only
     attention_backend: str = "native"
+    compile: bool = False  # torch.compile the transformer's repeated blocks (digenrl/models/optimize.py)
 
 
 @dataclass

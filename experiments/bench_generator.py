@@ -1,25 +1,41 @@
-"""Benchmark the FlowModel forward (one denoising step) of a zoo entry with random weights.
+"""Benchmark one denoising step of a zoo generator, diffusers-eager path and the project's optimised path
+side by side, with random weights.
 
-    python experiments/bench_generator.py                                   # tiny-sd3, CPU or GPU
-    python experiments/bench_generator.py --model sd3.5-medium --batch-sizes 1,4,16 --out sd35.json
+    python experiments/bench_generator.py                                    # tiny-sd3, CPU or GPU
+    python experiments/bench_generator.py --model sd3.5-medium --batch-sizes 1,4,16 --compile --out out/perf
+    python experiments/bench_generator.py --model wan2.1-14b --frames 17 --batch-sizes 1 --compile --out o
 
-For each batch size B and CFG setting it times the transformer forward that one sampler step issues:
-B samples, or 2B (cond ++ uncond, as the rollout sampler batches them) with classifier-free guidance on a
-true-CFG model. Guidance-distilled models (FLUX-dev, HunyuanVideo) embed guidance, so "cfg on" equals "off"
-and is skipped. Warm-up forwards first, then the median of N timed forwards (CUDA synchronised). FLOPs of one
-forward are counted with torch.utils.flop_counter.FlopCounterMode (matmuls, convolutions, attention), so
-achieved TFLOP/s = FLOPs / median time. Text conditions are random tensors with the spec's shapes: text
-encoders are not built, so a 20 B model is benchmarked without its 8 B encoder.
+A step is what the rollout engine issues per denoising step: ``Sampler.velocity`` (the transformer forward of
+B samples, or of 2B = cond ++ uncond with true classifier-free guidance) and ``Sampler.transition`` (flow-SDE
+step and its log-prob, float32). Guidance-distilled models (FLUX-dev, HunyuanVideo) embed guidance, so their
+"cfg on" row is skipped.
+
+Paths (``--paths``):
+
+* ``eager``: the model as diffusers builds it (attention ``native`` = torch SDPA with torch's kernel choice);
+* ``optimized``: :func:`digenrl.models.optimize.optimize_flow_model` applied in place (safe attention
+  backend ``--attention-backend``; ``torch.compile`` of the repeated blocks with ``--compile``; CUDA graphs
+  with ``--cuda-graphs``). Its first call per shape is timed separately (``first_call_s``: compilation).
+
+Per row: median ms per step over ``--iters`` after ``--warmup`` (CUDA events), FLOPs of the step counted by
+``FlopCounterMode`` on the eager model, achieved TFLOP/s, the fraction of an n³ matmul ceiling measured in
+the same run (``--ceiling-size``, 8192 on a GPU), and peak CUDA memory. With both paths, a log-prob agreement
+check (same seeds through :mod:`digenrl.rollout.noise`) compares them: the optimised path recomputes the
+eager path's recorded transitions (the trainer's on-policy ratio, max |r − 1|) and samples its own from the
+same noise (relative error). Text conditions are random tensors of the spec's shapes (no text encoder).
+
+``--out`` is a directory (``generator-<model>.json`` and ``.md`` are written there) or a ``.json`` path (the
+``.md`` goes beside it). The JSON is rewritten after every row, so a run cut short keeps what it measured.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import platform
-import statistics
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -29,16 +45,16 @@ try:
 except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from digenrl.models import (
-    MODEL_SPECS,
-    FlowModel,
-    TextCondition,
-    build_flow_model,
-    get_model_spec,
-    set_attention_backend,
-)
+from digenrl.config import Config, apply_overrides
+from digenrl.models import MODEL_SPECS, FlowModel, TextCondition, build_flow_model, get_model_spec
+from digenrl.models.optimize import COMPILE_MODES, CompileSettings, optimize_flow_model
+from digenrl.perf import logprob_agreement, roofline
+from digenrl.rollout.noise import sample_seed
+from digenrl.rollout.sampler import Sampler
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+PATHS = ("eager", "optimized")
+DYNAMIC = {"auto": None, "true": True, "false": False}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -54,11 +70,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--dtype", default="auto", choices=["auto", *DTYPES], help="auto: bfloat16 on cuda else fp32"
     )
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's)")
-    p.add_argument("--attention-backend", default="native", help="diffusers attention backend")
-    p.add_argument("--warmup", type=int, default=2, help="untimed forwards per configuration")
-    p.add_argument("--iters", type=int, default=5, help="timed forwards per configuration (median reported)")
+    p.add_argument("--paths", default="eager,optimized", help="comma-separated subset of eager,optimized")
+    p.add_argument("--attention-backend", default="native", help="optimised path's model.attention_backend")
+    p.add_argument("--compile", action="store_true", help="optimised path: torch.compile (model.compile)")
+    p.add_argument("--compile-mode", default="default", choices=COMPILE_MODES, help="torch.compile mode")
+    p.add_argument(
+        "--compile-dynamic",
+        default="auto",
+        choices=sorted(DYNAMIC),
+        help="auto: torch's automatic dynamic shapes (one recompile per changed dim); false: per shape",
+    )
+    p.add_argument("--whole-model", action="store_true", help="compile the whole transformer, not its blocks")
+    p.add_argument(
+        "--cuda-graphs", action="store_true", help="= --compile --compile-mode reduce-overhead (fixed shapes)"
+    )
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps per configuration")
+    p.add_argument("--iters", type=int, default=5, help="timed steps per configuration (median reported)")
     p.add_argument("--no-flops", action="store_true", help="skip FLOP counting")
-    p.add_argument("--out", default=None, help="write results as JSON to this path")
+    p.add_argument("--ceiling-size", type=int, default=None, help="n of the n³ matmul ceiling (0: skip)")
+    p.add_argument("--agreement-steps", type=int, default=2, help="steps of the log-prob check (0: skip)")
+    p.add_argument("--agreement-samples", type=int, default=2, help="samples of the log-prob check")
+    p.add_argument(
+        "--time-budget-s", type=float, default=0.0, help="skip configurations after this (0: none)"
+    )
+    p.add_argument("--out", default=None, help="output directory, or a .json path")
     args = p.parse_args(argv)
     try:
         args.batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b.strip()]
@@ -68,6 +103,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--batch-sizes needs positive integers")
     if args.iters < 1 or args.warmup < 0:
         p.error("--iters must be >= 1 and --warmup >= 0")
+    args.paths = [s.strip() for s in args.paths.split(",") if s.strip()]
+    if not args.paths or any(s not in PATHS for s in args.paths):
+        p.error(f"--paths must be a comma-separated subset of {','.join(PATHS)}, got {args.paths}")
+    if args.cuda_graphs:
+        args.compile, args.compile_mode = True, "reduce-overhead"
+    if args.agreement_steps < 0 or args.agreement_samples < 1:
+        p.error("--agreement-steps must be >= 0 and --agreement-samples >= 1")
     return args
 
 
@@ -88,57 +130,69 @@ def random_condition(flow_model: FlowModel, batch: int, device: torch.device) ->
     return TextCondition(embeds, pooled, mask)
 
 
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"{platform.machine()} CPU, {torch.get_num_threads()} threads"
+def output_paths(out: str, kind: str, model: str) -> tuple[Path, Path]:
+    """(json, markdown) for ``--out``: a directory gets ``<kind>-<model>.json/.md``; a .json path its .md."""
+    path = Path(out)
+    if path.suffix == ".json":
+        return path, path.with_suffix(".md")
+    return path / f"{kind}-{model}.json", path / f"{kind}-{model}.md"
 
 
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def make_sampler(model: str, spec, tokens: int, cfg_on: bool) -> Sampler:
+    """The model's sampler with true CFG on (its default scale, at least 1.5) or off (scale 1);
+    guidance-distilled models keep their embedded scale (same rule as digenrl/sim/measure.py)."""
+    if spec.guidance_embedded:
+        scale = spec.default_guidance_scale
+    else:
+        scale = max(spec.default_guidance_scale, 1.5) if cfg_on else 1.0
+    cfg = apply_overrides(Config(), {"model.name": model, "sampler.guidance_scale": scale})
+    return Sampler.from_config(cfg, spec, tokens)
 
 
-def count_flops(flow_model: FlowModel, x: torch.Tensor, sigma: torch.Tensor, cond: TextCondition) -> int:
-    from torch.utils.flop_counter import FlopCounterMode
+class StepCase:
+    """Inputs of one (batch, cfg) configuration, drawn once and reused by both paths."""
 
-    counter = FlopCounterMode(display=False)
-    with counter, torch.no_grad():
-        flow_model(x, sigma, cond)
-    return int(counter.get_total_flops())
+    def __init__(self, flow_model: FlowModel, sampler: Sampler, batch: int, latent_shape, uncond) -> None:
+        device = flow_model.device
+        self.sampler = sampler
+        self.x = torch.randn(batch, *latent_shape, device=device)
+        self.sigma = sampler.sigmas[0].to(device).expand(batch)
+        self.sigma_next = sampler.sigmas[1].to(device).expand(batch)
+        self.cond = random_condition(flow_model, batch, device)
+        self.uncond = uncond if sampler.true_cfg else None
+        self.noise = torch.randn_like(self.x)
+
+    @torch.no_grad()
+    def step(self, flow_model: FlowModel) -> torch.Tensor:
+        v = self.sampler.velocity(flow_model, self.x, self.sigma, self.cond, self.uncond)
+        return self.sampler.transition(v, self.x, self.sigma, self.sigma_next, noise=self.noise).prev_sample
 
 
-def bench_one(
-    flow_model: FlowModel, latent_shape: tuple[int, ...], model_batch: int, args: argparse.Namespace
-) -> dict:
-    device = flow_model.device
-    x = torch.randn(model_batch, *latent_shape, device=device, dtype=flow_model.dtype)
-    sigma = torch.rand(model_batch, device=device)
-    cond = random_condition(flow_model, model_batch, device)
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
-    times = []
-    with torch.no_grad():
-        for _ in range(args.warmup):
-            flow_model(x, sigma, cond)
-        synchronize(device)
-        for _ in range(args.iters):
-            start = time.perf_counter()
-            flow_model(x, sigma, cond)
-            synchronize(device)
-            times.append(time.perf_counter() - start)
-    row = {
-        "model_batch": model_batch,
-        "ms_per_step": 1000 * statistics.median(times),
-        "ms_min": 1000 * min(times),
-        "ms_max": 1000 * max(times),
-        "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
+def _write(report: dict, args: argparse.Namespace) -> None:
+    if not args.out:
+        return
+    json_path, md_path = output_paths(args.out, "generator", report["model"])
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(report, indent=2))
+    md_path.write_text(format_markdown(report) + "\n")
+
+
+def bench_case(
+    flow_model: FlowModel, case: StepCase, device: torch.device, args: argparse.Namespace
+) -> dict[str, float | None]:
+    roofline.reset_peak_memory(device)
+    first = roofline.timed_first_call_s(lambda: case.step(flow_model), device)
+    times = roofline.time_calls_ms(
+        lambda: case.step(flow_model), device, warmup=args.warmup, iters=args.iters
+    )
+    stats = roofline.summarize_ms(times)
+    return {
+        "ms_per_step": stats["ms"],
+        "ms_min": stats["ms_min"],
+        "ms_max": stats["ms_max"],
+        "first_call_s": first,
+        "peak_mem_gib": roofline.peak_memory_gib(device),
     }
-    if not args.no_flops:
-        row["flops_per_step"] = count_flops(flow_model, x, sigma, cond)
-        row["tflops_per_s"] = row["flops_per_step"] / (row["ms_per_step"] / 1000) / 1e12
-    return row
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -146,92 +200,243 @@ def run(args: argparse.Namespace) -> dict:
     device = resolve_device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
-    dtype = (
-        DTYPES[args.dtype]
-        if args.dtype != "auto"
-        else (torch.bfloat16 if device.type == "cuda" else torch.float32)
-    )
+    dtype_name = args.dtype if args.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
+    dtype = DTYPES[dtype_name]
     height, width = args.height or spec.default_height, args.width or spec.default_width
     frames = args.frames if args.frames is not None else spec.default_frames
-    t0 = time.perf_counter()
-    flow_model = build_flow_model(spec, dtype=dtype, device=device)
-    flow_model.eval()
-    build_s = time.perf_counter() - t0
-    set_attention_backend(flow_model, args.attention_backend)
-    latent_shape = flow_model.latent_shape(height, width, frames)
-    cfg_modes = {"on": [True], "off": [False], "both": [False, True]}[args.cfg]
-    results = []
-    for batch in args.batch_sizes:
-        for cfg in cfg_modes:
-            row = {"batch_size": batch, "cfg": cfg}
-            if cfg and not flow_model.uses_true_cfg:
-                results.append({**row, "skipped": "guidance-embedded model: no separate CFG pass"})
-                continue
-            model_batch = 2 * batch if cfg else batch
-            try:
-                row.update(bench_one(flow_model, latent_shape, model_batch, args))
-            except torch.OutOfMemoryError:
-                results.append({**row, "model_batch": model_batch, "skipped": "out of memory"})
-                continue
-            row["samples_per_s"] = batch / (row["ms_per_step"] / 1000)
-            results.append(row)
-    return {
+    t_start = time.perf_counter()
+    report: dict = {
         "model": spec.name,
         "family": spec.family,
-        "parameters": sum(p.numel() for p in flow_model.parameters()),
         "device": str(device),
-        "device_name": device_name(device),
-        "dtype": str(dtype).removeprefix("torch."),
-        "attention_backend": args.attention_backend,
-        "height": height,
-        "width": width,
-        "frames": frames,
-        "latent_shape": list(latent_shape),
-        "image_tokens": flow_model.token_count(height, width, frames),
-        "text_tokens": spec.text_encoder.seq_len,
-        "build_s": build_s,
-        "warmup": args.warmup,
-        "iters": args.iters,
-        "torch": torch.__version__,
-        "results": results,
+        "device_name": roofline.device_description(device),
+        "dtype": dtype_name,
+        "environment": roofline.environment(),
+        "argv": sys.argv[1:] if args.out else [],
+        "paths": {},
+        "results": [],
+    }
+    ceiling_n = (
+        args.ceiling_size if args.ceiling_size is not None else (8192 if device.type == "cuda" else 256)
+    )
+    if ceiling_n > 0:
+        report["ceiling"] = roofline.matmul_ceiling(device, dtype, n=ceiling_n)
+        print(
+            f"# matmul ceiling {ceiling_n}^3 {dtype_name}: {report['ceiling']['tflops']:.1f} TFLOP/s",
+            flush=True,
+        )
+    torch.manual_seed(0)
+    t0 = time.perf_counter()
+    flow_model = build_flow_model(spec, dtype=dtype, device=device)
+    flow_model.eval().requires_grad_(False)
+    report["build_s"] = time.perf_counter() - t0
+    latent_shape = flow_model.latent_shape(height, width, frames)
+    tokens = flow_model.token_count(height, width, frames)
+    report.update(
+        parameters=sum(p.numel() for p in flow_model.parameters()),
+        param_bytes=sum(p.numel() * p.element_size() for p in flow_model.parameters()),
+        height=height,
+        width=width,
+        frames=frames,
+        latent_shape=list(latent_shape),
+        image_tokens=tokens,
+        text_tokens=spec.text_encoder.seq_len,
+        warmup=args.warmup,
+        iters=args.iters,
+        attention_backend=args.attention_backend,
+    )
+    uncond = random_condition(flow_model, 1, device)
+    cfg_modes = {"on": [True], "off": [False], "both": [False, True]}[args.cfg]
+    cases: dict[tuple[int, bool], StepCase | str] = {}
+    for batch in args.batch_sizes:
+        for cfg in cfg_modes:
+            if cfg and not flow_model.uses_true_cfg:
+                cases[(batch, cfg)] = "guidance-embedded model: no separate CFG pass"
+                continue
+            cases[(batch, cfg)] = StepCase(
+                flow_model, make_sampler(spec.name, spec, tokens, cfg), batch, latent_shape, uncond
+            )
+
+    flops: dict[tuple[int, bool], int] = {}
+    if not args.no_flops:  # counted on the unoptimised model: the optimised path computes the same function
+        for key, case in cases.items():
+            if isinstance(case, StepCase):
+                with contextlib.suppress(torch.OutOfMemoryError):
+                    flops[key] = roofline.count_flops(lambda c=case: c.step(flow_model))
+    agreement_ref = None
+    if set(PATHS) <= set(args.paths) and args.agreement_steps > 0:
+        agreement = _agreement_inputs(flow_model, spec, tokens, latent_shape, uncond, args)
+        agreement_ref = (agreement, logprob_agreement.rollout(**agreement, model=flow_model))
+
+    for (batch, cfg), case in cases.items():  # a configuration no path has: one row for all of them
+        if isinstance(case, str):
+            row = {"path": "all", "batch_size": batch, "cfg": cfg, "model_batch": 2 * batch, "skipped": case}
+            report["results"].append(row)
+    for path in [p for p in PATHS if p in args.paths]:
+        if path == "optimized":
+            settings = CompileSettings(
+                mode=args.compile_mode, dynamic=DYNAMIC[args.compile_dynamic], regional=not args.whole_model
+            )
+            applied = optimize_flow_model(
+                flow_model,
+                compile=args.compile,
+                attention_backend=args.attention_backend,
+                needs_backward=False,
+                compile_settings=settings,
+            )
+            report["paths"]["optimized"] = applied.to_dict()
+        else:
+            report["paths"]["eager"] = {"attention": "native (diffusers default)", "compiled": False}
+        for (batch, cfg), case in cases.items():
+            row: dict = {
+                "path": path,
+                "batch_size": batch,
+                "cfg": cfg,
+                "model_batch": 2 * batch if cfg else batch,
+            }
+            if isinstance(case, str):
+                continue
+            if args.time_budget_s and time.perf_counter() - t_start > args.time_budget_s:
+                report["results"].append({**row, "skipped": "time budget"})
+                continue
+            try:
+                row.update(bench_case(flow_model, case, device, args))
+            except torch.OutOfMemoryError:
+                report["results"].append({**row, "skipped": "out of memory"})
+                roofline.reset_peak_memory(device)
+                continue
+            except Exception as exc:  # one broken configuration must not lose the others
+                traceback.print_exc()
+                report["results"].append({**row, "error": f"{type(exc).__name__}: {str(exc)[:500]}"})
+                continue
+            row["samples_per_s"] = batch / (row["ms_per_step"] / 1000)
+            if (batch, cfg) in flops:
+                row["flops_per_step"] = flops[(batch, cfg)]
+                row["tflops_per_s"] = row["flops_per_step"] / (row["ms_per_step"] / 1000) / 1e12
+                if "ceiling" in report:
+                    row["fraction_of_ceiling"] = row["tflops_per_s"] / report["ceiling"]["tflops"]
+            report["results"].append(row)
+            print(format_row(row), flush=True)
+            _write(report, args)
+    if agreement_ref is not None:
+        inputs, reference = agreement_ref
+        try:
+            free = logprob_agreement.rollout(**inputs, model=flow_model)
+            recomputed = logprob_agreement.recompute_log_probs(
+                inputs["sampler"], flow_model, reference, inputs["cond"], inputs["uncond"]
+            )
+            report["agreement"] = logprob_agreement.compare(
+                reference, free, recomputed, clip_range=Config().algo.clip_range
+            )
+            report["agreement"]["cfg"] = inputs["sampler"].true_cfg
+        except Exception as exc:
+            traceback.print_exc()
+            report["agreement"] = {"error": f"{type(exc).__name__}: {str(exc)[:500]}"}
+    report["wall_s"] = time.perf_counter() - t_start
+    _write(report, args)
+    return report
+
+
+def _agreement_inputs(flow_model, spec, tokens, latent_shape, uncond, args) -> dict:
+    """Sampler (CFG as the model normally runs), seeds, condition of the log-prob agreement check."""
+    sampler = make_sampler(spec.name, spec, tokens, cfg_on=flow_model.uses_true_cfg)
+    n = args.agreement_samples
+    return {
+        "sampler": sampler,
+        "seeds": [sample_seed(0, 0, i, 0) for i in range(n)],
+        "latent_shape": tuple(latent_shape),
+        "cond": random_condition(flow_model, n, flow_model.device),
+        "uncond": uncond if sampler.true_cfg else None,
+        "steps": args.agreement_steps,
     }
 
 
-def format_table(report: dict) -> str:
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def format_row(r: dict) -> str:
+    return (
+        f"{r['path']:>9} B={r['batch_size']:<3} cfg={'on' if r['cfg'] else 'off':<3} "
+        f"fwd={r['model_batch']:<3} "
+        f"{r['ms_per_step']:9.2f} ms/step  {_fmt(r.get('tflops_per_s'), '.4g'):>7} TFLOP/s  "
+        f"{_fmt(r.get('fraction_of_ceiling'), '.1%'):>6} of ceiling  first {r['first_call_s']:.2f} s  "
+        f"peak {_fmt(r.get('peak_mem_gib'), '.2f')} GiB"
+    )
+
+
+def format_markdown(report: dict) -> str:
+    """Eager and optimised rows side by side, one line per (batch, cfg)."""
+    ceiling = report.get("ceiling")
     head = (
-        f"{report['model']} ({report['parameters'] / 1e6:,.2f} M params) on {report['device']} "
-        f"[{report['device_name']}], {report['dtype']}, {report['height']}x{report['width']}"
-        + (f"x{report['frames']}f" if report["frames"] else "")
-        + f", {report['image_tokens']} image + {report['text_tokens']} text tokens"
+        f"### generator step: {report['model']} ({report.get('parameters', 0) / 1e9:.2f} B params), "
+        f"{report['device_name']}, {report['dtype']}, {report.get('height')}x{report.get('width')}"
+        + (f"x{report['frames']}f" if report.get("frames") else "")
+        + f", {report.get('image_tokens')} image + {report.get('text_tokens')} text tokens"
     )
-    cols = (
-        f"{'batch':>5} {'cfg':>4} {'fwd B':>6} {'ms/step':>9} {'samples/s':>10} {'TFLOP/s':>9} "
-        f"{'GFLOP/fwd':>10} {'peak GiB':>9}"
-    )
-    lines = [head, cols, "-" * len(cols)]
-    for r in report["results"]:
-        if "skipped" in r:
-            lines.append(f"{r['batch_size']:>5} {'on' if r['cfg'] else 'off':>4}  skipped: {r['skipped']}")
-            continue
-        tflops = f"{r['tflops_per_s']:.4g}" if "tflops_per_s" in r else "-"
-        gflop = f"{r['flops_per_step'] / 1e9:.4g}" if "flops_per_step" in r else "-"
-        mem = f"{r['peak_mem_gib']:.2f}" if r["peak_mem_gib"] is not None else "-"
+    lines = [head, ""]
+    if ceiling:
+        lines.append(f"matmul ceiling ({ceiling['n']}³ {ceiling['dtype']}): {ceiling['tflops']:.1f} TFLOP/s")
+    opt = report["paths"].get("optimized")
+    if opt:
+        att = opt["attention"]
         lines.append(
-            f"{r['batch_size']:>5} {'on' if r['cfg'] else 'off':>4} {r['model_batch']:>6} "
-            f"{r['ms_per_step']:>9.2f} {r['samples_per_s']:>10.2f} {tflops:>9} {gflop:>10} {mem:>9}"
+            f"optimised path: attention {att['backend']} (asked {att['requested']}), "
+            f"compiled={opt['compiled']}"
+            + (f" {opt['compile_settings']}" if opt.get("compile_settings") else "")
         )
+    lines += [
+        "",
+        "| batch | cfg | fwd B | eager ms | opt ms | speedup | eager TFLOP/s | opt TFLOP/s | opt % ceil "
+        "| eager GiB | opt GiB | opt 1st call s |",
+        "|---:|:---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    by_key: dict[tuple, dict[str, dict]] = {}
+    for r in report["results"]:
+        by_key.setdefault((r["batch_size"], r["cfg"], r["model_batch"]), {})[r["path"]] = r
+    for (batch, cfg, model_batch), rows in sorted(by_key.items(), key=lambda item: item[0][:2]):
+        both = rows.get("all", {})
+        e, o = rows.get("eager", both), rows.get("optimized", both)
+
+        def cell(row: dict, key: str, spec: str) -> str:
+            if row.get(key) is not None:
+                return format(row[key], spec)
+            return row.get("skipped", row.get("error", "-"))[:40] if key == "ms_per_step" else "-"
+
+        speed = (
+            f"{e['ms_per_step'] / o['ms_per_step']:.2f}x"
+            if "ms_per_step" in e and "ms_per_step" in o
+            else "-"
+        )
+        lines.append(
+            f"| {batch} | {'on' if cfg else 'off'} | {model_batch} | {cell(e, 'ms_per_step', '.2f')} "
+            f"| {cell(o, 'ms_per_step', '.2f')} | {speed} | {cell(e, 'tflops_per_s', '.4g')} "
+            f"| {cell(o, 'tflops_per_s', '.4g')} | {cell(o, 'fraction_of_ceiling', '.1%')} "
+            f"| {cell(e, 'peak_mem_gib', '.2f')} | {cell(o, 'peak_mem_gib', '.2f')} "
+            f"| {cell(o, 'first_call_s', '.1f')} |"
+        )
+    agreement = report.get("agreement")
+    if agreement:
+        if "error" in agreement:
+            lines += ["", f"log-prob agreement: error {agreement['error']}"]
+        else:
+            lines += [
+                "",
+                f"log-prob agreement (optimised vs eager, {agreement['samples']} samples x "
+                f"{agreement['steps']} steps, cfg={agreement['cfg']}): max |ratio-1| = "
+                f"{agreement['max_abs_ratio_minus_1']:.3g} (clip range {agreement['clip_range']:g}), "
+                f"final latent rel L2 = {agreement['final_latent_rel_l2']:.3g}, log-prob rel L2 = "
+                f"{agreement['log_prob_rel_l2']:.3g}, pass={agreement['pass']}",
+            ]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     report = run(args)
-    print(format_table(report))
+    print(format_markdown(report))
     if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report, indent=2))
-        print(f"wrote {out}")
+        print(f"wrote {output_paths(args.out, 'generator', report['model'])[0]}")
     return 0
 
 

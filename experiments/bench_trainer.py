@@ -1,27 +1,47 @@
-"""Benchmark the policy update (PolicyTrainer.accumulate + step) of a zoo entry with random weights.
+"""Benchmark the policy update (PolicyTrainer.accumulate + step) of a zoo entry with random weights, the
+diffusers-eager path and the project's optimised path side by side, plus an attention-backward regression
+check.
 
     python experiments/bench_trainer.py                                     # tiny-sd3, CPU or GPU
-    python experiments/bench_trainer.py --model sd3.5-medium --modes lora,full \
-        --micro-batch-sizes 1,2,4,8 --samples 8 --train-steps 2 --out sd35_train.json
+    python experiments/bench_trainer.py --model sd3.5-medium --modes lora --micro-batch-sizes 1,2,4 \
+        --samples 4 --train-steps 1 --paths optimized,eager --out out/perf
+    python experiments/bench_trainer.py --regression-only --regression-model flux.1-dev --out out/perf
 
-For each training mode (LoRA / full fine-tune) and micro-batch size it times one logical batch of
-``samples × train-steps`` training units: the FlowGRPO training forward (velocity with the rollout's CFG,
-flow-SDE transition log-prob, clipped loss, KL to the adapter-disabled reference when --kl-beta > 0),
-backward, and the optimizer step, in one process (backend ``none``). Trajectory data are synthetic and
-re-recorded with the current weights before each micro-batch size, so the ratio spread of the first
-(pre-update) pass shows how far the training forward drifts from the rollout forward (all --samples in one
-forward) at that micro-batch composition. Reported: ms per unit (median over --iters logical batches),
-units/s, peak CUDA memory. Text conditions are random tensors with the spec's shapes (no text encoder).
+For each training mode (LoRA / full), path, guidance setting and micro-batch size it times one logical batch
+of ``samples × train-steps`` units: the FlowGRPO training forward (velocity with the rollout's CFG, flow-SDE
+transition log-prob, clipped loss, KL to the adapter-disabled reference when --kl-beta > 0) and backward
+(``accumulate``), and separately the optimizer step. Trajectories are re-recorded on-policy with the current
+weights before each configuration, so the first accumulate's ratio spread max |r − 1| shows how far the
+training forward drifts from the rollout forward; that first pass is never timed (with --compile it compiles:
+``first_accumulate_s``). FLOPs of the accumulate (forward + backward) are counted by
+FlopCounterMode, and compared with an n³ matmul ceiling measured in the same run.
+
+Paths (``--paths``; run them ``optimized,eager`` on a GPU: a failing fused kernel can poison the process):
+
+* ``eager``: diffusers and torch defaults (SDPA with torch's kernel choice, cuDNN included);
+* ``optimized``: :func:`digenrl.models.optimize.optimize_flow_model` for training (safe attention backend;
+  ``torch.compile`` of the repeated blocks with ``--compile``), as the project trains.
+
+``--regression`` (or ``--regression-only``) runs :mod:`digenrl.perf.backward_check` in subprocesses: a LoRA
+forward + backward through a slice of ``--regression-model`` (2 dual-stream + 2 single-stream blocks of
+FLUX by default) with each ``--regression-settings`` (default: project-safe, and torch/diffusers defaults),
+reported as pass/fail. Text conditions are random tensors with the spec's shapes (no text encoder).
+
+``--out`` is a directory (``trainer-<model>.json`` and ``.md``) or a ``.json`` path; the JSON is rewritten
+after every configuration. The JSON also carries the byte counts the simulator's cost model needs
+(experiments/emit_costs.py reads it).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import platform
 import statistics
 import sys
 import time
+import traceback
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -33,11 +53,17 @@ except ImportError:  # running from a checkout without `pip install -e .`
 
 from digenrl.config import Config, apply_overrides
 from digenrl.models import MODEL_SPECS, FlowModel, TextCondition, build_flow_model
+from digenrl.models.attention_safety import KNOWN_BAD_ATTENTION, parse_cudnn_version, parse_torch_version
+from digenrl.models.optimize import COMPILE_MODES, CompileSettings, optimize_flow_model
+from digenrl.perf import backward_check, roofline
 from digenrl.rollout.sampler import Sampler
 from digenrl.rollout.trajectory import TrajectoryBatch
+from digenrl.runtime.transfer import batch_to_tensors
 from digenrl.trainer import PolicyTrainer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+PATHS = ("eager", "optimized")
+DYNAMIC = {"auto": None, "true": True, "false": False}
 
 
 def _int_list(text: str, flag: str, parser: argparse.ArgumentParser) -> list[int]:
@@ -50,6 +76,13 @@ def _int_list(text: str, flag: str, parser: argparse.ArgumentParser) -> list[int
     return values
 
 
+def _name_list(text: str, flag: str, allowed: tuple[str, ...], parser: argparse.ArgumentParser) -> list[str]:
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    if not values or any(v not in allowed for v in values):
+        parser.error(f"{flag} must be a comma-separated subset of {','.join(allowed)}, got {text!r}")
+    return values
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="tiny-sd3", choices=sorted(MODEL_SPECS), help="zoo entry (model.name)")
@@ -58,7 +91,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--samples", type=int, default=4, help="trajectories per logical batch")
     p.add_argument("--train-steps", type=int, default=2, help="trained transitions per trajectory")
     p.add_argument("--num-steps", type=int, default=None, help="sampler steps (default: the model's)")
-    p.add_argument("--guidance-scale", type=float, default=None, help="CFG scale (default: the model's)")
+    p.add_argument(
+        "--cfg",
+        default="default",
+        choices=["default", "on", "off", "both"],
+        help="guidance: the model's default scale, on (>= 1.5), off (1.0), or both on and off",
+    )
     p.add_argument(
         "--kl-beta", type=float, default=0.0, help="KL weight (LoRA only; adds a reference forward)"
     )
@@ -72,14 +110,38 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--dtype", default="auto", choices=["auto", *DTYPES], help="auto: bfloat16 on cuda else fp32"
     )
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed logical batches per configuration")
+    p.add_argument("--paths", default="optimized,eager", help="comma-separated, in run order")
+    p.add_argument("--attention-backend", default="native", help="optimised path's model.attention_backend")
+    p.add_argument("--compile", action="store_true", help="optimised path: torch.compile (model.compile)")
+    p.add_argument("--compile-mode", default="default", choices=COMPILE_MODES)
+    p.add_argument("--compile-dynamic", default="auto", choices=sorted(DYNAMIC))
+    p.add_argument("--warmup", type=int, default=1, help="untimed batches after the first (on-policy) one")
     p.add_argument("--iters", type=int, default=3, help="timed logical batches per configuration (median)")
-    p.add_argument("--out", default=None, help="write results as JSON to this path")
+    p.add_argument("--no-flops", action="store_true", help="skip FLOP counting")
+    p.add_argument("--ceiling-size", type=int, default=None, help="n of the n³ matmul ceiling (0: skip)")
+    p.add_argument(
+        "--time-budget-s", type=float, default=0.0, help="skip configurations after this (0: none)"
+    )
+    p.add_argument("--regression", action="store_true", help="also run the attention-backward regression")
+    p.add_argument("--regression-only", action="store_true", help="run only the regression check")
+    p.add_argument("--regression-model", default="flux.1-dev", help="zoo entry sliced for the check")
+    p.add_argument("--regression-blocks", default="2,2", help="dual-stream,single-stream blocks kept")
+    p.add_argument("--regression-heights", default="512", help="comma-separated square sizes (pixels)")
+    p.add_argument("--regression-settings", default="safe,default", help="subset of safe,default,cudnn")
+    p.add_argument("--regression-timeout-s", type=float, default=180.0, help="per subprocess")
+    p.add_argument("--out", default=None, help="output directory, or a .json path")
     args = p.parse_args(argv)
     args.micro_batch_sizes = _int_list(args.micro_batch_sizes, "--micro-batch-sizes", p)
-    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    if not args.modes or any(m not in ("lora", "full") for m in args.modes):
-        p.error(f"--modes must be a comma-separated subset of lora,full, got {args.modes}")
+    args.modes = _name_list(args.modes, "--modes", ("lora", "full"), p)
+    args.paths = _name_list(args.paths, "--paths", PATHS, p)
+    args.regression_settings = _name_list(
+        args.regression_settings, "--regression-settings", backward_check.SETTINGS, p
+    )
+    args.regression_heights = _int_list(args.regression_heights, "--regression-heights", p)
+    blocks = _int_list(args.regression_blocks, "--regression-blocks", p)
+    if len(blocks) != 2:
+        p.error("--regression-blocks takes two integers: dual-stream,single-stream")
+    args.regression_blocks = blocks
     if args.samples < 1 or args.train_steps < 1 or args.iters < 1 or args.warmup < 0:
         p.error("--samples, --train-steps and --iters must be >= 1, --warmup >= 0")
     if args.kl_beta < 0:
@@ -101,7 +163,14 @@ def random_condition(flow_model: FlowModel, batch: int, device: torch.device) ->
     return TextCondition(embeds, pooled, mask)
 
 
-def make_config(args: argparse.Namespace, mode: str, dtype: str) -> Config:
+def guidance_scale(spec, setting: str) -> float | None:
+    """The sampler's guidance scale for ``--cfg`` (None: the model's default)."""
+    if setting == "default" or spec.guidance_embedded:
+        return None
+    return max(spec.default_guidance_scale, 1.5) if setting == "on" else 1.0
+
+
+def make_config(args: argparse.Namespace, mode: str, dtype: str, scale: float | None) -> Config:
     overrides = {
         "model.name": args.model,
         "model.dtype": dtype,
@@ -112,7 +181,7 @@ def make_config(args: argparse.Namespace, mode: str, dtype: str) -> Config:
         "trainer.activation_checkpointing": args.activation_checkpointing,
         "algo.kl_beta": args.kl_beta if mode == "lora" else 0.0,
         "sampler.num_steps": args.num_steps,
-        "sampler.guidance_scale": args.guidance_scale,
+        "sampler.guidance_scale": scale,
     }
     return apply_overrides(Config(), overrides)
 
@@ -156,103 +225,418 @@ def synthetic_batch(
         next_sigmas=torch.stack(nsig, 1),
         policy_version=torch.zeros(b, dtype=torch.long),
         iteration=0,
+        final_latents=x,
         advantages=torch.randn(b, device=device),
     )
 
 
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def _tensor_bytes(tensors) -> int:
+    return int(sum(t.numel() * t.element_size() for t in tensors))
 
 
-def bench_mode(args: argparse.Namespace, mode: str, device: torch.device, dtype_name: str) -> list[dict]:
-    cfg = make_config(args, mode, dtype_name)
-    torch.manual_seed(0)
-    flow_model = build_flow_model(args.model, dtype=DTYPES[dtype_name], device=device)
-    height = args.height or flow_model.spec.default_height
-    width = args.width or flow_model.spec.default_width
-    frames = args.frames if flow_model.spec.is_video else None
-    latent_shape = flow_model.latent_shape(height, width, frames)
-    sampler = Sampler.from_config(cfg, flow_model.spec, flow_model.token_count(height, width, frames))
-    uncond = random_condition(flow_model, 1, device) if sampler.true_cfg else None
-    trainer = PolicyTrainer(cfg, flow_model, sampler, uncond=uncond, device=device)
-    trainable = sum(p.numel() for p in trainer.backend.trainable_parameters())
-    rows = []
-    for mbs in args.micro_batch_sizes:
-        trainer.cfg.trainer.micro_batch_size = mbs
-        batch = synthetic_batch(flow_model, sampler, latent_shape, args, uncond, device)
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(device)
-        times, on_policy = [], {}
-        for i in range(args.warmup + args.iters):
-            synchronize(device)
-            start = time.perf_counter()
-            stats = trainer.accumulate(batch, 1.0 / batch.num_units)
-            trainer.step()
-            on_policy = on_policy or stats
-            synchronize(device)
-            if i >= args.warmup:
-                times.append(time.perf_counter() - start)
-        median = statistics.median(times)
-        rows.append(
-            {
-                "model": args.model,
-                "mode": mode,
-                "dtype": dtype_name,
-                "micro_batch_size": mbs,
-                "units": batch.num_units,
-                "cfg": sampler.true_cfg,
-                "kl": cfg.algo.kl_beta > 0,
-                "trainable_params": trainable,
-                "latent_shape": list(latent_shape),
-                "s_per_batch": median,
-                "ms_per_unit": 1e3 * median / batch.num_units,
-                "units_per_s": batch.num_units / median,
-                "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30
-                if device.type == "cuda"
-                else None,
-                "on_policy_ratio_min": on_policy["ratio_min"],
-                "on_policy_ratio_max": on_policy["ratio_max"],
-            }
+def wire_bytes(batch: TrajectoryBatch) -> dict[str, int]:
+    """Bytes on the wire (``runtime.transfer.batch_to_tensors``) of what the systems ship, with the
+    definitions of digenrl/sim/measure.py: a sample's record without its clean latent, one GAP unit row
+    (``TrajectoryBatch.select_units``), the text condition, one latent (a TSP stage's hand-over)."""
+    latent = batch.final_latents[0]
+    shipped = replace(batch, final_latents=None, rewards=torch.zeros(batch.batch_size, device=latent.device))
+    b, k = shipped.batch_size, shipped.num_train_steps
+    units = shipped.select_units(
+        [i for i in range(b) for _ in range(k)], [j for _ in range(b) for j in range(k)]
+    )
+    return {
+        "fragment_bytes_per_sample": _tensor_bytes(batch_to_tensors(shipped)[1]) // b,
+        "unit_bytes": _tensor_bytes(batch_to_tensors(units)[1]) // units.batch_size,
+        "cond_bytes_per_sample": shipped.cond.num_bytes() // b,
+        "latent_bytes_per_sample": latent.numel() * latent.element_size(),
+    }
+
+
+def _time_helper_switch_s(trainer: PolicyTrainer, batch: TrajectoryBatch, device: torch.device) -> float:
+    """One TAG switch (DESIGN.md §3 "TAG"): park pending gradients to host and flip eval/train, then back;
+    the median round trip over 3, halved (same definition as digenrl/sim/measure.py)."""
+    trainer.accumulate(batch, 1.0 / batch.num_units)
+    params = [p for p in trainer.backend.trainable_parameters() if p.grad is not None]
+    model = trainer.flow_model
+
+    def round_trip() -> None:
+        parked = [p.grad.to("cpu", copy=True) for p in params]
+        for p in params:
+            p.grad = None
+        model.eval()
+        model.train()
+        for p, g in zip(params, parked, strict=True):
+            p.grad = g.to(p.device)
+
+    times = roofline.time_calls_ms(round_trip, device, warmup=1, iters=3)
+    trainer.zero_grad()
+    return statistics.median(times) / 1e3 / 2
+
+
+class Bench:
+    """One benchmark run: shared ceiling, FLOP counts and the report written after every row."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.device = resolve_device(args.device)
+        self.dtype_name = (
+            args.dtype if args.dtype != "auto" else ("bfloat16" if self.device.type == "cuda" else "float32")
         )
-        print_row(rows[-1])
-    del trainer, flow_model
-    return rows
+        self.t_start = time.perf_counter()
+        self.cudnn_sdp_default = torch.backends.cuda.cudnn_sdp_enabled()
+        self.flops: dict[tuple[str, bool], int] = {}
+        self.report: dict = {
+            "model": args.model,
+            "device": str(self.device),
+            "device_name": roofline.device_description(self.device),
+            "dtype": self.dtype_name,
+            "environment": roofline.environment(),
+            "argv": sys.argv[1:] if args.out else [],
+            "paths": {},
+            "costs": {},
+            "results": [],
+        }
+
+    def write(self) -> None:
+        if not self.args.out:
+            return
+        json_path, md_path = output_paths(self.args.out, "trainer", self.args.model)
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(self.report, indent=1))
+        md_path.write_text(format_markdown(self.report) + "\n")
+
+    def over_budget(self) -> bool:
+        return bool(self.args.time_budget_s) and time.perf_counter() - self.t_start > self.args.time_budget_s
+
+    def measure_ceiling(self) -> None:
+        n = self.args.ceiling_size
+        n = n if n is not None else (8192 if self.device.type == "cuda" else 256)
+        if n > 0:
+            self.report["ceiling"] = roofline.matmul_ceiling(self.device, DTYPES[self.dtype_name], n=n)
+
+    def run_mode_path(self, mode: str, path: str) -> None:
+        args, device = self.args, self.device
+        spec = MODEL_SPECS[args.model]
+        scales = {
+            "default": [None],
+            "on": [guidance_scale(spec, "on")],
+            "off": [guidance_scale(spec, "off")],
+            "both": [guidance_scale(spec, "off"), guidance_scale(spec, "on")],
+        }[args.cfg]
+        scales = list(dict.fromkeys(scales))  # guidance-distilled models: one setting only
+        cfg = make_config(args, mode, self.dtype_name, scales[0])
+        torch.manual_seed(0)
+        flow_model = build_flow_model(args.model, dtype=DTYPES[self.dtype_name], device=device)
+        height = args.height or spec.default_height
+        width = args.width or spec.default_width
+        frames = args.frames if spec.is_video else None
+        latent_shape = flow_model.latent_shape(height, width, frames)
+        tokens = flow_model.token_count(height, width, frames)
+        uncond = random_condition(flow_model, 1, device)
+        samplers = [
+            Sampler.from_config(make_config(args, mode, self.dtype_name, s), spec, tokens) for s in scales
+        ]
+        trainer = PolicyTrainer(cfg, flow_model, samplers[0], uncond=uncond, device=device)
+        if path == "eager":
+            # PolicyTrainer applied the project's safe attention choice; the eager path measures the defaults
+            torch.backends.cuda.enable_cudnn_sdp(self.cudnn_sdp_default)
+            self.report["paths"]["eager"] = {"attention": "native, torch SDPA defaults", "compiled": False}
+        batches = {}
+        for sampler in samplers:
+            trainer.sampler, trainer.uncond = sampler, (uncond if sampler.true_cfg else None)
+            batch = synthetic_batch(flow_model, sampler, latent_shape, args, trainer.uncond, device)
+            batches[sampler.true_cfg] = (sampler, batch)
+            if not args.no_flops and (mode, sampler.true_cfg) not in self.flops:
+                with contextlib.suppress(torch.OutOfMemoryError):
+                    self.flops[(mode, sampler.true_cfg)] = roofline.count_flops(
+                        lambda b=batch: trainer.accumulate(b, 1.0 / b.num_units)
+                    )
+                trainer.zero_grad()
+        if path == "optimized":
+            settings = CompileSettings(mode=args.compile_mode, dynamic=DYNAMIC[args.compile_dynamic])
+            applied = optimize_flow_model(
+                flow_model,
+                compile=args.compile,
+                attention_backend=args.attention_backend,
+                needs_backward=True,
+                compile_settings=settings,
+            )
+            self.report["paths"]["optimized"] = applied.to_dict()
+        trainable = trainer.backend.trainable_parameters()
+        for true_cfg, (sampler, _) in batches.items():
+            trainer.sampler, trainer.uncond = sampler, (uncond if true_cfg else None)
+            for mbs in args.micro_batch_sizes:
+                row = {
+                    "path": path,
+                    "mode": mode,
+                    "cfg": true_cfg,
+                    "micro_batch_size": mbs,
+                    "trainable_params": sum(p.numel() for p in trainable),
+                    "latent_shape": list(latent_shape),
+                }
+                if self.over_budget():
+                    self.report["results"].append({**row, "skipped": "time budget"})
+                    continue
+                try:
+                    row.update(self.time_config(trainer, flow_model, sampler, latent_shape, uncond, mbs))
+                except torch.OutOfMemoryError:
+                    trainer.zero_grad()
+                    self.report["results"].append({**row, "skipped": "out of memory"})
+                    roofline.reset_peak_memory(device)
+                    continue
+                except Exception as exc:  # one broken configuration must not lose the others
+                    traceback.print_exc()
+                    trainer.zero_grad()
+                    self.report["results"].append({**row, "error": f"{type(exc).__name__}: {str(exc)[:500]}"})
+                    continue
+                flops = self.flops.get((mode, true_cfg))
+                if flops is not None:
+                    row["flops_per_batch"] = flops
+                    row["tflops_per_s"] = flops / (row["accumulate_ms"] / 1e3) / 1e12
+                    if "ceiling" in self.report:
+                        row["fraction_of_ceiling"] = row["tflops_per_s"] / self.report["ceiling"]["tflops"]
+                self.report["results"].append(row)
+                print(format_row(row), flush=True)
+                self.write()
+        self.record_costs(mode, path, trainer, flow_model, batches, device)
+
+    def time_config(self, trainer, flow_model, sampler, latent_shape, uncond, mbs: int) -> dict:
+        args, device = self.args, self.device
+        trainer.cfg.trainer.micro_batch_size = mbs
+        batch = synthetic_batch(flow_model, sampler, latent_shape, args, trainer.uncond, device)
+        roofline.reset_peak_memory(device)
+        acc_ms, step_ms, on_policy, first_s = [], [], None, None
+        # pass 0 is never timed: it is the on-policy pass, and with --compile it includes compilation
+        for i in range(1 + args.warmup + args.iters):
+            roofline.synchronize(device)
+            t0 = time.perf_counter()
+            stats = trainer.accumulate(batch, 1.0 / batch.num_units)
+            roofline.synchronize(device)
+            t1 = time.perf_counter()
+            trainer.step()
+            roofline.synchronize(device)
+            t2 = time.perf_counter()
+            if on_policy is None:  # the first pass, before any update: on-policy
+                on_policy, first_s = stats, t1 - t0
+            if i > args.warmup:
+                acc_ms.append(1e3 * (t1 - t0))
+                step_ms.append(1e3 * (t2 - t1))
+        acc = statistics.median(acc_ms)
+        units = batch.num_units
+        spread = max(abs(on_policy["ratio_min"] - 1), abs(on_policy["ratio_max"] - 1))
+        return {
+            "units": units,
+            "accumulate_ms": acc,
+            "micro_batch_ms": acc * mbs / units,
+            "ms_per_unit": acc / units,
+            "units_per_s": units / (acc / 1e3),
+            "optimizer_step_ms": statistics.median(step_ms),
+            "first_accumulate_s": first_s,
+            "peak_mem_gib": roofline.peak_memory_gib(device),
+            "on_policy_ratio_min": on_policy["ratio_min"],
+            "on_policy_ratio_max": on_policy["ratio_max"],
+            "max_abs_ratio_minus_1": spread,
+        }
+
+    def record_costs(self, mode, path, trainer, flow_model, batches, device) -> None:
+        """Byte counts and scalar costs of this mode/path, as digenrl.sim.costs.CostModel names them."""
+        try:
+            _, batch = next(iter(batches.values()))
+            trainable = trainer.backend.trainable_parameters()
+            self.report["costs"][f"{mode}/{path}"] = {
+                "weight_sync_bytes": _tensor_bytes(trainable),
+                "grad_bytes": _tensor_bytes(trainable),
+                "param_bytes": _tensor_bytes(list(flow_model.parameters())),
+                "optimizer_bytes": _tensor_bytes(
+                    [t for st in trainer.optimizer.state.values() for t in st.values() if torch.is_tensor(t)]
+                ),
+                **wire_bytes(batch),
+                "helper_switch_s": _time_helper_switch_s(trainer, batch, device),
+                "train_steps_per_sample": batch.num_train_steps,
+            }
+        except Exception as exc:
+            traceback.print_exc()
+            self.report["costs"][f"{mode}/{path}"] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+        self.write()
+
+    def run_regression(self) -> None:
+        args = self.args
+        results = []
+        for setting in args.regression_settings:
+            print(f"# backward regression: {args.regression_model} slice, setting {setting}", flush=True)
+            result = backward_check.run_in_subprocess(
+                args.regression_model,
+                setting=setting,
+                double=args.regression_blocks[0],
+                single=args.regression_blocks[1],
+                heights=tuple(args.regression_heights),
+                device=args.device,
+                dtype=args.dtype,
+                timeout_s=args.regression_timeout_s,
+            )
+            result["verdict"] = regression_verdict(result)
+            results.append(result)
+            print(
+                f"#   {'PASS' if result.get('passed') else 'FAIL'} {_regression_detail(result)}", flush=True
+            )
+            print(f"#   {result['verdict']}", flush=True)
+            self.report["regression"] = results
+            self.write()
 
 
-def print_header() -> None:
-    print(
-        f"{'model':<16}{'mode':<6}{'mbs':>5}{'units':>7}{'ms/unit':>11}{'units/s':>10}{'peak GiB':>10}"
-        f"{'max |ratio-1|':>15}"
+def regression_verdict(result: dict) -> str:
+    """What a regression result says about the known-bad table (digenrl/models/attention_safety.py)."""
+    setting, passed = result.get("setting"), bool(result.get("passed"))
+    if setting == "safe":
+        return "project trainer path OK" if passed else "PROJECT TRAINER PATH FAILS: add a table row"
+    torch_text, cudnn = result.get("torch"), result.get("cudnn")
+    if torch_text is None:
+        return "no verdict (the check did not start)"
+    device_type = str(result.get("device", "cpu")).split(":")[0]
+    if setting == "cudnn" and device_type != "cuda":
+        return f"not applicable: cuDNN attention needs CUDA, this is {device_type}"
+    backend = "_native_cudnn" if setting == "cudnn" else "native"
+    listed = any(
+        row.matches(
+            backend,
+            needs_backward=True,
+            device_type=device_type,
+            torch_version=parse_torch_version(torch_text),
+            cudnn_version=parse_cudnn_version(cudnn),
+        )
+        for row in KNOWN_BAD_ATTENTION
+    )
+    if listed:
+        return (
+            "known-bad combination reproduces" if not passed else "listed as bad but PASSED: row may be stale"
+        )
+    return "not listed, passes" if passed else "FAILS BUT NOT LISTED: add a table row"
+
+
+def _regression_detail(result: dict) -> str:
+    errors = [r.get("error") for r in result.get("runs", []) if r.get("error")]
+    if result.get("error"):
+        errors.insert(0, result["error"])
+    if errors:
+        return errors[0].splitlines()[0][:200]
+    runs = result.get("runs", [])
+    return ", ".join(f"{r['height']}px finite={r.get('finite')} {r.get('seconds', 0):.2f} s" for r in runs)
+
+
+def output_paths(out: str, kind: str, model: str) -> tuple[Path, Path]:
+    path = Path(out)
+    if path.suffix == ".json":
+        return path, path.with_suffix(".md")
+    return path / f"{kind}-{model}.json", path / f"{kind}-{model}.md"
+
+
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def format_row(r: dict) -> str:
+    return (
+        f"{r['path']:>9} {r['mode']:<4} cfg={'on' if r['cfg'] else 'off':<3} mbs={r['micro_batch_size']:<3} "
+        f"{r['ms_per_unit']:9.2f} ms/unit  step {r['optimizer_step_ms']:.2f} ms  "
+        f"{_fmt(r.get('tflops_per_s'), '.4g'):>7} TFLOP/s  "
+        f"{_fmt(r.get('fraction_of_ceiling'), '.1%'):>6} of ceil  "
+        f"peak {_fmt(r.get('peak_mem_gib'), '.2f')} GiB  max|r-1| {r['max_abs_ratio_minus_1']:.2e}"
     )
 
 
-def print_row(r: dict) -> None:
-    mem = f"{r['peak_mem_gib']:.2f}" if r["peak_mem_gib"] is not None else "-"
-    spread = max(abs(r["on_policy_ratio_min"] - 1), abs(r["on_policy_ratio_max"] - 1))
-    print(
-        f"{r['model']:<16}{r['mode']:<6}{r['micro_batch_size']:>5}{r['units']:>7}"
-        f"{r['ms_per_unit']:>11.2f}{r['units_per_s']:>10.2f}{mem:>10}{spread:>15.2e}",
-        flush=True,
-    )
+def format_markdown(report: dict) -> str:
+    title = f"trainer: {report['model']}" if report["results"] else "attention-backward regression"
+    lines = [f"### {title}, {report['device_name']}, {report['dtype']}", ""]
+    ceiling = report.get("ceiling")
+    if ceiling:
+        lines.append(f"matmul ceiling ({ceiling['n']}³ {ceiling['dtype']}): {ceiling['tflops']:.1f} TFLOP/s")
+    opt = report["paths"].get("optimized")
+    if opt:
+        att = opt["attention"]
+        lines.append(
+            f"optimised path: attention {att['backend']}, cuDNN SDPA disabled={att['disable_cudnn_sdp']}, "
+            f"compiled={opt['compiled']}" + (f"; {'; '.join(att['reasons'])}" if att["reasons"] else "")
+        )
+    if report["results"]:
+        lines += [
+            "",
+            "| mode | cfg | mbs | eager ms/unit | opt ms/unit | speedup | eager TFLOP/s | opt TFLOP/s "
+            "| opt % ceil | opt step ms | eager GiB | opt GiB | eager max abs(r-1) | opt max abs(r-1) |",
+            "|:---|:---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        by_key: dict[tuple, dict[str, dict]] = {}
+        for r in report["results"]:
+            if "micro_batch_size" in r:
+                by_key.setdefault((r["mode"], r["cfg"], r["micro_batch_size"]), {})[r["path"]] = r
+        for (mode, cfg, mbs), rows in by_key.items():
+            e, o = rows.get("eager", {}), rows.get("optimized", {})
+
+            def cell(row: dict, key: str, spec: str) -> str:
+                if row.get(key) is not None:
+                    return format(row[key], spec)
+                return row.get("skipped", row.get("error", "-"))[:40] if key == "ms_per_unit" else "-"
+
+            speed = (
+                f"{e['ms_per_unit'] / o['ms_per_unit']:.2f}x"
+                if "ms_per_unit" in e and "ms_per_unit" in o
+                else "-"
+            )
+            lines.append(
+                f"| {mode} | {'on' if cfg else 'off'} | {mbs} | {cell(e, 'ms_per_unit', '.2f')} "
+                f"| {cell(o, 'ms_per_unit', '.2f')} | {speed} | {cell(e, 'tflops_per_s', '.4g')} "
+                f"| {cell(o, 'tflops_per_s', '.4g')} | {cell(o, 'fraction_of_ceiling', '.1%')} "
+                f"| {cell(o, 'optimizer_step_ms', '.2f')} | {cell(e, 'peak_mem_gib', '.2f')} "
+                f"| {cell(o, 'peak_mem_gib', '.2f')} | {cell(e, 'max_abs_ratio_minus_1', '.2e')} "
+                f"| {cell(o, 'max_abs_ratio_minus_1', '.2e')} |"
+            )
+    failed = [r for r in report["results"] if "micro_batch_size" not in r]
+    lines += [f"\n{r['mode']}/{r['path']} failed: {r.get('error', '?')}" for r in failed]
+    regression = report.get("regression")
+    if regression:
+        lines += [
+            "",
+            "| backward regression | setting | result | verdict | detail |",
+            "|:---|:---|:---:|:---|:---|",
+        ]
+        for r in regression:
+            blocks = r.get("blocks", {})
+            what = f"{r.get('model')} slice {blocks.get('double', '?')}+{blocks.get('single', '?')} blocks"
+            detail = _regression_detail(r).replace("|", "/")
+            lines.append(
+                f"| {what} | {r.get('setting')} | {'PASS' if r.get('passed') else 'FAIL'} "
+                f"| {r.get('verdict', '-')} | {detail} |"
+            )
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = resolve_device(args.device)
-    dtype_name = args.dtype if args.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
-    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{platform.machine()} CPU"
-    print(f"# trainer benchmark on {where}, {dtype_name}, torch {torch.__version__}")
-    print_header()
-    rows = [row for mode in args.modes for row in bench_mode(args, mode, device, dtype_name)]
+    bench = Bench(args)
+    print(
+        f"# trainer benchmark on {bench.report['device_name']}, {bench.dtype_name}, torch {torch.__version__}"
+    )
+    if not args.regression_only:
+        bench.measure_ceiling()
+        for mode in args.modes:
+            for path in args.paths:
+                try:
+                    bench.run_mode_path(mode, path)  # its model is freed on return
+                    roofline.reset_peak_memory(bench.device)
+                except Exception as exc:  # e.g. the model does not fit: keep the other modes/paths
+                    traceback.print_exc()
+                    bench.report["results"].append(
+                        {"path": path, "mode": mode, "error": f"{type(exc).__name__}: {str(exc)[:500]}"}
+                    )
+                    bench.write()
+    if args.regression or args.regression_only:
+        bench.run_regression()
+    bench.report["wall_s"] = time.perf_counter() - bench.t_start
+    bench.write()
+    print(format_markdown(bench.report))
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        meta = {"device": where, "torch": torch.__version__, "argv": sys.argv[1:]}
-        Path(args.out).write_text(json.dumps({"meta": meta, "results": rows}, indent=1))
-        print(f"# wrote {args.out}")
+        print(f"# wrote {output_paths(args.out, 'trainer', args.model)[0]}")
     return 0
 
 

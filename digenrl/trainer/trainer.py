@@ -26,6 +26,7 @@ from torch import nn
 
 from digenrl.algo.loss import clipped_policy_loss, kl_to_reference
 from digenrl.config import Config
+from digenrl.models.optimize import optimize_flow_model
 from digenrl.trainer.lora import apply_lora, enable_full_finetune, reference_policy
 from digenrl.trainer.micro_batches import plan_micro_batches
 from digenrl.trainer.optim import build_optimizer
@@ -127,6 +128,11 @@ class PolicyTrainer:
             deepspeed_stage=tcfg.deepspeed_stage,
             grad_clip=tcfg.grad_clip,
             activation_checkpointing=tcfg.activation_checkpointing,
+        )
+        # Never train through an attention backend known to fail in backward (falls back with a logged
+        # reason; may turn cuDNN SDPA off): digenrl/models/attention_safety.py
+        self.optimizations = optimize_flow_model(
+            flow_model, compile=False, attention_backend=cfg.model.attention_backend, needs_backward=True
         )
         if self.backend.world_size != world_size:
             raise ValueError(

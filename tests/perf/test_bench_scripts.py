@@ -1,0 +1,189 @@
+"""The performance scripts run on the tiny CPU models and write valid, self-consistent JSON (no timing
+assertions: timings on a shared CPU mean nothing)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from digenrl.perf import backward_check, logprob_agreement, roofline
+from digenrl.sim.costs import CostModel, cost_path
+
+EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"perf_{name}", EXPERIMENTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def generator():
+    return _load("bench_generator")
+
+
+@pytest.fixture(scope="module")
+def trainer():
+    return _load("bench_trainer")
+
+
+@pytest.mark.parametrize("name", ["bench_generator", "bench_trainer", "emit_costs"])
+def test_help(name, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        _load(name).main(["--help"])
+    assert exit_.value.code == 0 and "usage" in capsys.readouterr().out
+
+
+def test_backward_check_help(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        backward_check.main(["--help"])
+    assert exit_.value.code == 0 and "--setting" in capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def bench_outputs(generator, trainer, tmp_path_factory):
+    out = tmp_path_factory.mktemp("perf")
+    common = ["--device", "cpu", "--iters", "1", "--warmup", "0", "--threads", "1", "--ceiling-size", "64"]
+    assert generator.main(["--model", "tiny-sd3", "--batch-sizes", "1,2", *common, "--out", str(out)]) == 0
+    assert (
+        trainer.main(
+            [
+                *("--model", "tiny-sd3", "--modes", "lora", "--micro-batch-sizes", "1,2"),
+                *("--samples", "2", "--train-steps", "1", *common, "--out", str(out)),
+            ]
+        )
+        == 0
+    )
+    return out
+
+
+def test_generator_json_side_by_side(bench_outputs):
+    report = json.loads((bench_outputs / "generator-tiny-sd3.json").read_text())
+    rows = [r for r in report["results"] if "ms_per_step" in r]
+    assert {(r["path"], r["batch_size"], r["cfg"]) for r in rows} == {
+        (p, b, c) for p in ("eager", "optimized") for b in (1, 2) for c in (False, True)
+    }
+    by_key = {(r["path"], r["batch_size"], r["cfg"]): r for r in rows}
+    for (_, batch, cfg), r in by_key.items():
+        assert r["model_batch"] == (2 * batch if cfg else batch)
+        assert r["flops_per_step"] == by_key[("eager", batch, cfg)]["flops_per_step"]
+        assert math.isclose(r["tflops_per_s"], r["flops_per_step"] / r["ms_per_step"] * 1e3 / 1e12)
+        assert math.isclose(r["fraction_of_ceiling"], r["tflops_per_s"] / report["ceiling"]["tflops"])
+    flops = {(b, c): by_key[("eager", b, c)]["flops_per_step"] for b in (1, 2) for c in (False, True)}
+    assert flops[(1, True)] == flops[(2, False)] and flops[(2, True)] == 2 * flops[(2, False)]  # CFG: 2B
+    assert report["ceiling"]["n"] == 64 and report["ceiling"]["tflops"] > 0
+    assert report["paths"]["optimized"]["attention"]["backend"] == "native"
+    # no compile, same kernels: the optimised path recomputes the eager trajectory exactly
+    agreement = report["agreement"]
+    assert agreement["pass"] and agreement["max_abs_ratio_minus_1"] == 0.0 and agreement["cfg"]
+    table = (bench_outputs / "generator-tiny-sd3.md").read_text()
+    assert "| eager ms | opt ms |" in table and "log-prob agreement" in table
+
+
+def test_trainer_json_and_cost_file(bench_outputs, tmp_path):
+    report = json.loads((bench_outputs / "trainer-tiny-sd3.json").read_text())
+    rows = [r for r in report["results"] if "ms_per_unit" in r]
+    assert {(r["path"], r["micro_batch_size"]) for r in rows} == {
+        (p, m) for p in ("eager", "optimized") for m in (1, 2)
+    }
+    for r in rows:
+        assert r["units"] == 2 and math.isclose(
+            r["micro_batch_ms"], r["accumulate_ms"] * r["micro_batch_size"] / 2
+        )
+        assert r["max_abs_ratio_minus_1"] < 1e-4  # on-policy, fp32: the recompute equals the rollout
+        assert r["flops_per_batch"] > 0
+    costs = report["costs"]["lora/optimized"]
+    assert costs["weight_sync_bytes"] == costs["grad_bytes"] > 0
+    assert costs["fragment_bytes_per_sample"] > costs["cond_bytes_per_sample"] > 0
+
+    emit = _load("emit_costs")
+    argv = [
+        "--generator", str(bench_outputs / "generator-tiny-sd3.json"),
+        "--trainer", str(bench_outputs / "trainer-tiny-sd3.json"),
+        "--device-name", "cpu-test", "--device", "cpu", "--iters", "1", "--warmup", "0",
+        "--out-dir", str(tmp_path),
+    ]  # fmt: skip
+    assert emit.main(argv) == 0
+    model = CostModel.load(cost_path("cpu-test", "tiny-sd3", tmp_path))
+    gen = {(r["batch_size"], r["cfg"]): r["ms_per_step"] for r in rows_of(bench_outputs, "optimized")}
+    assert model.generator_step_points["cfg"][2] == pytest.approx(gen[(2, True)] / 1e3)
+    assert model.train_points["cfg"][2] == pytest.approx(
+        next(r["micro_batch_ms"] for r in rows if r["path"] == "optimized" and r["micro_batch_size"] == 2)
+        / 1e3
+    )
+    assert model.weight_sync_bytes == costs["weight_sync_bytes"] and model.meta["path"] == "optimized"
+
+
+def test_regression_verdicts_read_the_known_bad_table(trainer):
+    bad = {"torch": "2.11.0+cu130", "cudnn": 91900, "device": "cuda:0"}
+    assert trainer.regression_verdict({**bad, "setting": "default", "passed": False}) == (
+        "known-bad combination reproduces"
+    )
+    assert "stale" in trainer.regression_verdict({**bad, "setting": "cudnn", "passed": True})
+    fine = {"torch": "2.9.1", "cudnn": 91002, "device": "cuda"}
+    assert "NOT LISTED" in trainer.regression_verdict({**fine, "setting": "default", "passed": False})
+    assert trainer.regression_verdict({**fine, "setting": "default", "passed": True}) == "not listed, passes"
+    assert "FAILS" in trainer.regression_verdict({"setting": "safe", "passed": False})
+    assert "not applicable" in trainer.regression_verdict({**fine, "device": "cpu", "setting": "cudnn"})
+
+
+def rows_of(out: Path, path: str) -> list[dict]:
+    report = json.loads((out / "generator-tiny-sd3.json").read_text())
+    return [r for r in report["results"] if r["path"] == path and "ms_per_step" in r]
+
+
+def test_backward_check_in_a_subprocess_reports_pass_and_fail():
+    ok = backward_check.run_in_subprocess(
+        "tiny-flux", setting="safe", double=1, single=1, heights=(32,), device="cpu", dtype="float32",
+        timeout_s=120,
+    )  # fmt: skip
+    assert ok["passed"] and ok["runs"][0]["finite"] and ok["blocks"] == {"double": 1, "single": 1}
+    # cuDNN attention cannot run on a CPU: the failure is reported, not raised
+    bad = backward_check.check_backward("tiny-flux", setting="cudnn", heights=(32,), device="cpu")
+    assert not bad["passed"] and "error" in bad["runs"][0]
+
+
+def test_sliced_spec_keeps_width_and_cuts_depth():
+    spec = backward_check.sliced_spec("sd3.5-medium", double=2, single=2)
+    cfg = spec.transformer_config
+    assert cfg["num_layers"] == 2 and cfg["dual_attention_layers"] == [0, 1]
+    assert cfg["num_attention_heads"] == 24 and cfg["attention_head_dim"] == 64
+    flux = backward_check.sliced_spec("flux.1-dev", double=2, single=3).transformer_config
+    assert (flux["num_layers"], flux["num_single_layers"]) == (2, 3)
+
+
+def test_agreement_numbers_against_a_float64_reference():
+    k, b = 3, 4
+    latents = torch.randn(k + 1, b, 4, 8, 8)
+    log_probs = torch.randn(k, b)
+    delta = 1e-3 * torch.randn(k, b, dtype=torch.float64)
+    reference = logprob_agreement.Trajectory(latents, log_probs)
+    noisy = latents.clone()
+    noisy[-1] += 1e-3 * torch.randn_like(noisy[-1])
+    free = logprob_agreement.Trajectory(noisy, log_probs)
+    report = logprob_agreement.compare(reference, free, (log_probs.double() + delta).float(), clip_range=1e-4)
+    recomputed = (log_probs.double() + delta).float().double()
+    expected_spread = float(((recomputed - log_probs.double()).exp() - 1).abs().max())
+    assert report["max_abs_ratio_minus_1"] == pytest.approx(expected_spread, rel=1e-9)
+    expected_err = float((noisy[-1].double() - latents[-1].double()).norm() / latents[-1].double().norm())
+    assert report["final_latent_rel_l2"] == pytest.approx(expected_err, rel=1e-9)
+    assert report["pass"] and not report["ratio_within_clip_range"]
+    free.latents[-1, 0, 0, 0, 0] = float("nan")
+    assert not logprob_agreement.compare(reference, free, log_probs, clip_range=1e-4)["pass"]
+
+
+def test_flop_count_and_ceiling_of_a_matmul():
+    m, n, k = (int(v) for v in torch.randint(3, 40, (3,)))
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    assert roofline.count_flops(lambda: a @ b) == 2 * m * n * k
+    ceiling = roofline.matmul_ceiling(torch.device("cpu"), torch.float32, n=32, warmup=0, iters=2, sets=2)
+    assert ceiling["tflops"] == pytest.approx(2 * 32**3 / (ceiling["ms"] / 1e3) / 1e12)
+    times = roofline.time_calls_ms(lambda: a @ b, torch.device("cpu"), warmup=1, iters=4)
+    assert len(times) == 4 and min(times) >= 0
