@@ -44,7 +44,9 @@ def assign_advantages(
     if local:
         all_rewards, all_ids = local_rewards, masked_ids
     else:
-        all_rewards, all_ids = gather_rewards(local_rewards, masked_ids, group=group)
+        device = comm_device(group) if dist.is_available() and dist.is_initialized() else torch.device("cpu")
+        all_rewards, all_ids = gather_rewards(local_rewards.to(device), masked_ids.to(device), group=group)
+        all_rewards, all_ids = all_rewards.cpu(), all_ids.cpu()
     all_keep = all_ids >= 0
     result = group_advantages(
         all_rewards[all_keep], all_ids[all_keep], std_mode=algo.adv_std, clamp=algo.adv_clamp
@@ -69,11 +71,18 @@ def _local_offset(n_local: int, group: dist.ProcessGroup | None) -> int:
     return sum(sizes[: dist.get_rank(group)])
 
 
+def comm_device(group: dist.ProcessGroup | None = None) -> torch.device:
+    """Where a collective's tensors must live: the current CUDA device for NCCL, the CPU for gloo."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def global_sum(value: float | int, group: dist.ProcessGroup | None = None) -> float:
     """Sum a scalar over ``group`` (identity in a single process)."""
     if not (dist.is_available() and dist.is_initialized()):
         return float(value)
-    t = torch.tensor([float(value)], dtype=torch.float64)
+    t = torch.tensor([float(value)], dtype=torch.float64, device=comm_device(group))
     dist.all_reduce(t, group=group)
     return float(t.item())
 
@@ -107,8 +116,10 @@ class TrainStats:
         )
         extremes = torch.tensor([-self.ratio_min, self.ratio_max], dtype=torch.float64)
         if dist.is_available() and dist.is_initialized():
+            sums, extremes = sums.to(comm_device(group)), extremes.to(comm_device(group))
             dist.all_reduce(sums, group=group)
             dist.all_reduce(extremes, op=dist.ReduceOp.MAX, group=group)
+            sums, extremes = sums.cpu(), extremes.cpu()
         units = max(sums[0].item(), 1.0)
         return {
             "units": sums[0].item(),
@@ -158,7 +169,9 @@ def reward_summary(rewards: torch.Tensor, group: dist.ProcessGroup | None = None
     local = rewards.detach().double().cpu()
     moments = torch.tensor([local.numel(), local.sum().item(), (local**2).sum().item()], dtype=torch.float64)
     if dist.is_available() and dist.is_initialized():
+        moments = moments.to(comm_device(group))
         dist.all_reduce(moments, group=group)
+        moments = moments.cpu()
     n = max(moments[0].item(), 1.0)
     mean = moments[1].item() / n
     var = max(moments[2].item() / n - mean**2, 0.0)
