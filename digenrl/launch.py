@@ -62,3 +62,40 @@ def main(argv: list[str]) -> int:
         return 1
     shutdown_distributed()
     return 0
+
+
+def launch_torchrun(
+    overrides: list[str],
+    *,
+    nproc: int,
+    config: str | os.PathLike,
+    threads: int = 1,
+    timeout_s: float = 900,
+    label: str = "run",
+) -> float:
+    """Run ``experiments/run_train.py`` under ``torchrun --standalone`` in a subprocess — how the
+    benchmark scripts launch real runs side by side. Returns wall seconds (launch included); a
+    failing run raises SystemExit with the tail of its stderr."""
+    import subprocess
+    import time
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        str(repo / "experiments" / "run_train.py"),
+        "--config",
+        str(config),
+        *overrides,
+    ]
+    env = dict(os.environ, OMP_NUM_THREADS="1", DIGENRL_THREADS=str(threads), PYTHONUNBUFFERED="1")
+    print(f"[{label}] {' '.join(cmd[5:])}", flush=True)
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=timeout_s)
+    if proc.returncode != 0:
+        raise SystemExit(f"[{label}] failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return time.perf_counter() - start

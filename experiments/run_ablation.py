@@ -16,10 +16,11 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from digenrl.launch import launch_torchrun
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -35,30 +36,24 @@ VARIANTS: dict[str, list[str]] = {
 
 def run_variant(name: str, overrides: list[str], args: argparse.Namespace, out: Path) -> dict:
     run_dir = out / name.replace(" ", "_").replace("+", "-").replace("=", "")
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={args.nproc}",
-        str(REPO / "experiments" / "run_train.py"),
-        "--config",
-        str(args.config),
-        f"profile={args.profile}",
-        f"iterations={args.iterations}",
-        f"seed={args.seed}",
-        f"out_dir={run_dir}",
-        f"pools.trainers={args.trainers}",
-        f"pools.generators={args.nproc - args.trainers}",
-        *args.overrides,
-        *overrides,
-    ]
-    env = dict(os.environ, OMP_NUM_THREADS="1", DIGENRL_THREADS=str(args.threads), PYTHONUNBUFFERED="1")
-    print(f"[ablation] {name}: {' '.join(cmd[4:])}", flush=True)
     start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=args.timeout)
-    if proc.returncode != 0:
-        raise SystemExit(f"[ablation] {name} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    launch_torchrun(
+        [
+            f"profile={args.profile}",
+            f"iterations={args.iterations}",
+            f"seed={args.seed}",
+            f"out_dir={run_dir}",
+            f"pools.trainers={args.trainers}",
+            f"pools.generators={args.nproc - args.trainers}",
+            *args.overrides,
+            *overrides,
+        ],
+        nproc=args.nproc,
+        config=args.config,
+        threads=args.threads,
+        timeout_s=args.timeout,
+        label=f"ablation {name}",
+    )
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
     steady = records[args.warmup :] or records
     wall = statistics.median(r["wall_s"] for r in steady)

@@ -20,7 +20,6 @@ import os
 import platform
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -30,6 +29,8 @@ try:
     import digenrl  # noqa: F401
 except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from digenrl.launch import launch_torchrun
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "experiments" / "results" / "validation"
@@ -111,15 +112,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def run_real(conf: Configuration, args: argparse.Namespace, run_dir: Path) -> float:
     """One real torchrun run; returns its wall time including launch."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={args.nproc}",
-        str(REPO / "experiments" / "run_train.py"),
-        "--config",
-        str(args.config),
+    overrides = [
         f"profile={args.profile}",
         f"iterations={args.iterations}",
         f"seed={args.seed}",
@@ -128,13 +121,14 @@ def run_real(conf: Configuration, args: argparse.Namespace, run_dir: Path) -> fl
         *args.overrides,
         *conf.overrides,
     ]
-    env = dict(os.environ, OMP_NUM_THREADS="1", DIGENRL_THREADS=str(args.threads), PYTHONUNBUFFERED="1")
-    print(f"[validate] real {conf.name}: {' '.join(cmd[5:])}", flush=True)
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=args.timeout)
-    if proc.returncode != 0:
-        raise SystemExit(f"[validate] {conf.name} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-    return time.perf_counter() - start
+    return launch_torchrun(
+        overrides,
+        nproc=args.nproc,
+        config=args.config,
+        threads=args.threads,
+        timeout_s=args.timeout,
+        label=f"validate {conf.name}",
+    )
 
 
 def iteration_times(records: list[dict]) -> dict[int, float]:
