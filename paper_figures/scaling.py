@@ -8,7 +8,6 @@ Usage: ``python paper_figures/scaling.py TABLE.csv|json --out scaling.png``
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,6 +16,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from paper_figures.bars import metric_label
+from paper_figures.cli import table_figure_main
 from paper_figures.lines import draw_system_lines, legend_handles
 from paper_figures.logs import ResultRow, choose_metric, read_results_table, rows_for
 from paper_figures.style import DEFAULT_DPI, bottom_legend, new_figure, save_png
@@ -65,18 +65,7 @@ def plot_scaling(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("table", type=Path)
-    parser.add_argument("--out", type=Path, required=True, help="output PNG path")
-    parser.add_argument(
-        "--metric", default=None, help="samples_per_s | images_per_gpu_s (default: first present)"
-    )
-    args = parser.parse_args(argv)
-    try:
-        print(plot_scaling(args.table, args.out, metric=args.metric))
-    except ValueError as error:  # bad input: a usage error, not a traceback
-        parser.error(str(error))
-    return 0
+    return table_figure_main(__doc__, plot_scaling, argv)
 
 
 if __name__ == "__main__":
