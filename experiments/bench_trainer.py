@@ -59,6 +59,7 @@ from digenrl.perf import backward_check, roofline
 from digenrl.rollout.sampler import Sampler
 from digenrl.rollout.trajectory import TrajectoryBatch
 from digenrl.runtime.transfer import batch_to_tensors
+from digenrl.sim.measure import time_helper_switch
 from digenrl.trainer import PolicyTrainer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -252,27 +253,6 @@ def wire_bytes(batch: TrajectoryBatch) -> dict[str, int]:
     }
 
 
-def _time_helper_switch_s(trainer: PolicyTrainer, batch: TrajectoryBatch, device: torch.device) -> float:
-    """One TAG switch (DESIGN.md §3 "TAG"): park pending gradients to host and flip eval/train, then back;
-    the median round trip over 3, halved (same definition as digenrl/sim/measure.py)."""
-    trainer.accumulate(batch, 1.0 / batch.num_units)
-    params = [p for p in trainer.backend.trainable_parameters() if p.grad is not None]
-    model = trainer.flow_model
-
-    def round_trip() -> None:
-        parked = [p.grad.to("cpu", copy=True) for p in params]
-        for p in params:
-            p.grad = None
-        model.eval()
-        model.train()
-        for p, g in zip(params, parked, strict=True):
-            p.grad = g.to(p.device)
-
-    times = roofline.time_calls_ms(round_trip, device, warmup=1, iters=3)
-    trainer.zero_grad()
-    return statistics.median(times) / 1e3 / 2
-
-
 class Bench:
     """One benchmark run: shared ceiling, FLOP counts and the report written after every row."""
 
@@ -451,7 +431,7 @@ class Bench:
                     [t for st in trainer.optimizer.state.values() for t in st.values() if torch.is_tensor(t)]
                 ),
                 **wire_bytes(batch),
-                "helper_switch_s": _time_helper_switch_s(trainer, batch, device),
+                "helper_switch_s": time_helper_switch(trainer, batch, device, warmup=1, iters=3),
                 "train_steps_per_sample": batch.num_train_steps,
             }
         except Exception as exc:

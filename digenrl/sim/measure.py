@@ -185,7 +185,7 @@ def measure_costs(
     trainer.cfg.trainer.micro_batch_size = max(micro_batches)
 
     optimizer_s = _time_optimizer_step(trainer, batch, torch_device, warmup, iters)
-    switch_s = _time_helper_switch(trainer, batch, torch_device, warmup, iters)
+    switch_s = time_helper_switch(trainer, batch, torch_device, warmup, iters)
     trainable = list(trainer.backend.trainable_parameters())
     wire = _wire_bytes(batch)
     reward_params = [p for m in _modules_of(reward_fn) for p in m.parameters()]
@@ -324,11 +324,12 @@ def _time_optimizer_step(
     return statistics.median(times)
 
 
-def _time_helper_switch(
+def time_helper_switch(
     trainer: PolicyTrainer, batch: TrajectoryBatch, device: torch.device, warmup: int, iters: int
 ) -> float:
-    """Park pending gradients to host + eval(), then train() + restore them (one round trip = 2 switches);
-    returns the cost of one switch."""
+    """One TAG switch (DESIGN.md §3 "TAG"): park pending gradients to host + eval(), then train() +
+    restore them; the median round trip halved (a round trip is 2 switches). Shared by the cost
+    measurement here and ``experiments/bench_trainer.py``."""
     trainer.accumulate(batch, 1.0 / batch.num_units)
     params = [p for p in trainer.backend.trainable_parameters() if p.grad is not None]
     model = trainer.flow_model
