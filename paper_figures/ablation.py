@@ -20,7 +20,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 
 from paper_figures.bars import Bar, draw_bars, metric_label
 from paper_figures.cli import table_figure_main
-from paper_figures.logs import ResultRow, choose_metric, read_results_table, rows_for
+from paper_figures.logs import ResultRow, experiment_rows
 from paper_figures.style import (
     DEFAULT_DPI,
     SYSTEM_COLORS,
@@ -54,11 +54,7 @@ def plot_ablation(
     dpi: int = DEFAULT_DPI,
 ) -> Path:
     """Bars of the ``ablation`` rows of ``rows`` (or of the table at that path)."""
-    rows = read_results_table(rows) if isinstance(rows, str | Path) else list(rows)
-    ablation = rows_for(rows, "ablation")
-    if not ablation:
-        raise ValueError("the table has no rows with experiment=ablation")
-    metric = choose_metric(ablation, metric)
+    ablation, metric = experiment_rows(rows, "ablation", metric)
     # Canonical step names, so '+gap' and 'GAP' are one step (and two such rows are ambiguous).
     canonical = [replace(row, system=ablation_step(row.system)) for row in ablation]
     keyed = unique_rows(canonical, ("model", "system", "source"))

@@ -261,6 +261,18 @@ def rows_for(rows: Sequence[ResultRow], experiment: str) -> list[ResultRow]:
     return [row for row in rows if row.experiment == experiment]
 
 
+def experiment_rows(
+    rows: Sequence[ResultRow] | str | Path, experiment: str, metric: str | None = None
+) -> tuple[list[ResultRow], str]:
+    """The rows of one experiment (from rows or a table path) and the metric to draw; a table with
+    no such rows is a ValueError naming the experiment."""
+    rows = read_results_table(rows) if isinstance(rows, str | Path) else list(rows)
+    selected = rows_for(rows, experiment)
+    if not selected:
+        raise ValueError(f"the table has no rows with experiment={experiment}")
+    return selected, choose_metric(selected, metric)
+
+
 def choose_metric(rows: Sequence[ResultRow], metric: str | None = None) -> str:
     """The throughput column a figure plots: ``metric`` if given, else the first of ``THROUGHPUT_METRICS``
     that every row fills. One figure never mixes metrics, since their units differ."""

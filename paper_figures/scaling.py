@@ -18,7 +18,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 from paper_figures.bars import metric_label
 from paper_figures.cli import table_figure_main
 from paper_figures.lines import draw_system_lines, legend_handles
-from paper_figures.logs import ResultRow, choose_metric, read_results_table, rows_for
+from paper_figures.logs import ResultRow, experiment_rows
 from paper_figures.style import DEFAULT_DPI, bottom_legend, new_figure, save_png
 
 
@@ -31,11 +31,7 @@ def plot_scaling(
     dpi: int = DEFAULT_DPI,
 ) -> Path:
     """Lines of the ``scaling`` rows of ``rows`` (or of the table at that path)."""
-    rows = read_results_table(rows) if isinstance(rows, str | Path) else list(rows)
-    scaling = rows_for(rows, "scaling")
-    if not scaling:
-        raise ValueError("the table has no rows with experiment=scaling")
-    metric = choose_metric(scaling, metric)
+    scaling, metric = experiment_rows(rows, "scaling", metric)
     models = list(dict.fromkeys(row.model for row in scaling))
 
     figure = new_figure(figsize or (max(5.2, 3.8 * len(models)), 4.0), dpi)

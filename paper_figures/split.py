@@ -19,7 +19,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 from paper_figures.bars import metric_label
 from paper_figures.cli import table_figure_main
 from paper_figures.lines import draw_system_lines, legend_handles
-from paper_figures.logs import ResultRow, choose_metric, read_results_table, rows_for
+from paper_figures.logs import ResultRow, experiment_rows
 from paper_figures.style import DEFAULT_DPI, bottom_legend, new_figure, save_png
 
 
@@ -43,11 +43,7 @@ def plot_split(
     dpi: int = DEFAULT_DPI,
 ) -> Path:
     """Lines of the ``split`` rows of ``rows`` (or of the table at that path)."""
-    rows = read_results_table(rows) if isinstance(rows, str | Path) else list(rows)
-    split = rows_for(rows, "split")
-    if not split:
-        raise ValueError("the table has no rows with experiment=split")
-    metric = choose_metric(split, metric)
+    split, metric = experiment_rows(rows, "split", metric)
     panels_keys = list(dict.fromkeys((row.model, total_gpus(row)) for row in split))
 
     figure = new_figure(figsize or (max(5.2, 3.8 * len(panels_keys)), 4.0), dpi)
