@@ -39,6 +39,9 @@ class ModelConfig:
     frames: int | None = None  # video models only
     attention_backend: str = "native"
     compile: bool = False  # torch.compile the transformer's repeated blocks (digenrl/models/optimize.py)
+    autocast: bool = (
+        False  # 16-bit autocast over the transformer: LoRA matmuls in bf16 (FlowModel.set_autocast)
+    )
 
 
 @dataclass
@@ -389,6 +392,11 @@ def validate_config(cfg: Config, world_size: int | None = None) -> None:
     _one_of("profile", cfg.profile, available_profiles()) if not cfg.profile.endswith(".yaml") else None
     _one_of("model.name", cfg.model.name, sorted(MODEL_SPECS))
     _one_of("model.dtype", cfg.model.dtype, ("float32", "bfloat16", "float16"))
+    if cfg.model.autocast and cfg.model.dtype == "float32":
+        raise ConfigError(
+            "model.autocast=true needs model.dtype=bfloat16 or float16 (autocast runs the transformer in "
+            "its 16-bit dtype); got model.dtype=float32"
+        )
     rewards = available_rewards()
     if cfg.reward.weights:
         for name in cfg.reward.weights:

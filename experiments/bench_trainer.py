@@ -20,7 +20,8 @@ Paths (``--paths``; run them ``optimized,eager`` on a GPU: a failing fused kerne
 
 * ``eager``: diffusers and torch defaults (SDPA with torch's kernel choice, cuDNN included);
 * ``optimized``: :func:`digenrl.models.optimize.optimize_flow_model` for training (safe attention backend;
-  ``torch.compile`` of the repeated blocks with ``--compile``), as the project trains.
+  ``torch.compile`` of the repeated blocks with ``--compile``; 16-bit autocast with ``--autocast``), as the
+  project trains.
 
 ``--regression`` (or ``--regression-only``) runs :mod:`digenrl.perf.backward_check` in subprocesses: a LoRA
 forward + backward through a slice of ``--regression-model`` (2 dual-stream + 2 single-stream blocks of
@@ -56,6 +57,7 @@ from digenrl.models import MODEL_SPECS, FlowModel, TextCondition, build_flow_mod
 from digenrl.models.attention_safety import KNOWN_BAD_ATTENTION, parse_cudnn_version, parse_torch_version
 from digenrl.models.optimize import COMPILE_MODES, CompileSettings, optimize_flow_model
 from digenrl.perf import backward_check, roofline
+from digenrl.perf.kernel_profile import format_profile, profile_call
 from digenrl.rollout.sampler import Sampler
 from digenrl.rollout.trajectory import TrajectoryBatch
 from digenrl.runtime.transfer import batch_to_tensors
@@ -113,12 +115,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's)")
     p.add_argument("--paths", default="optimized,eager", help="comma-separated, in run order")
     p.add_argument("--attention-backend", default="native", help="optimised path's model.attention_backend")
+    p.add_argument(
+        "--eager-sdpa",
+        default="default",
+        choices=["default", "safe"],
+        help="eager path's SDPA kernels: torch's defaults (cuDNN included), or the project's safe choice "
+        "(for models whose default backward is known to fail, e.g. FLUX size on torch 2.11 + cuDNN 9.19)",
+    )
     p.add_argument("--compile", action="store_true", help="optimised path: torch.compile (model.compile)")
+    p.add_argument(
+        "--autocast",
+        action="store_true",
+        help="optimised path: 16-bit autocast, LoRA in bf16 (model.autocast)",
+    )
     p.add_argument("--compile-mode", default="default", choices=COMPILE_MODES)
     p.add_argument("--compile-dynamic", default="auto", choices=sorted(DYNAMIC))
     p.add_argument("--warmup", type=int, default=1, help="untimed batches after the first (on-policy) one")
     p.add_argument("--iters", type=int, default=3, help="timed logical batches per configuration (median)")
     p.add_argument("--no-flops", action="store_true", help="skip FLOP counting")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="after timing, profile one accumulate per configuration (device-busy fraction, top kernels)",
+    )
     p.add_argument("--ceiling-size", type=int, default=None, help="n of the n³ matmul ceiling (0: skip)")
     p.add_argument(
         "--time-budget-s", type=float, default=0.0, help="skip configurations after this (0: none)"
@@ -319,8 +338,13 @@ class Bench:
         trainer = PolicyTrainer(cfg, flow_model, samplers[0], uncond=uncond, device=device)
         if path == "eager":
             # PolicyTrainer applied the project's safe attention choice; the eager path measures the defaults
-            torch.backends.cuda.enable_cudnn_sdp(self.cudnn_sdp_default)
-            self.report["paths"]["eager"] = {"attention": "native, torch SDPA defaults", "compiled": False}
+            # unless --eager-sdpa safe keeps it (then eager differs from optimised by compilation alone)
+            if args.eager_sdpa == "default":
+                torch.backends.cuda.enable_cudnn_sdp(self.cudnn_sdp_default)
+            self.report["paths"]["eager"] = {
+                "attention": f"native, {'torch SDPA defaults' if args.eager_sdpa == 'default' else 'safe'}",
+                "compiled": False,
+            }
         batches = {}
         for sampler in samplers:
             trainer.sampler, trainer.uncond = sampler, (uncond if sampler.true_cfg else None)
@@ -340,6 +364,7 @@ class Bench:
                 attention_backend=args.attention_backend,
                 needs_backward=True,
                 compile_settings=settings,
+                autocast=args.autocast,
             )
             self.report["paths"]["optimized"] = applied.to_dict()
         trainable = trainer.backend.trainable_parameters()
@@ -404,7 +429,12 @@ class Bench:
         acc = statistics.median(acc_ms)
         units = batch.num_units
         spread = max(abs(on_policy["ratio_min"] - 1), abs(on_policy["ratio_max"] - 1))
+        extra = {}
+        if args.profile:
+            extra["profile"] = profile_call(lambda: trainer.accumulate(batch, 1.0 / batch.num_units), device)
+            trainer.zero_grad()
         return {
+            **extra,
             "units": units,
             "accumulate_ms": acc,
             "micro_batch_ms": acc * mbs / units,
@@ -530,12 +560,16 @@ def format_markdown(report: dict) -> str:
     ceiling = report.get("ceiling")
     if ceiling:
         lines.append(f"matmul ceiling ({ceiling['n']}³ {ceiling['dtype']}): {ceiling['tflops']:.1f} TFLOP/s")
+    eager = report["paths"].get("eager")
+    if eager:
+        lines.append(f"eager path: attention {eager['attention']}, compiled=False")
     opt = report["paths"].get("optimized")
     if opt:
         att = opt["attention"]
         lines.append(
             f"optimised path: attention {att['backend']}, cuDNN SDPA disabled={att['disable_cudnn_sdp']}, "
-            f"compiled={opt['compiled']}" + (f"; {'; '.join(att['reasons'])}" if att["reasons"] else "")
+            f"compiled={opt['compiled']}, autocast={opt.get('autocast', False)}"
+            + (f"; {'; '.join(att['reasons'])}" if att["reasons"] else "")
         )
     if report["results"]:
         lines += [
@@ -569,6 +603,13 @@ def format_markdown(report: dict) -> str:
                 f"| {cell(o, 'peak_mem_gib', '.2f')} | {cell(e, 'max_abs_ratio_minus_1', '.2e')} "
                 f"| {cell(o, 'max_abs_ratio_minus_1', '.2e')} |"
             )
+    for r in report["results"]:
+        if r.get("profile"):
+            title = (
+                f"profile {r['path']} {r['mode']} cfg={'on' if r['cfg'] else 'off'} "
+                f"mbs={r['micro_batch_size']} ({r['units']} units)"
+            )
+            lines += ["", format_profile(r["profile"], title)]
     failed = [r for r in report["results"] if "micro_batch_size" not in r]
     lines += [f"\n{r['mode']}/{r['path']} failed: {r.get('error', '?')}" for r in failed]
     regression = report.get("regression")

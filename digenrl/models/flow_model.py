@@ -48,6 +48,35 @@ class FlowModel(nn.Module):
         self.temporal_factor, self.spatial_factor = latent_compression(spec)
         self.patch_t, self.patch = _patch_size(spec)
         self.latent_channels = latent_channels(spec)
+        self.autocast_dtype: torch.dtype | None = None
+
+    # --- mixed precision ---------------------------------------------------------------------------------
+
+    def set_autocast(self, enabled: bool) -> None:
+        """Run the transformer under ``torch.autocast`` in its own 16-bit dtype (``model.autocast``).
+
+        Why: LoRA adapters keep fp32 weights (AdamW's master copy, digenrl/trainer/lora.py), and peft then
+        casts each adapted layer's input to fp32 and multiplies in fp32 (peft ``lora.Linear.forward``),
+        which on a GPU runs off the tensor cores. Under autocast the adapter matmuls run in bf16/fp16 on the
+        fp32 weights (torch AMP: weights cast per op, gradients land in fp32), so peft's input cast is
+        switched off on every LoRA layer (the ``cast_input_dtype_enabled`` flag peft's
+        ``helpers.disable_input_dtype_casting`` toggles). Autocast also runs its fp32-listed ops (layer
+        norms, softmax) in fp32, so the forward differs slightly from the plain 16-bit one; rollout and
+        training both pass here, so the on-policy ratio still starts at 1. Call again after adding
+        adapters (``apply_lora`` does).
+        """
+        if enabled:
+            if self.dtype not in (torch.bfloat16, torch.float16):
+                raise ValueError(
+                    f"model.autocast=true needs a 16-bit model.dtype (bfloat16 or float16), "
+                    f"{self.spec.name} computes in {self.dtype}"
+                )
+            self.autocast_dtype = self.dtype
+        else:
+            self.autocast_dtype = None
+        for module in self.transformer.modules():
+            if hasattr(module, "cast_input_dtype_enabled"):  # a peft tuner layer
+                module.cast_input_dtype_enabled = not enabled
 
     # --- properties --------------------------------------------------------------------------------------
 
@@ -148,7 +177,11 @@ class FlowModel(nn.Module):
             scale = self.spec.default_guidance_scale if guidance is None else guidance
             guidance = self._per_sample(scale, batch, "guidance", latents.device)
         cond = cond.to(device=latents.device, dtype=dtype)
-        return self._velocity(self.transformer, latents.to(dtype), sigma, cond, guidance)
+        if self.autocast_dtype is None:
+            return self._velocity(self.transformer, latents.to(dtype), sigma, cond, guidance)
+        with torch.autocast(latents.device.type, dtype=self.autocast_dtype):
+            v = self._velocity(self.transformer, latents.to(dtype), sigma, cond, guidance)
+        return v.to(dtype)
 
     @staticmethod
     def _per_sample(value: Tensor | float, batch: int, name: str, device: torch.device) -> Tensor:

@@ -2,12 +2,15 @@
 optimisation is a function that modifies the model in place, composed where the model is built).
 
     applied = optimize_flow_model(flow_model, compile=cfg.model.compile,
-                                  attention_backend=cfg.model.attention_backend, needs_backward=train)
+                                  attention_backend=cfg.model.attention_backend, needs_backward=train,
+                                  autocast=cfg.model.autocast)
 
 What it applies is what the ecosystem provides, nothing hand-written:
 
 * attention: a diffusers attention backend chosen by :func:`~digenrl.models.attention_safety.
   select_attention_backend`, which never keeps a (backend, torch, cuDNN, direction) combination known to fail;
+* ``model.autocast``: 16-bit ``torch.autocast`` over the transformer, so fp32 LoRA adapters multiply on
+  the tensor cores (:meth:`~digenrl.models.flow_model.FlowModel.set_autocast`);
 * ``torch.compile`` of the transformer forward. By default *regional* compilation: every repeated block
   (diffusers' ``_repeated_blocks``, else its ``_no_split_modules`` classes, e.g. SD3's
   ``JointTransformerBlock``) gets ``nn.Module.compile``, as diffusers ``ModelMixin.compile_repeated_blocks``
@@ -72,6 +75,7 @@ class AppliedOptimizations:
     compile_settings: CompileSettings | None = None
     compile_skipped: str | None = None  # why compile=True was not applied
     notes: tuple[str, ...] = field(default_factory=tuple)
+    autocast: bool = False  # FlowModel.set_autocast: 16-bit autocast, LoRA matmuls in bf16
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -81,6 +85,7 @@ class AppliedOptimizations:
             "compile_settings": None if self.compile_settings is None else asdict(self.compile_settings),
             "compile_skipped": self.compile_skipped,
             "notes": list(self.notes),
+            "autocast": self.autocast,
         }
 
 
@@ -136,6 +141,7 @@ def optimize_flow_model(
     attention_backend: str,
     needs_backward: bool = False,
     compile_settings: CompileSettings | None = None,
+    autocast: bool = False,
 ) -> AppliedOptimizations:
     """Apply the safe attention backend and, if ``compile``, ``torch.compile`` to ``flow_model`` in place.
 
@@ -149,13 +155,16 @@ def optimize_flow_model(
         attention_backend, needs_backward=needs_backward, device=flow_model.device
     )
     apply_attention_backend(flow_model, choice.backend)
+    flow_model.set_autocast(autocast)
     if not compile:
-        return AppliedOptimizations(attention=choice, compiled=False)
+        return AppliedOptimizations(attention=choice, compiled=False, autocast=autocast)
     settings = compile_settings or CompileSettings()
     if _is_fsdp_sharded(flow_model.transformer):
         reason = "the transformer is FSDP2-sharded already (compile blocks before fully_shard)"
         log.warning("model.compile=true ignored: %s", reason)
-        return AppliedOptimizations(attention=choice, compiled=False, compile_skipped=reason)
+        return AppliedOptimizations(
+            attention=choice, compiled=False, compile_skipped=reason, autocast=autocast
+        )
     notes = []
     if settings.mode == "reduce-overhead" and settings.regional:
         notes.append("reduce-overhead (CUDA graphs) compiles the whole transformer, not its blocks")
@@ -173,4 +182,5 @@ def optimize_flow_model(
         compiled_regions=regions,
         compile_settings=settings,
         notes=tuple(notes),
+        autocast=autocast,
     )

@@ -88,7 +88,7 @@ def build_rank_components(
             process_group=process_group,
             world_size=torch.distributed.get_world_size(process_group) if ctx.is_distributed else 1,
         )
-    if cfg.model.compile or trainer is None:
+    if cfg.model.compile or cfg.model.autocast or trainer is None:
         # model.attention_backend / model.compile (digenrl/models/optimize.py); a trainer has already chosen
         # the attention backend for backward in PolicyTrainer.__init__
         optimize_flow_model(
@@ -96,6 +96,7 @@ def build_rank_components(
             compile=cfg.model.compile,
             attention_backend=cfg.model.attention_backend,
             needs_backward=trainer is not None,
+            autocast=cfg.model.autocast,
         )
     engine = scorer = None
     if generate:

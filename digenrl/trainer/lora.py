@@ -122,6 +122,8 @@ def apply_lora(
             params.append(p)
         elif p.requires_grad:  # pragma: no cover - peft only ever unfreezes adapter weights
             p.requires_grad_(False)
+    if getattr(flow_model, "autocast_dtype", None) is not None:
+        flow_model.set_autocast(True)  # the new layers must not cast their input to fp32 under autocast
     return params
 
 

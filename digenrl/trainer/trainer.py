@@ -132,7 +132,11 @@ class PolicyTrainer:
         # Never train through an attention backend known to fail in backward (falls back with a logged
         # reason; may turn cuDNN SDPA off): digenrl/models/attention_safety.py
         self.optimizations = optimize_flow_model(
-            flow_model, compile=False, attention_backend=cfg.model.attention_backend, needs_backward=True
+            flow_model,
+            compile=False,
+            attention_backend=cfg.model.attention_backend,
+            needs_backward=True,
+            autocast=cfg.model.autocast,
         )
         if self.backend.world_size != world_size:
             raise ValueError(

@@ -5,50 +5,13 @@
 #   device run (kind nvidia-h200, carry [".whl"], timeout 600):
 #     bash experiments/gpu/h200_perf.sh
 #
-# Results under $OUT (at most 4 files, all fetchable): log.txt (everything printed), summary.md (all tables),
-# h200_perf.tgz (every JSON + markdown the steps wrote), costs/h200-sd3.5-medium.json (CostModel). The tarball
-# and summary are rebuilt after every step, so a step cut short loses only itself. Steps run in order of value;
-# each gets min(its budget, time left before DEADLINE_S) and is killed at its budget. Compile time counts.
-set -u
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/h200_perf_out}
-WORK=/tmp/h200_perf
-DEADLINE_S=${DEADLINE_S:-530}  # seconds after start; the device call itself stops at 600
-mkdir -p "$OUT" "$WORK" "$OUT/costs"
-exec > >(tee -a "$OUT/log.txt") 2>&1
-START=$(date +%s)
-elapsed() { echo $(($(date +%s) - START)); }
-
-pack() {
-    tar -C "$WORK" -czf "$OUT/h200_perf.tgz" . 2>/dev/null
-    cat "$WORK"/*.md >"$OUT/summary.md" 2>/dev/null
-}
-
-# step NAME BUDGET_S COMMAND...: run COMMAND with a wall budget cut to what is left; never aborts the script.
-step() {
-    local name=$1 budget=$2
-    shift 2
-    local left=$((DEADLINE_S - $(elapsed)))
-    if ((left < 25)); then
-        echo "## SKIP $name: only ${left}s left"
-        return
-    fi
-    ((budget > left)) && budget=$left
-    echo "## STEP $name: budget ${budget}s, t=$(elapsed)s"
-    timeout -k 5 "$budget" "$@"
-    echo "## END $name: rc=$? t=$(elapsed)s"
-    pack
-}
-
-echo "## H200 perf run $(date -u +%FT%TZ)"
-nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    .whl/models/*.whl || echo "## WARNING: wheel install failed"
-export PYTHONPATH=/tmp/site:$PWD
-export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_cache
-python3 -c "import torch, diffusers, transformers, peft; print('torch', torch.__version__, 'cuda', torch.version.cuda,
-'cudnn', torch.backends.cudnn.version(), 'diffusers', diffusers.__version__, 'transformers', transformers.__version__,
-'peft', peft.__version__, torch.cuda.get_device_name())"
+# Results under $OUT: log.txt, summary.md, results.tgz (every JSON + markdown the steps wrote) and
+# costs/h200-sd3.5-medium.json (CostModel); experiments/gpu/steps.sh runs the steps. Steps run in order of
+# value. Compile time counts.
+OUT=${OUT:-/tmp/h200_perf_out} WORK=/tmp/h200_perf
+source experiments/gpu/steps.sh
+mkdir -p "$OUT/costs"
+gpu_setup
 
 # 1. Backward regression: LoRA forward+backward through 2 dual + 2 single FLUX blocks, one process per setting
 #    (safe = the project's trainer choice; default = torch/diffusers defaults; cudnn = cuDNN SDPA forced).
@@ -75,10 +38,4 @@ pack
 step gen-flux 170 python3 experiments/bench_generator.py --model flux.1-dev --batch-sizes 1,4 --cfg off \
     --compile --warmup 2 --iters 5 --time-budget-s 140 --out "$WORK"
 
-echo "## done t=$(elapsed)s"
-nvidia-smi --query-gpu=clocks.sm,temperature.gpu,power.draw --format=csv,noheader
-pack
-echo "================================ summary ================================"
-cat "$OUT/summary.md" 2>/dev/null
-ls -la "$OUT" "$OUT/costs"
-sleep 1  # let tee flush the log before the call returns
+finish
