@@ -7,12 +7,17 @@ peers blocked in a collective fail by their own timeout instead of hanging (DESI
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
 import traceback
+from typing import TYPE_CHECKING
 
 from digenrl.config import ConfigError, load_config, validate_config
+
+if TYPE_CHECKING:
+    from digenrl.runtime.distributed import DistContext
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -48,6 +53,7 @@ def main(argv: list[str]) -> int:
 
     ctx = init_distributed(cfg.runtime.backend, timeout_s=cfg.runtime.timeout_s)
     try:
+        _require_shared_out_dir(cfg.out_dir, ctx, cfg.runtime.timeout_s)
         system = get_system(cfg.system)(cfg, ctx)
         system.run()
     except BaseException as exc:
@@ -64,6 +70,56 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+#: Seconds a rank keeps looking for rank 0's marker in ``out_dir`` before it calls ``out_dir`` unshared.
+_SHARED_CHECK_WAIT_S = 30.0
+
+
+def _require_shared_out_dir(out_dir: str, ctx: DistContext, timeout_s: float) -> None:
+    """A run on several nodes needs ``out_dir`` on a filesystem every node sees; fail at start otherwise.
+
+    Every rank writes into it (``events/rank<r>.jsonl``, its RNG state into the checkpoint folder rank 0
+    created) and reads from it (``resume=true``), and rank 0 merges all ranks' events into
+    ``trace.json``. On a node-local ``out_dir`` that would fail mid-run or silently drop ranks from the
+    trace. Rank 0 writes a marker with a fresh token, publishes the token in torchrun's store, and every
+    rank looks for that marker. Single-node runs (LOCAL_WORLD_SIZE == WORLD_SIZE) skip the check.
+    """
+    if not ctx.is_distributed or int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size)) >= ctx.world_size:
+        return
+    import socket
+    import time
+    import uuid
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    store = dist.distributed_c10d._get_default_store()
+    # One key per torchrun attempt: an elastic restart reuses the store and must not read an old token.
+    key = f"digenrl/shared-out-dir-token/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    token = uuid.uuid4().hex if ctx.rank == 0 else ""
+    marker = Path(out_dir) / f".shared-check-{token}"
+    try:
+        if ctx.rank == 0:
+            Path(out_dir).mkdir(parents=True, exist_ok=True)
+            marker.write_text(token)
+            store.set(key, token)
+        else:
+            marker = Path(out_dir) / f".shared-check-{store.get(key).decode()}"
+            # NFS may cache "no such file" for a few seconds (attribute cache): look again until then.
+            deadline = time.monotonic() + min(timeout_s, _SHARED_CHECK_WAIT_S)
+            while not marker.is_file() and time.monotonic() < deadline:
+                time.sleep(0.5)
+            if not marker.is_file():
+                raise ValueError(
+                    f"out_dir={out_dir!r} is not shared: rank {ctx.rank} on host {socket.gethostname()} "
+                    "does not see the file rank 0 wrote there; multi-node runs need out_dir on a "
+                    "filesystem every node mounts (e.g. NFS), set out_dir to such a path"
+                )
+        ctx.barrier("every rank checked that out_dir is shared", timeout_s)
+    finally:
+        if ctx.rank == 0:
+            marker.unlink(missing_ok=True)
+
+
 def launch_torchrun(
     overrides: list[str],
     *,
@@ -72,30 +128,250 @@ def launch_torchrun(
     threads: int = 1,
     timeout_s: float = 900,
     label: str = "run",
+    nnodes: int = 1,
+    rdzv_port: int | None = None,
+    log_dir: str | os.PathLike | None = None,
 ) -> float:
-    """Run ``experiments/run_train.py`` under ``torchrun --standalone`` in a subprocess — how the
-    benchmark scripts launch real runs side by side. Returns wall seconds (launch included); a
-    failing run raises SystemExit with the tail of its stderr."""
+    """Run ``experiments/run_train.py`` under torchrun in subprocesses — how the benchmark scripts launch
+    real runs side by side. Returns wall seconds (launch included); a failing run raises SystemExit
+    with the tail of its stderr.
+
+    ``nnodes=1``: one ``torchrun --standalone --nproc_per_node=nproc``. ``nnodes>1``: a multi-node run
+    on this host (``_launch_nodes``): ``nnodes`` torchrun groups of ``nproc`` processes that
+    meet through torchrun's c10d rendezvous on ``127.0.0.1:rdzv_port`` (a free port when None).
+    ``log_dir``: also keep each group's stdout + stderr as ``node<i>.log`` there. The child environment
+    has NVLink multicast off (``disable_nvlink_multicast``) unless the caller exported otherwise.
+    """
     import subprocess
     import time
     from pathlib import Path
 
+    from digenrl.runtime.distributed import disable_nvlink_multicast
+
+    for name, value in (("nproc", nproc), ("nnodes", nnodes)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
     repo = Path(__file__).resolve().parents[1]
+    script = [str(repo / "experiments" / "run_train.py"), "--config", str(config), *overrides]
+    env = dict(os.environ, OMP_NUM_THREADS="1", DIGENRL_THREADS=str(threads), PYTHONUNBUFFERED="1")
+    disable_nvlink_multicast(env)
+    if nnodes > 1:
+        return _launch_nodes(
+            script,
+            nnodes=nnodes,
+            nproc=nproc,
+            env=env,
+            cwd=repo,
+            timeout_s=timeout_s,
+            label=label,
+            rdzv_port=rdzv_port,
+            log_dir=log_dir,
+        )
     cmd = [
         sys.executable,
         "-m",
         "torch.distributed.run",
         "--standalone",
         f"--nproc_per_node={nproc}",
-        str(repo / "experiments" / "run_train.py"),
-        "--config",
-        str(config),
-        *overrides,
+        *script,
     ]
-    env = dict(os.environ, OMP_NUM_THREADS="1", DIGENRL_THREADS=str(threads), PYTHONUNBUFFERED="1")
     print(f"[{label}] {' '.join(cmd[5:])}", flush=True)
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=timeout_s)
+    if log_dir is not None:
+        Path(log_dir).mkdir(parents=True, exist_ok=True)
+        (Path(log_dir) / "node0.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         raise SystemExit(f"[{label}] failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return time.perf_counter() - start
+
+
+# ------------------------------------------------------------------------------ several nodes, one host
+
+#: Seconds a group gets to exit after SIGTERM (torchrun's agent forwards it to its workers) before SIGKILL.
+_STOP_GRACE_S = 10.0
+#: Seconds the other groups get to exit by themselves after the first failure, so a peer that fails
+#: because of it is reported with it instead of being killed silently.
+_PEER_EXIT_GRACE_S = 3.0
+#: Characters of log tail in a failure report (split over at most ``_TAILS_SHOWN`` failed nodes).
+_TAIL_CHARS = 4000
+_TAILS_SHOWN = 4
+
+
+def _launch_nodes(
+    script: list[str],
+    *,
+    nnodes: int,
+    nproc: int,
+    env: dict[str, str],
+    cwd: os.PathLike,
+    timeout_s: float,
+    label: str,
+    rdzv_port: int | None,
+    log_dir: str | os.PathLike | None,
+) -> float:
+    """Start ``nnodes`` torchrun groups on this host as one job and wait for all of them.
+
+    Each group is what one node of a cluster runs: ``--nnodes=N --nproc_per_node=nproc
+    --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:PORT --rdzv-id=ID`` (torchrun's documented multi-node
+    launch, docs.pytorch.org/docs/stable/elastic/run.html). Group 0 hosts the c10d store
+    (``--rdzv-conf=is_host=1``; the others ``is_host=0``) instead of the hostname guess, which matches
+    every group on one host. ``--node_rank`` is not passed: torchrun ignores it for c10d (it warns) and
+    orders nodes by their address (``dynamic_rendezvous.py``: ranks = enumerate(sorted(participants)));
+    group i therefore gets ``--local-addr=127.0.0.<100+i>`` (loopback, any 127/8 address reaches this
+    host on Linux), so it holds global ranks ``[i*nproc, (i+1)*nproc)`` as node i of a hardware profile
+    does. Group i sees GPUs ``[i*nproc, (i+1)*nproc)`` of ``CUDA_VISIBLE_DEVICES`` (all GPUs if unset),
+    so ``LOCAL_RANK`` indexes its own GPUs as on a real node.
+
+    The first group that exits non-zero fails the job: the others get ``_PEER_EXIT_GRACE_S`` to exit by
+    themselves, are then stopped, and SystemExit names the failed node(s), the failure line of every
+    rank that reported one, and the log tails (``_failure_report``). A timeout stops every group.
+    """
+    import socket
+    import subprocess
+    import tempfile
+    import time
+    import uuid
+    from pathlib import Path
+
+    if nnodes > 155:
+        raise ValueError(f"nnodes must be at most 155 on one host (127.0.0.100-254), got {nnodes}")
+    if rdzv_port is None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            rdzv_port = probe.getsockname()[1]
+    elif isinstance(rdzv_port, bool) or not isinstance(rdzv_port, int) or not 0 < rdzv_port < 65536:
+        raise ValueError(f"rdzv_port must be an int in [1, 65535] or None, got {rdzv_port!r}")
+    devices = _visible_devices(env.get("CUDA_VISIBLE_DEVICES"), nnodes * nproc)
+    run_id = f"digenrl-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    scratch = None if log_dir is not None else tempfile.TemporaryDirectory(prefix="digenrl-nodes-")
+    logs = Path(log_dir if log_dir is not None else scratch.name)  # type: ignore[union-attr]
+    logs.mkdir(parents=True, exist_ok=True)
+    print(
+        f"[{label}] {nnodes} nodes x {nproc}, rendezvous 127.0.0.1:{rdzv_port}: {' '.join(script)}",
+        flush=True,
+    )
+
+    procs: list[subprocess.Popen] = []
+    start = time.perf_counter()
+    try:
+        for node in range(nnodes):
+            cmd = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                f"--nnodes={nnodes}",
+                f"--nproc_per_node={nproc}",
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint=127.0.0.1:{rdzv_port}",
+                f"--rdzv-id={run_id}",
+                f"--rdzv-conf=is_host={int(node == 0)}",
+                f"--local-addr=127.0.0.{100 + node}",
+                *script,
+            ]
+            node_env = dict(env)
+            if devices is not None:
+                node_env["CUDA_VISIBLE_DEVICES"] = ",".join(devices[node * nproc : (node + 1) * nproc])
+            with (logs / f"node{node}.log").open("w") as log:
+                # Own session: stopping a group reaches its agent without touching this process.
+                procs.append(
+                    subprocess.Popen(
+                        cmd, cwd=cwd, env=node_env, stdout=log, stderr=log, start_new_session=True
+                    )
+                )
+        failed = _wait_for_nodes(procs, deadline=time.monotonic() + timeout_s)
+        if failed is None:
+            _stop(procs)
+            raise SystemExit(f"[{label}] {nnodes} nodes did not finish within {timeout_s:g} s; stopped")
+        if failed:
+            _stop(procs)
+            raise SystemExit(_failure_report(label, failed, [proc.returncode for proc in procs], logs))
+        return time.perf_counter() - start
+    finally:
+        _stop(procs)
+        if scratch is not None:
+            scratch.cleanup()
+
+
+def _failure_report(label: str, failed: list[int], codes: list, logs: os.PathLike) -> str:
+    """Which nodes failed, what their ranks said (``main``'s "[rank r] FAILED:" lines) and log tails.
+
+    Exit order does not tell the root cause: a rank that raises takes its peers' connections down, and
+    their node's agent may exit first. The ranks' own failure lines, side by side, do tell it.
+    """
+    import re
+    from pathlib import Path
+
+    texts = {node: (Path(logs) / f"node{node}.log").read_text(errors="replace") for node in failed}
+    order = ", ".join(f"node {node} (exit {codes[node]})" for node in failed)
+    lines = [f"[{label}] {len(failed)} of {len(codes)} nodes failed, in order of exit: {order}"]
+    said = [
+        f"  node {node}: {match[:300]}"
+        for node in failed
+        for match in re.findall(r"^\[rank \d+\] FAILED: .*$", texts[node], flags=re.MULTILINE)
+    ]
+    if said:
+        lines += ["failures the ranks reported:", *said]
+    shown = failed[:_TAILS_SHOWN]
+    for node in shown:
+        lines.append(f"--- node {node} log tail:\n{texts[node][-_TAIL_CHARS // len(shown) :]}")
+    return "\n".join(lines)
+
+
+def _visible_devices(inherited: str | None, needed: int) -> list[str] | None:
+    """The GPU ids to hand out to the groups: ``CUDA_VISIBLE_DEVICES`` split, or 0..needed-1 if unset."""
+    if inherited is None:
+        return [str(index) for index in range(needed)]
+    devices = [item.strip() for item in inherited.split(",") if item.strip()]
+    if not devices:
+        return None  # explicitly no GPUs: leave it so in every group
+    if len(devices) < needed:
+        raise ValueError(
+            f"CUDA_VISIBLE_DEVICES={inherited!r} lists {len(devices)} devices but nnodes * nproc = {needed} "
+            "processes need one each"
+        )
+    return devices
+
+
+def _wait_for_nodes(procs: list, *, deadline: float) -> list[int] | None:
+    """[] when every group exited 0; the failed groups (first observed first) as soon as one fails;
+    None at the deadline."""
+    import time
+
+    while True:
+        codes = [proc.poll() for proc in procs]
+        first = [node for node, code in enumerate(codes) if code not in (None, 0)]
+        if first:
+            failed = list(first)
+            grace_end = min(deadline, time.monotonic() + _PEER_EXIT_GRACE_S)
+            while time.monotonic() < grace_end and any(proc.poll() is None for proc in procs):
+                time.sleep(0.1)
+            failed += [
+                node for node, proc in enumerate(procs) if node not in failed and proc.poll() not in (None, 0)
+            ]
+            return failed
+        if all(code == 0 for code in codes):
+            return []
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.1)
+
+
+def _stop(procs: list) -> None:
+    """SIGTERM every running group (its agent stops its workers), SIGKILL what is left after a grace."""
+    import signal
+    import subprocess
+    import time
+
+    running = [proc for proc in procs if proc.poll() is None]
+    for proc in running:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+    end = time.monotonic() + _STOP_GRACE_S
+    for proc in running:
+        try:
+            proc.wait(timeout=max(0.0, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

@@ -8,11 +8,16 @@ CUDA is available, gloo otherwise (CPU tests and CI), unless the caller override
 ``barrier`` is a barrier with a timeout that says who is missing: gloo's ``monitored_barrier`` names the
 ranks that did not arrive (on rank 0); other backends use the store-based barrier of ``ControlPlane``,
 which names them on every rank. NCCL's own ``barrier`` has no per-call timeout and hangs instead.
+
+``disable_nvlink_multicast`` is the project's one place that turns NVLink multicast off (see its docstring);
+``init_distributed`` applies it before any process group exists, ``launch.launch_torchrun`` to the
+environment of the processes it starts.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -25,6 +30,12 @@ from digenrl.runtime.errors import DistributedTimeoutError
 ALLOWED_BACKENDS = ("gloo", "nccl")
 TORCHRUN_ENV_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR")
 THREADS_ENV_VAR = "DIGENRL_THREADS"
+#: Variables that keep NCCL, PyTorch symmetric memory and NVSHMEM off NVLink multicast (NVLS).
+NVLINK_MULTICAST_OFF = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
 
 #: Namespace of the store barrier's keys inside torchrun's store.
 _BARRIER_NAMESPACE = "digenrl-barrier"
@@ -55,8 +66,10 @@ def init_distributed(backend: str | None = None, timeout_s: float = 300.0) -> Di
         timeout_s: the process group's collective timeout (also the store's).
 
     If a default process group already exists (e.g. a test initialised one on a ``FileStore``), it is
-    reused and described, not re-created.
+    reused and described, not re-created. NVLink multicast is switched off first
+    (``disable_nvlink_multicast``), so ``torchrun experiments/run_*.py`` gets it without a wrapper script.
     """
+    disable_nvlink_multicast()
     _apply_thread_setting()
     if backend is not None and backend not in ALLOWED_BACKENDS:
         raise ValueError(f"backend must be one of {list(ALLOWED_BACKENDS)} or None, got {backend!r}")
@@ -83,7 +96,7 @@ def init_distributed(backend: str | None = None, timeout_s: float = 300.0) -> Di
     if chosen == "nccl" and not torch.cuda.is_available():
         raise ValueError("backend 'nccl' needs CUDA, which is not available; use backend='gloo'")
     rank = int(os.environ["RANK"])
-    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    local_rank = _local_rank(rank, cuda=chosen == "nccl")
     kwargs: dict = {"backend": chosen, "timeout": timedelta(seconds=timeout_s)}
     if chosen == "nccl":
         device = torch.device("cuda", local_rank)
@@ -91,6 +104,26 @@ def init_distributed(backend: str | None = None, timeout_s: float = 300.0) -> Di
         kwargs["device_id"] = device  # binds the group to this GPU and lets NCCL initialise eagerly
     dist.init_process_group(**kwargs)
     return _context_of_initialised_group()
+
+
+def disable_nvlink_multicast(env: MutableMapping[str, str] | None = None) -> dict[str, str]:
+    """Turn NVLink multicast (NVLS) off in NCCL, PyTorch and NVSHMEM unless the variable is already set.
+
+    Why: multicast objects are not available on the shared multi-GPU machines this project is measured
+    on (a program that creates them can put the host's GPUs, which others use, out of service), and NVLS
+    set-up can hang where multicast is unavailable. The variables are read when the library
+    initialises (``NCCL_NVLS_ENABLE``: NCCL user guide, "Environment Variables";
+    ``TORCH_SYMM_MEM_DISABLE_MULTICAST``: PyTorch ``c10d/symm_mem``; ``NVSHMEM_DISABLE_NVLS``: NVSHMEM
+    environment variables), so this must run before the first process group / communicator exists.
+
+    ``setdefault`` semantics: a value the user exported wins (``export NCCL_NVLS_ENABLE=1`` turns NVLS
+    back on where it is known to be safe). Args: ``env`` — the mapping to update (default ``os.environ``;
+    launchers pass the environment of the processes they start). Returns the values now in force.
+    """
+    target = os.environ if env is None else env
+    for name, value in NVLINK_MULTICAST_OFF.items():
+        target.setdefault(name, value)
+    return {name: target[name] for name in NVLINK_MULTICAST_OFF}
 
 
 def shutdown_distributed() -> None:
@@ -135,13 +168,30 @@ def _barrier_plane(ctx: DistContext) -> ControlPlane:
 def _context_of_initialised_group() -> DistContext:
     rank = dist.get_rank()
     backend = str(dist.get_backend())
-    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    local_rank = _local_rank(rank, cuda=backend == "nccl")
     if backend == "nccl":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
     return DistContext(rank, dist.get_world_size(), local_rank, device, backend, is_distributed=True)
+
+
+def _local_rank(rank: int, *, cuda: bool) -> int:
+    """This process's index on its node: ``LOCAL_RANK`` (torchrun sets it on every node).
+
+    Without it the global rank is an index on the node only in a single-node run; on a second node it
+    names a GPU that does not exist (rank 9 of 2 x 8), so an NCCL run refuses to guess.
+    """
+    raw = os.environ.get("LOCAL_RANK")
+    if raw is not None:
+        return int(raw)
+    if cuda and rank >= torch.cuda.device_count():
+        raise ValueError(
+            f"LOCAL_RANK is not set and RANK={rank} is not a GPU index on this node "
+            f"({torch.cuda.device_count()} visible); launch with torchrun or set LOCAL_RANK per process"
+        )
+    return rank
 
 
 def _apply_thread_setting() -> None:
