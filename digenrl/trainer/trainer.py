@@ -189,15 +189,10 @@ class PolicyTrainer:
             raise ValueError("batch.advantages is None: compute advantages before training on a batch")
         plan = plan_micro_batches(batch.batch_size, batch.num_train_steps, self.cfg.trainer.micro_batch_size)
         rounds = self.backend.max_over_ranks(len(plan)) if self.backend.lockstep else len(plan)
-        stats = {
-            "loss_sum": 0.0,
-            "ratio_sum": 0.0,
-            "ratio_min": math.inf,
-            "ratio_max": -math.inf,
-            "clipped_count": 0.0,
-            "kl_sum": 0.0,
-            "units": 0.0,
-        }
+        # Sums stay on the device until the end: a host read per micro-batch would stall the queue.
+        # float64 accumulators add the fp32 per-micro-batch sums exactly as Python floats would.
+        acc = torch.zeros(5, dtype=torch.float64, device=self.device)  # loss, ratio, clipped, kl, units
+        extremes = torch.full((2,), -math.inf, dtype=torch.float64, device=self.device)  # -min, max
         for i in range(rounds):
             if i < len(plan):
                 mb, weight = _gather_units(batch, plan[i], self.device), unit_weight
@@ -215,14 +210,28 @@ class PolicyTrainer:
             if weight == 0.0:
                 continue
             ratio = terms.ratio.detach()
-            stats["loss_sum"] += float(terms.loss.detach().sum())
-            stats["ratio_sum"] += float(ratio.sum())
-            stats["ratio_min"] = min(stats["ratio_min"], float(ratio.min()))
-            stats["ratio_max"] = max(stats["ratio_max"], float(ratio.max()))
-            stats["clipped_count"] += float(terms.clipped.sum())
-            stats["kl_sum"] += float(kl.detach().sum()) if kl is not None else 0.0
-            stats["units"] += mb.size
-        return stats
+            zero = ratio.new_zeros(())
+            acc += torch.stack(
+                [
+                    terms.loss.detach().sum(),
+                    ratio.sum(),
+                    terms.clipped.sum().to(ratio.dtype),
+                    kl.detach().sum() if kl is not None else zero,
+                    zero + mb.size,
+                ]
+            ).to(acc)
+            extremes = torch.maximum(extremes, torch.stack([-ratio.min(), ratio.max()]).to(extremes))
+        loss_sum, ratio_sum, clipped, kl_sum, units = acc.tolist()
+        neg_min, ratio_max = extremes.tolist()
+        return {
+            "loss_sum": loss_sum,
+            "ratio_sum": ratio_sum,
+            "ratio_min": -neg_min,
+            "ratio_max": ratio_max,
+            "clipped_count": clipped,
+            "kl_sum": kl_sum,
+            "units": units,
+        }
 
     # ------------------------------------------------------------------ optimizer step
     def step(self) -> dict[str, float]:
@@ -238,12 +247,12 @@ class PolicyTrainer:
                 f"non-finite gradient norm {grad_norm} at policy_version {self.policy_version}; "
                 "the optimizer step was not taken"
             )
-        params = self.backend.trainable_parameters()
-        before = [_local(p).detach().clone() for p in params]
+        # One flat copy instead of a clone and a norm per tensor: a LoRA has ~10³ small tensors, and
+        # per-tensor kernels made the update-norm bookkeeping slower than the AdamW step itself.
+        local = [_local(p).detach().reshape(-1) for p in self.backend.trainable_parameters()]
+        before = torch.cat(local) if local else None
         self.backend.optimizer_step(self.optimizer)
-        update_sq = self.backend.global_sq_norm(
-            _local(p).detach() - b for p, b in zip(params, before, strict=True)
-        )
+        update_sq = self.backend.global_sq_norm([torch.cat(local) - before] if local else [])
         del before
         self.optimizer.zero_grad(set_to_none=True)
         if self.backend.name == "deepspeed":
