@@ -69,12 +69,13 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     models = args.models or ([QUICK_MODEL] if args.quick else ["flux.1-dev"])
     for model in models:
+        workload = default_workload(model, quick=args.quick)
         mc = model_costs(
             model,
             REPO / "experiments" / "results" / "throughput" / "costs",
             cost_file=QUICK_COST_FILE if args.quick else None,
+            workload=workload,
         )
-        workload = default_workload(model, quick=args.quick)
         for n in nodes:
             start = time.perf_counter()
             profile = sub_cluster(base, n)

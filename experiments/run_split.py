@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             model,
             REPO / "experiments" / "results" / "throughput" / "costs",
             cost_file=QUICK_COST_FILE if args.quick else None,
+            workload=default_workload(model, quick=args.quick),
         )
         costs = device_costs(profile, mc.costs)
         workload = replace(

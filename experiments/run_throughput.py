@@ -72,9 +72,9 @@ def throughput_rows(
 ) -> list[dict]:
     """One row per system for ``model`` on ``profile_name`` (simulated)."""
     profile = load(profile_name)
-    mc = model_costs(model, extrapolated_dir, cost_file=cost_file)
-    costs = device_costs(profile, mc.costs)
     workload = default_workload(model, quick=quick)
+    mc = model_costs(model, extrapolated_dir, cost_file=cost_file, workload=workload)
+    costs = device_costs(profile, mc.costs)
     scores = {s.plan.system: s for s in predict_baselines(profile, costs, workload, planning_iterations=5)}
     best = search_plans(
         profile,

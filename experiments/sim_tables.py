@@ -68,26 +68,70 @@ class ModelCosts:
 
 
 def model_costs(
-    model: str, extrapolated_dir: Path, costs_dir: Path = COSTS_DIR, cost_file: Path | None = None
+    model: str,
+    extrapolated_dir: Path,
+    costs_dir: Path = COSTS_DIR,
+    cost_file: Path | None = None,
+    workload: Workload | None = None,
 ) -> ModelCosts:
-    """``cost_file`` if given; else the measured H200 cost file of ``model`` if present, else the
-    extrapolated one (written to ``extrapolated_dir`` so it never shadows a measured file in
-    ``experiments/results/costs``)."""
+    """``cost_file`` if given; else the measured H200 cost file of ``model`` if present and it fits
+    ``workload`` (:func:`cost_mismatch`), else the extrapolated one (written to ``extrapolated_dir`` so it
+    never shadows a measured file in ``experiments/results/costs``). A ``cost_file`` that does not fit is
+    an error; a measured file that does not fit is skipped, and the row's ``cost_source`` says why."""
     if cost_file is not None:
         costs = CostModel.load(cost_file)
         if costs.model != model:
             raise ValueError(f"cost file {cost_file} is for model {costs.model!r}, not {model!r}")
+        mismatch = cost_mismatch(costs, workload)
+        if mismatch:
+            raise ValueError(f"cost file {cost_file} does not fit the {model} workload: {mismatch}")
         label = "measured" if costs.source == "measured" else costs.source
         return ModelCosts(costs, _rel(Path(cost_file)), f"{label} on {costs.device}")
     measured = cost_path(REFERENCE_DEVICE, model, costs_dir)
+    skipped = ""
     if measured.is_file():
         costs = CostModel.load(measured)
-        return ModelCosts(costs, _rel(measured), f"{costs.source} on {costs.device}")
+        mismatch = cost_mismatch(costs, workload)
+        if not mismatch:
+            return ModelCosts(costs, _rel(measured), f"{costs.source} on {costs.device}")
+        skipped = f" ({_rel(measured)} skipped: {mismatch})"
     from experiments.extrapolated_costs import extrapolated_cost_model
 
     costs = extrapolated_cost_model(model)
     path = costs.save(cost_path(REFERENCE_DEVICE, model, extrapolated_dir))
-    return ModelCosts(costs, _rel(path), costs.source)
+    return ModelCosts(costs, _rel(path), costs.source + skipped)
+
+
+def cost_mismatch(costs: CostModel, workload: Workload | None) -> str:
+    """Why ``costs`` cannot price ``workload`` of its model at the model's default resolution ("" if it
+    can): a cost file prices one sample at the shape it was measured at (``meta`` height / width /
+    frames), and the workload needs points for its guidance setting."""
+    from digenrl.models import MODEL_SPECS
+
+    reasons = []
+    spec = MODEL_SPECS.get(costs.model)
+    if spec is not None:
+        expected = {
+            "height": spec.default_height,
+            "width": spec.default_width,
+            "frames": spec.default_frames if spec.is_video else None,
+        }
+        measured = {k: costs.meta.get(k) for k in expected if k in costs.meta}
+        if measured and any(measured[k] != expected[k] for k in measured):
+            reasons.append(
+                f"measured at {_shape(measured)}, the workload runs the model default {_shape(expected)}"
+            )
+    if workload is not None and not costs.has_cfg(workload.cfg):
+        reasons.append(
+            f"the {'CFG' if workload.cfg else 'no-CFG'} workload needs generator and training points for "
+            "that setting, the file lacks one of them"
+        )
+    return "; ".join(reasons)
+
+
+def _shape(values: dict[str, Any]) -> str:
+    text = f"{values.get('height')}x{values.get('width')}"
+    return text + (f"x{values['frames']}f" if values.get("frames") else "")
 
 
 def _rel(path: Path) -> str:

@@ -149,3 +149,40 @@ def test_device_costs_scale_h200_costs_by_relative_speed():
         expected = base.generator_step_points["no_cfg"][batch] / speed
         got = costs.for_rank(rank).generator_step_s(batch, False)
         assert got == pytest.approx(expected, rel=1e-12)
+
+
+def test_a_measured_cost_file_is_used_only_for_the_shape_and_guidance_it_was_measured_at(tmp_path):
+    """A cost file prices one sample at its measured shape: another shape, or a guidance setting without
+    points, falls back to the extrapolation (and says why); an explicit file that does not fit is an error."""
+    from dataclasses import replace
+
+    from digenrl.models import MODEL_SPECS
+    from experiments.extrapolated_costs import extrapolated_cost_model
+    from experiments.sim_tables import cost_mismatch, default_workload, model_costs
+
+    model = "wan2.1-14b"
+    spec = MODEL_SPECS[model]
+    workload = default_workload(model)
+    frames = random.choice([17, 33, 49])
+    base = extrapolated_cost_model(model)
+    fits = replace(
+        base,
+        source="measured",
+        meta={"height": spec.default_height, "width": spec.default_width, "frames": spec.default_frames},
+    )
+    assert cost_mismatch(fits, workload) == "" and fits.has_cfg(workload.cfg)
+    short_clip = replace(fits, meta={**fits.meta, "frames": frames})
+    assert f"x{frames}f" in cost_mismatch(short_clip, workload)
+    no_cfg_training = replace(fits, train_points={"no_cfg": fits.train_points["no_cfg"]})
+    assert workload.cfg and "CFG" in cost_mismatch(no_cfg_training, workload)
+
+    costs_dir = tmp_path / "costs"
+    costs_dir.mkdir()
+    short_clip.save(costs_dir / f"h200-{model}.json")
+    chosen = model_costs(model, tmp_path / "extrapolated", costs_dir=costs_dir, workload=workload)
+    assert chosen.cost_source.startswith("extrapolated") and f"x{frames}f" in chosen.cost_source
+    with pytest.raises(ValueError, match="does not fit"):
+        model_costs(model, tmp_path / "x", cost_file=costs_dir / f"h200-{model}.json", workload=workload)
+    fits.save(costs_dir / f"h200-{model}.json")
+    chosen = model_costs(model, tmp_path / "extrapolated", costs_dir=costs_dir, workload=workload)
+    assert chosen.cost_source == "measured on h200"
