@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call on 2 H200s (kind nvidia-h200-x2, carry [".whl"]): the systems side by side with NCCL.
 #   1. tiny model: colocated-sync, separate-sync, separate-async, digenrl gap — the NCCL code paths.
-#   2. SD3.5-medium size (random weights, LoRA, bf16): colocated-sync vs separate-sync vs digenrl gap,
+#   2. SD3.5-medium size (random weights, LoRA, bf16, model.autocast; no compile: its first-call cost would eat
+#      the per-run budget): colocated-sync vs separate-sync vs digenrl gap,
 #      same logical batch, iteration time and trace per system.
 # Results under $OUT: log.txt, summary.md, runs.tgz (metrics.jsonl, trace.json of every run).
 set -u
@@ -32,7 +33,7 @@ run tiny-separate-async 45 $TINY system=separate-async asynchrony.max_staleness=
 run tiny-digenrl-gap 45 $TINY system=digenrl gap.fragment_groups=1 pools.trainers=1 pools.generators=1
 SD="model=sd3.5-medium model.dtype=bfloat16 model.height=512 model.width=512 iterations=4 sampler.num_steps=10
     sampler.guidance_scale=4.5 sampler.noise_level=0.7 algo.prompts_per_iteration=4 algo.group_size=8
-    trainer.micro_batch_size=8 trainer.lora_rank=32 trainer.lora_alpha=64 trainer.lr=0.0003 algo.clip_range=0.0001
+    trainer.micro_batch_size=8 model.autocast=true trainer.lora_rank=32 trainer.lora_alpha=64 trainer.lr=0.0003 algo.clip_range=0.0001
     reward=jpeg-compressibility checkpoint_every=100"
 run sd35-colocated-sync 140 $SD system=colocated-sync
 run sd35-separate-sync 140 $SD system=separate-sync pools.trainers=1 pools.generators=1

@@ -98,3 +98,10 @@ def test_validation_errors_name_key_and_allowed_values(overrides, world, needles
 
 def test_defaults_validate():
     validate_config(Config(), world_size=1)
+
+
+@pytest.mark.parametrize("path", sorted(TINY.parent.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_experiment_config_loads_and_validates(path):
+    cfg = load_config(path, [])
+    validate_config(cfg, world_size=1)
+    assert cfg.model.name and cfg.iterations > 0
