@@ -48,7 +48,8 @@ except ImportError:  # running from a checkout without `pip install -e .`
 from digenrl.config import Config, apply_overrides
 from digenrl.models import MODEL_SPECS, FlowModel, TextCondition, build_flow_model, get_model_spec
 from digenrl.models.optimize import COMPILE_MODES, CompileSettings, optimize_flow_model
-from digenrl.perf import logprob_agreement, roofline
+from digenrl.perf import bench_cli, logprob_agreement, roofline
+from digenrl.perf.bench_cli import fmt, int_list, name_list, output_paths
 from digenrl.rollout.noise import sample_seed
 from digenrl.rollout.sampler import Sampler
 
@@ -95,47 +96,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--out", default=None, help="output directory, or a .json path")
     args = p.parse_args(argv)
-    try:
-        args.batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b.strip()]
-    except ValueError:
-        p.error(f"--batch-sizes must be comma-separated integers, got {args.batch_sizes!r}")
-    if not args.batch_sizes or min(args.batch_sizes) < 1:
-        p.error("--batch-sizes needs positive integers")
+    args.batch_sizes = int_list(args.batch_sizes, "--batch-sizes", p)
     if args.iters < 1 or args.warmup < 0:
         p.error("--iters must be >= 1 and --warmup >= 0")
-    args.paths = [s.strip() for s in args.paths.split(",") if s.strip()]
-    if not args.paths or any(s not in PATHS for s in args.paths):
-        p.error(f"--paths must be a comma-separated subset of {','.join(PATHS)}, got {args.paths}")
+    args.paths = name_list(args.paths, "--paths", PATHS, p)
     if args.cuda_graphs:
         args.compile, args.compile_mode = True, "reduce-overhead"
     if args.agreement_steps < 0 or args.agreement_samples < 1:
         p.error("--agreement-steps must be >= 0 and --agreement-samples >= 1")
     return args
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def random_condition(flow_model: FlowModel, batch: int, device: torch.device) -> TextCondition:
-    text = flow_model.spec.text_encoder
-    dtype = flow_model.dtype
-    embeds = torch.randn(batch, text.seq_len, text.embed_dim, device=device, dtype=dtype)
-    pooled = (
-        None if text.pooled_dim is None else torch.randn(batch, text.pooled_dim, device=device, dtype=dtype)
-    )
-    mask = torch.ones(batch, text.seq_len, device=device, dtype=torch.bool) if text.uses_mask else None
-    return TextCondition(embeds, pooled, mask)
-
-
-def output_paths(out: str, kind: str, model: str) -> tuple[Path, Path]:
-    """(json, markdown) for ``--out``: a directory gets ``<kind>-<model>.json/.md``; a .json path its .md."""
-    path = Path(out)
-    if path.suffix == ".json":
-        return path, path.with_suffix(".md")
-    return path / f"{kind}-{model}.json", path / f"{kind}-{model}.md"
 
 
 def make_sampler(model: str, spec, tokens: int, cfg_on: bool) -> Sampler:
@@ -158,7 +127,9 @@ class StepCase:
         self.x = torch.randn(batch, *latent_shape, device=device)
         self.sigma = sampler.sigmas[0].to(device).expand(batch)
         self.sigma_next = sampler.sigmas[1].to(device).expand(batch)
-        self.cond = random_condition(flow_model, batch, device)
+        self.cond = TextCondition.random(
+            flow_model.spec.text_encoder, batch, device=device, dtype=flow_model.dtype
+        )
         self.uncond = uncond if sampler.true_cfg else None
         self.noise = torch.randn_like(self.x)
 
@@ -197,7 +168,7 @@ def bench_case(
 
 def run(args: argparse.Namespace) -> dict:
     spec = get_model_spec(args.model)
-    device = resolve_device(args.device)
+    device = roofline.resolve_device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype_name = args.dtype if args.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
@@ -245,7 +216,7 @@ def run(args: argparse.Namespace) -> dict:
         iters=args.iters,
         attention_backend=args.attention_backend,
     )
-    uncond = random_condition(flow_model, 1, device)
+    uncond = TextCondition.random(flow_model.spec.text_encoder, 1, device=device, dtype=flow_model.dtype)
     cfg_modes = {"on": [True], "off": [False], "both": [False, True]}[args.cfg]
     cases: dict[tuple[int, bool], StepCase | str] = {}
     for batch in args.batch_sizes:
@@ -345,23 +316,21 @@ def _agreement_inputs(flow_model, spec, tokens, latent_shape, uncond, args) -> d
         "sampler": sampler,
         "seeds": [sample_seed(0, 0, i, 0) for i in range(n)],
         "latent_shape": tuple(latent_shape),
-        "cond": random_condition(flow_model, n, flow_model.device),
+        "cond": TextCondition.random(
+            flow_model.spec.text_encoder, n, device=flow_model.device, dtype=flow_model.dtype
+        ),
         "uncond": uncond if sampler.true_cfg else None,
         "steps": args.agreement_steps,
     }
-
-
-def _fmt(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
 
 
 def format_row(r: dict) -> str:
     return (
         f"{r['path']:>9} B={r['batch_size']:<3} cfg={'on' if r['cfg'] else 'off':<3} "
         f"fwd={r['model_batch']:<3} "
-        f"{r['ms_per_step']:9.2f} ms/step  {_fmt(r.get('tflops_per_s'), '.4g'):>7} TFLOP/s  "
-        f"{_fmt(r.get('fraction_of_ceiling'), '.1%'):>6} of ceiling  first {r['first_call_s']:.2f} s  "
-        f"peak {_fmt(r.get('peak_mem_gib'), '.2f')} GiB"
+        f"{r['ms_per_step']:9.2f} ms/step  {fmt(r.get('tflops_per_s'), '.4g'):>7} TFLOP/s  "
+        f"{fmt(r.get('fraction_of_ceiling'), '.1%'):>6} of ceiling  first {r['first_call_s']:.2f} s  "
+        f"peak {fmt(r.get('peak_mem_gib'), '.2f')} GiB"
     )
 
 
@@ -399,15 +368,9 @@ def format_markdown(report: dict) -> str:
         e, o = rows.get("eager", both), rows.get("optimized", both)
 
         def cell(row: dict, key: str, spec: str) -> str:
-            if row.get(key) is not None:
-                return format(row[key], spec)
-            return row.get("skipped", row.get("error", "-"))[:40] if key == "ms_per_step" else "-"
+            return bench_cli.cell(row, key, spec, primary="ms_per_step")
 
-        speed = (
-            f"{e['ms_per_step'] / o['ms_per_step']:.2f}x"
-            if "ms_per_step" in e and "ms_per_step" in o
-            else "-"
-        )
+        speed = bench_cli.speedup(e, o, "ms_per_step")
         lines.append(
             f"| {batch} | {'on' if cfg else 'off'} | {model_batch} | {cell(e, 'ms_per_step', '.2f')} "
             f"| {cell(o, 'ms_per_step', '.2f')} | {speed} | {cell(e, 'tflops_per_s', '.4g')} "

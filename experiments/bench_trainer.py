@@ -56,34 +56,17 @@ from digenrl.config import Config, apply_overrides
 from digenrl.models import MODEL_SPECS, FlowModel, TextCondition, build_flow_model
 from digenrl.models.attention_safety import KNOWN_BAD_ATTENTION, parse_cudnn_version, parse_torch_version
 from digenrl.models.optimize import COMPILE_MODES, CompileSettings, optimize_flow_model
-from digenrl.perf import backward_check, roofline
+from digenrl.perf import backward_check, bench_cli, roofline
+from digenrl.perf.bench_cli import fmt, int_list, name_list, output_paths
 from digenrl.perf.kernel_profile import format_profile, profile_call
 from digenrl.rollout.sampler import Sampler
 from digenrl.rollout.trajectory import TrajectoryBatch
-from digenrl.runtime.transfer import batch_to_tensors
-from digenrl.sim.measure import time_helper_switch
+from digenrl.sim.measure import time_helper_switch, wire_bytes
 from digenrl.trainer import PolicyTrainer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PATHS = ("eager", "optimized")
 DYNAMIC = {"auto": None, "true": True, "false": False}
-
-
-def _int_list(text: str, flag: str, parser: argparse.ArgumentParser) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        parser.error(f"{flag} must be comma-separated integers, got {text!r}")
-    if not values or min(values) < 1:
-        parser.error(f"{flag} needs positive integers")
-    return values
-
-
-def _name_list(text: str, flag: str, allowed: tuple[str, ...], parser: argparse.ArgumentParser) -> list[str]:
-    values = [v.strip() for v in text.split(",") if v.strip()]
-    if not values or any(v not in allowed for v in values):
-        parser.error(f"{flag} must be a comma-separated subset of {','.join(allowed)}, got {text!r}")
-    return values
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -151,14 +134,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--regression-timeout-s", type=float, default=180.0, help="per subprocess")
     p.add_argument("--out", default=None, help="output directory, or a .json path")
     args = p.parse_args(argv)
-    args.micro_batch_sizes = _int_list(args.micro_batch_sizes, "--micro-batch-sizes", p)
-    args.modes = _name_list(args.modes, "--modes", ("lora", "full"), p)
-    args.paths = _name_list(args.paths, "--paths", PATHS, p)
-    args.regression_settings = _name_list(
+    args.micro_batch_sizes = int_list(args.micro_batch_sizes, "--micro-batch-sizes", p)
+    args.modes = name_list(args.modes, "--modes", ("lora", "full"), p)
+    args.paths = name_list(args.paths, "--paths", PATHS, p)
+    args.regression_settings = name_list(
         args.regression_settings, "--regression-settings", backward_check.SETTINGS, p
     )
-    args.regression_heights = _int_list(args.regression_heights, "--regression-heights", p)
-    blocks = _int_list(args.regression_blocks, "--regression-blocks", p)
+    args.regression_heights = int_list(args.regression_heights, "--regression-heights", p)
+    blocks = int_list(args.regression_blocks, "--regression-blocks", p)
     if len(blocks) != 2:
         p.error("--regression-blocks takes two integers: dual-stream,single-stream")
     args.regression_blocks = blocks
@@ -167,20 +150,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.kl_beta < 0:
         p.error("--kl-beta must be >= 0")
     return args
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def random_condition(flow_model: FlowModel, batch: int, device: torch.device) -> TextCondition:
-    text = flow_model.spec.text_encoder
-    embeds = torch.randn(batch, text.seq_len, text.embed_dim, device=device)
-    pooled = None if text.pooled_dim is None else torch.randn(batch, text.pooled_dim, device=device)
-    mask = torch.ones(batch, text.seq_len, device=device, dtype=torch.bool) if text.uses_mask else None
-    return TextCondition(embeds, pooled, mask)
 
 
 def guidance_scale(spec, setting: str) -> float | None:
@@ -217,7 +186,7 @@ def synthetic_batch(
 ) -> TrajectoryBatch:
     """On-policy trajectories: every trained transition is drawn by the sampler from the model itself."""
     b, k = args.samples, min(args.train_steps, sampler.num_steps)
-    cond = random_condition(flow_model, b, device)
+    cond = TextCondition.random(flow_model.spec.text_encoder, b, device=device)
     x = torch.randn(b, *latent_shape, device=device)
     lat, nxt, logp, sig, nsig = [], [], [], [], []
     for i in range(k):
@@ -250,25 +219,16 @@ def synthetic_batch(
     )
 
 
-def _tensor_bytes(tensors) -> int:
-    return int(sum(t.numel() * t.element_size() for t in tensors))
-
-
-def wire_bytes(batch: TrajectoryBatch) -> dict[str, int]:
-    """Bytes on the wire (``runtime.transfer.batch_to_tensors``) of what the systems ship, with the
-    definitions of digenrl/sim/measure.py: a sample's record without its clean latent, one GAP unit row
-    (``TrajectoryBatch.select_units``), the text condition, one latent (a TSP stage's hand-over)."""
-    latent = batch.final_latents[0]
-    shipped = replace(batch, final_latents=None, rewards=torch.zeros(batch.batch_size, device=latent.device))
-    b, k = shipped.batch_size, shipped.num_train_steps
-    units = shipped.select_units(
-        [i for i in range(b) for _ in range(k)], [j for _ in range(b) for j in range(k)]
-    )
+def shipped_bytes(batch: TrajectoryBatch) -> dict[str, int]:
+    """The cost model's byte counts of what the systems ship (:func:`digenrl.sim.measure.wire_bytes`);
+    a synthetic batch has no rewards yet, so it gets the zero rewards a scored one would carry."""
+    rewards = torch.zeros(batch.batch_size, device=batch.final_latents.device)
+    sizes = wire_bytes(replace(batch, rewards=rewards))
     return {
-        "fragment_bytes_per_sample": _tensor_bytes(batch_to_tensors(shipped)[1]) // b,
-        "unit_bytes": _tensor_bytes(batch_to_tensors(units)[1]) // units.batch_size,
-        "cond_bytes_per_sample": shipped.cond.num_bytes() // b,
-        "latent_bytes_per_sample": latent.numel() * latent.element_size(),
+        "fragment_bytes_per_sample": sizes["per_sample"],
+        "unit_bytes": sizes["per_unit"],
+        "cond_bytes_per_sample": sizes["cond"],
+        "latent_bytes_per_sample": sizes["latent"],
     }
 
 
@@ -277,7 +237,7 @@ class Bench:
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.device = resolve_device(args.device)
+        self.device = roofline.resolve_device(args.device)
         self.dtype_name = (
             args.dtype if args.dtype != "auto" else ("bfloat16" if self.device.type == "cuda" else "float32")
         )
@@ -331,7 +291,7 @@ class Bench:
         frames = args.frames if spec.is_video else None
         latent_shape = flow_model.latent_shape(height, width, frames)
         tokens = flow_model.token_count(height, width, frames)
-        uncond = random_condition(flow_model, 1, device)
+        uncond = TextCondition.random(flow_model.spec.text_encoder, 1, device=device)
         samplers = [
             Sampler.from_config(make_config(args, mode, self.dtype_name, s), spec, tokens) for s in scales
         ]
@@ -454,13 +414,13 @@ class Bench:
             _, batch = next(iter(batches.values()))
             trainable = trainer.backend.trainable_parameters()
             self.report["costs"][f"{mode}/{path}"] = {
-                "weight_sync_bytes": _tensor_bytes(trainable),
-                "grad_bytes": _tensor_bytes(trainable),
-                "param_bytes": _tensor_bytes(list(flow_model.parameters())),
-                "optimizer_bytes": _tensor_bytes(
+                "weight_sync_bytes": roofline.tensor_bytes(trainable),
+                "grad_bytes": roofline.tensor_bytes(trainable),
+                "param_bytes": roofline.tensor_bytes(list(flow_model.parameters())),
+                "optimizer_bytes": roofline.tensor_bytes(
                     [t for st in trainer.optimizer.state.values() for t in st.values() if torch.is_tensor(t)]
                 ),
-                **wire_bytes(batch),
+                **shipped_bytes(batch),
                 "helper_switch_s": time_helper_switch(trainer, batch, device, warmup=1, iters=3),
                 "train_steps_per_sample": batch.num_train_steps,
             }
@@ -533,24 +493,13 @@ def _regression_detail(result: dict) -> str:
     return ", ".join(f"{r['height']}px finite={r.get('finite')} {r.get('seconds', 0):.2f} s" for r in runs)
 
 
-def output_paths(out: str, kind: str, model: str) -> tuple[Path, Path]:
-    path = Path(out)
-    if path.suffix == ".json":
-        return path, path.with_suffix(".md")
-    return path / f"{kind}-{model}.json", path / f"{kind}-{model}.md"
-
-
-def _fmt(value, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
 def format_row(r: dict) -> str:
     return (
         f"{r['path']:>9} {r['mode']:<4} cfg={'on' if r['cfg'] else 'off':<3} mbs={r['micro_batch_size']:<3} "
         f"{r['ms_per_unit']:9.2f} ms/unit  step {r['optimizer_step_ms']:.2f} ms  "
-        f"{_fmt(r.get('tflops_per_s'), '.4g'):>7} TFLOP/s  "
-        f"{_fmt(r.get('fraction_of_ceiling'), '.1%'):>6} of ceil  "
-        f"peak {_fmt(r.get('peak_mem_gib'), '.2f')} GiB  max|r-1| {r['max_abs_ratio_minus_1']:.2e}"
+        f"{fmt(r.get('tflops_per_s'), '.4g'):>7} TFLOP/s  "
+        f"{fmt(r.get('fraction_of_ceiling'), '.1%'):>6} of ceil  "
+        f"peak {fmt(r.get('peak_mem_gib'), '.2f')} GiB  max|r-1| {r['max_abs_ratio_minus_1']:.2e}"
     )
 
 
@@ -586,15 +535,9 @@ def format_markdown(report: dict) -> str:
             e, o = rows.get("eager", {}), rows.get("optimized", {})
 
             def cell(row: dict, key: str, spec: str) -> str:
-                if row.get(key) is not None:
-                    return format(row[key], spec)
-                return row.get("skipped", row.get("error", "-"))[:40] if key == "ms_per_unit" else "-"
+                return bench_cli.cell(row, key, spec, primary="ms_per_unit")
 
-            speed = (
-                f"{e['ms_per_unit'] / o['ms_per_unit']:.2f}x"
-                if "ms_per_unit" in e and "ms_per_unit" in o
-                else "-"
-            )
+            speed = bench_cli.speedup(e, o, "ms_per_unit")
             lines.append(
                 f"| {mode} | {'on' if cfg else 'off'} | {mbs} | {cell(e, 'ms_per_unit', '.2f')} "
                 f"| {cell(o, 'ms_per_unit', '.2f')} | {speed} | {cell(e, 'tflops_per_s', '.4g')} "

@@ -105,10 +105,7 @@ def measure_decode_and_reward(
     from digenrl.perf import roofline
     from digenrl.rewards.registry import build_reward
 
-    if args.device == "auto":
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    else:
-        device = torch.device(args.device)
+    device = roofline.resolve_device(args.device)
     spec = get_model_spec(model)
     torch.manual_seed(0)
     decoder = LatentDecoder.build(spec, device=device, dtype=DTYPES[dtype])

@@ -22,17 +22,8 @@ try:
 except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from digenrl.perf.bench_cli import int_list
 from digenrl.sim.costs import cost_path
-
-
-def _int_list(text: str, flag: str, parser: argparse.ArgumentParser) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        parser.error(f"{flag} must be comma-separated integers, got {text!r}")
-    if not values or min(values) < 1:
-        parser.error(f"{flag} needs positive integers, got {text!r}")
-    return values
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -67,8 +58,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "only add contention noise on shared machines)",
     )
     args = p.parse_args(argv)
-    args.batches = _int_list(args.batches, "--batches", p)
-    args.micro_batches = _int_list(args.micro_batches, "--micro-batches", p)
+    args.batches = int_list(args.batches, "--batches", p)
+    args.micro_batches = int_list(args.micro_batches, "--micro-batches", p)
     return args
 
 
@@ -76,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
 
-    from digenrl.sim.measure import measure_costs, resolve_device
+    from digenrl.perf.roofline import resolve_device
+    from digenrl.sim.measure import measure_costs
 
     threads = args.threads or (1 if resolve_device(args.device).type == "cpu" else None)
     if threads:

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from digenrl.models.spec_types import TextEncoderSpec
 
 
 @dataclass
@@ -77,6 +81,27 @@ class TextCondition:
         if repeats < 1:
             raise ValueError(f"repeats must be >= 1, got {repeats}")
         return self._map(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    @classmethod
+    def random(
+        cls,
+        text: TextEncoderSpec,
+        batch: int,
+        *,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> TextCondition:
+        """Random embeddings with the shapes of ``text`` (a model spec's ``text_encoder``), all tokens
+        real: what benchmarks feed a random-weight transformer in place of an encoded prompt (the
+        systems cost does not depend on the values)."""
+        embeds = torch.randn(batch, text.seq_len, text.embed_dim, device=device, dtype=dtype)
+        pooled = (
+            None
+            if text.pooled_dim is None
+            else torch.randn(batch, text.pooled_dim, device=device, dtype=dtype)
+        )
+        mask = torch.ones(batch, text.seq_len, device=device, dtype=torch.bool) if text.uses_mask else None
+        return cls(embeds, pooled, mask)
 
     @classmethod
     def cat(cls, conditions: Sequence[TextCondition]) -> TextCondition:

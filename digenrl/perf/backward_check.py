@@ -55,19 +55,6 @@ def sliced_spec(model: str, *, double: int, single: int):
     return dataclasses.replace(spec, transformer_config=cfg)
 
 
-def _random_condition(flow_model, batch: int, device: torch.device):
-    from digenrl.models import TextCondition
-
-    text = flow_model.spec.text_encoder
-    dtype = flow_model.dtype
-    embeds = torch.randn(batch, text.seq_len, text.embed_dim, device=device, dtype=dtype)
-    pooled = (
-        None if text.pooled_dim is None else torch.randn(batch, text.pooled_dim, device=device, dtype=dtype)
-    )
-    mask = torch.ones(batch, text.seq_len, device=device, dtype=torch.bool) if text.uses_mask else None
-    return TextCondition(embeds, pooled, mask)
-
-
 def check_backward(
     model: str = "flux.1-dev",
     *,
@@ -81,7 +68,7 @@ def check_backward(
     dtype: str = "auto",
 ) -> dict:
     """Build the slice, apply ``setting``, run forward + backward at each height (square images)."""
-    from digenrl.models import FlowModel, set_attention_backend
+    from digenrl.models import FlowModel, TextCondition, set_attention_backend
     from digenrl.models.attention_safety import (
         apply_attention_backend,
         process_attention_backend,
@@ -135,7 +122,9 @@ def check_backward(
             shape = flow_model.latent_shape(height, height)
             run["tokens"] = flow_model.token_count(height, height) + spec.text_encoder.seq_len
             x = torch.randn(batch, *shape, device=torch_device)
-            cond = _random_condition(flow_model, batch, torch_device)
+            cond = TextCondition.random(
+                flow_model.spec.text_encoder, batch, device=torch_device, dtype=flow_model.dtype
+            )
             for p in params:
                 p.grad = None
             if torch_device.type == "cuda":

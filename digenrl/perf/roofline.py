@@ -18,6 +18,18 @@ from collections.abc import Callable
 import torch
 
 
+def resolve_device(name: str) -> torch.device:
+    """``auto``: CUDA if available, else CPU; anything else as torch spells it (``cpu``, ``cuda:1``)."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def tensor_bytes(tensors) -> int:
+    """Bytes held by ``tensors`` (an iterable), as the cost model counts weights, grads and payloads."""
+    return int(sum(t.numel() * t.element_size() for t in tensors))
+
+
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -34,6 +34,18 @@ if TYPE_CHECKING:
 #: ``experiments/results/costs`` at the repository root (this file is digenrl/sim/costs.py).
 COSTS_DIR = Path(__file__).resolve().parents[2] / "experiments" / "results" / "costs"
 CFG_KEYS = {True: "cfg", False: "no_cfg"}
+#: The CostModel fields that count bytes (validated as ints >= 0, printed in bytes).
+BYTE_FIELDS = (
+    "weight_sync_bytes",
+    "grad_bytes",
+    "fragment_bytes_per_sample",
+    "unit_bytes",
+    "cond_bytes_per_sample",
+    "latent_bytes_per_sample",
+    "param_bytes",
+    "optimizer_bytes",
+    "reward_param_bytes",
+)
 SOURCES = ("measured", "extrapolated")
 FORMAT_VERSION = 1
 
@@ -147,17 +159,7 @@ class CostModel:
         self.reward_points = _points("reward_points", self.reward_points)
         for name in ("optimizer_step_s", "helper_switch_s"):
             setattr(self, name, _non_negative(name, getattr(self, name)))
-        for name in (
-            "weight_sync_bytes",
-            "grad_bytes",
-            "fragment_bytes_per_sample",
-            "unit_bytes",
-            "cond_bytes_per_sample",
-            "latent_bytes_per_sample",
-            "param_bytes",
-            "optimizer_bytes",
-            "reward_param_bytes",
-        ):
+        for name in BYTE_FIELDS:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"CostModel.{name} must be an int >= 0 (bytes), got {value!r}")
@@ -308,17 +310,7 @@ class CostModel:
             lines.append(f"  {f'train micro-batch [{flag}]':<28}" + _fmt_points(pts, "m"))
         lines.append(f"  {'optimizer step':<28}{1e3 * self.optimizer_step_s:.3f} ms")
         lines.append(f"  {'TAG switch':<28}{1e3 * self.helper_switch_s:.3f} ms")
-        for name in (
-            "weight_sync_bytes",
-            "grad_bytes",
-            "fragment_bytes_per_sample",
-            "unit_bytes",
-            "cond_bytes_per_sample",
-            "latent_bytes_per_sample",
-            "param_bytes",
-            "optimizer_bytes",
-            "reward_param_bytes",
-        ):
+        for name in BYTE_FIELDS:
             lines.append(f"  {name:<28}{getattr(self, name):,} B")
         return "\n".join(lines)
 

@@ -31,6 +31,7 @@ import torch
 from digenrl.config import Config, apply_overrides
 from digenrl.models import ModelBundle, ModelSpec, build_model_bundle
 from digenrl.models.text_condition import TextCondition
+from digenrl.perf.roofline import resolve_device, synchronize, tensor_bytes
 from digenrl.rewards.registry import build_reward
 from digenrl.rollout.engine import RolloutEngine
 from digenrl.rollout.sampler import Sampler
@@ -44,12 +45,6 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 KNOWN_GPUS = ("h200", "h100", "h800", "h20", "a100", "a800", "l40s", "l40", "a10", "v100", "b200")
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
 def device_label(device: torch.device) -> str:
     """``cpu``, or a short GPU name (``h200``) for cost file names; unknown GPUs get a slug of their name."""
     if device.type != "cuda":
@@ -61,27 +56,18 @@ def device_label(device: torch.device) -> str:
     return re.sub(r"[^a-z0-9]+", "-", full).strip("-")
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def median_seconds(fn: Callable[[], object], device: torch.device, warmup: int, iters: int) -> float:
     """Median wall time of ``fn`` over ``iters`` calls after ``warmup`` untimed ones."""
     for _ in range(warmup):
         fn()
-    _sync(device)
+    synchronize(device)
     times = []
     for _ in range(iters):
         start = time.perf_counter()
         fn()
-        _sync(device)
+        synchronize(device)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
-
-
-def _tensor_bytes(tensors: Sequence[torch.Tensor]) -> int:
-    return int(sum(t.numel() * t.element_size() for t in tensors))
 
 
 def measure_costs(
@@ -187,7 +173,7 @@ def measure_costs(
     optimizer_s = _time_optimizer_step(trainer, batch, torch_device, warmup, iters)
     switch_s = time_helper_switch(trainer, batch, torch_device, warmup, iters)
     trainable = list(trainer.backend.trainable_parameters())
-    wire = _wire_bytes(batch)
+    wire = wire_bytes(batch)
     reward_params = [p for m in _modules_of(reward_fn) for p in m.parameters()]
     return CostModel(
         device=device_name or device_label(torch_device),
@@ -197,17 +183,17 @@ def measure_costs(
         reward_points=reward_points,
         train_points=train_points,
         optimizer_step_s=optimizer_s,
-        weight_sync_bytes=_tensor_bytes(trainable),
-        grad_bytes=_tensor_bytes(trainable),
+        weight_sync_bytes=tensor_bytes(trainable),
+        grad_bytes=tensor_bytes(trainable),
         fragment_bytes_per_sample=wire["per_sample"],
         unit_bytes=wire["per_unit"],
         cond_bytes_per_sample=wire["cond"],
         latent_bytes_per_sample=wire["latent"],
-        param_bytes=_tensor_bytes(list(flow_model.parameters())),
-        optimizer_bytes=_tensor_bytes(
+        param_bytes=tensor_bytes(list(flow_model.parameters())),
+        optimizer_bytes=tensor_bytes(
             [t for state in trainer.optimizer.state.values() for t in state.values() if torch.is_tensor(t)]
         ),
-        reward_param_bytes=_tensor_bytes(reward_params),
+        reward_param_bytes=tensor_bytes(reward_params),
         helper_switch_s=switch_s,
         source="measured",
         command=command,
@@ -284,7 +270,7 @@ def _rollout(
     return batch
 
 
-def _wire_bytes(batch: TrajectoryBatch) -> dict[str, int]:
+def wire_bytes(batch: TrajectoryBatch) -> dict[str, int]:
     """Bytes on the wire (``runtime.transfer.batch_to_tensors``) of what the systems ship: a whole
     sample's record without the clean latent (``systems/separate.py``), one unit row of a GAP shard
     (``TrajectoryBatch.select_units``, as ``gap.unit_sharding.shard_units``), the condition, one latent."""
@@ -297,8 +283,8 @@ def _wire_bytes(batch: TrajectoryBatch) -> dict[str, int]:
         [i for i in range(b) for _ in range(k)], [j for _ in range(b) for j in range(k)]
     )
     return {
-        "per_sample": _tensor_bytes(batch_to_tensors(shipped)[1]) // b,
-        "per_unit": _tensor_bytes(batch_to_tensors(units)[1]) // units.batch_size,
+        "per_sample": tensor_bytes(batch_to_tensors(shipped)[1]) // b,
+        "per_unit": tensor_bytes(batch_to_tensors(units)[1]) // units.batch_size,
         "cond": shipped.cond.num_bytes() // b,
         "latent": latent,
     }
@@ -315,10 +301,10 @@ def _time_optimizer_step(
     times = []
     for i in range(warmup + iters):
         trainer.accumulate(batch, 1.0 / batch.num_units)
-        _sync(device)
+        synchronize(device)
         start = time.perf_counter()
         trainer.step()
-        _sync(device)
+        synchronize(device)
         if i >= warmup:
             times.append(time.perf_counter() - start)
     return statistics.median(times)
