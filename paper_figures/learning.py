@@ -24,7 +24,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 from matplotlib.ticker import MaxNLocator
 
 from paper_figures.logs import RunLog, load_run
-from paper_figures.style import DEFAULT_DPI, new_figure, save_png
+from paper_figures.style import DEFAULT_DPI, label_axes, new_figure, save_png
 
 X_AXES = ("iteration", "wall")
 
@@ -86,12 +86,14 @@ def plot_learning(
         )
     rewards = {reward_name(run) for run in loaded}
     reward = f" ({rewards.pop()})" if len(rewards) == 1 and None not in rewards else ""
-    axes.set_ylabel(f"reward{reward}, mean ± std in batch", fontsize=9)
     if x == "iteration":
         axes.xaxis.set_major_locator(MaxNLocator(integer=True))
-    axes.set_xlabel("iteration" if x == "iteration" else "wall-clock time (s, sum of wall_s)", fontsize=9)
-    axes.set_title(title or "Reward during training", fontsize=10)
-    axes.grid(color="#eeeeee", linewidth=0.6)
+    label_axes(
+        axes,
+        xlabel="iteration" if x == "iteration" else "wall-clock time (s, sum of wall_s)",
+        ylabel=f"reward{reward}, mean ± std in batch",
+        title=title or "Reward during training",
+    )
     axes.legend(fontsize=8, frameon=False)
     return save_png(figure, out_path)
 

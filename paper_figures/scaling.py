@@ -19,7 +19,7 @@ from paper_figures.bars import metric_label
 from paper_figures.cli import table_figure_main
 from paper_figures.lines import draw_system_lines, legend_handles
 from paper_figures.logs import ResultRow, experiment_rows
-from paper_figures.style import DEFAULT_DPI, bottom_legend, new_figure, save_png
+from paper_figures.style import DEFAULT_DPI, bottom_legend, label_axes, new_figure, save_png
 
 
 def plot_scaling(
@@ -49,11 +49,8 @@ def plot_scaling(
         axes.set_xscale("log", base=2)
         axes.set_xticks(gpu_counts, [f"{g:g}" for g in gpu_counts])
         axes.minorticks_off()
-        axes.set_xlabel("GPUs", fontsize=9)
-        axes.set_ylabel(metric_label(metric), fontsize=9)
         axes.set_ylim(bottom=0)
-        axes.set_title(model, fontsize=10)
-        axes.grid(color="#eeeeee", linewidth=0.6)
+        label_axes(axes, xlabel="GPUs", ylabel=metric_label(metric), title=model)
     figure.suptitle("Scaling with GPU count (dotted: linear)", fontsize=11)
     handles = legend_handles(scaling)
     bottom_legend(figure, handles)

@@ -20,7 +20,7 @@ from paper_figures.bars import metric_label
 from paper_figures.cli import table_figure_main
 from paper_figures.lines import draw_system_lines, legend_handles
 from paper_figures.logs import ResultRow, experiment_rows
-from paper_figures.style import DEFAULT_DPI, bottom_legend, new_figure, save_png
+from paper_figures.style import DEFAULT_DPI, bottom_legend, label_axes, new_figure, save_png
 
 
 def generator_share(row: ResultRow) -> float:
@@ -57,11 +57,13 @@ def plot_split(
                       linestyle="none", zorder=5)  # fmt: skip
         ticks = {generator_share(r): f"{r.generators}:{r.trainers}" for r in panel_rows}
         axes.set_xticks(sorted(ticks), [ticks[x] for x in sorted(ticks)], fontsize=8)
-        axes.set_xlabel("generator GPUs : trainer GPUs", fontsize=9)
-        axes.set_ylabel(metric_label(metric), fontsize=9)
         axes.set_ylim(bottom=0)
-        axes.set_title(f"{model} · {total} GPUs", fontsize=10)
-        axes.grid(color="#eeeeee", linewidth=0.6)
+        label_axes(
+            axes,
+            xlabel="generator GPUs : trainer GPUs",
+            ylabel=metric_label(metric),
+            title=f"{model} · {total} GPUs",
+        )
     figure.suptitle("Generator:trainer split (★ best per system)", fontsize=11)
     handles = legend_handles(split)
     bottom_legend(figure, handles)

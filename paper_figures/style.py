@@ -94,6 +94,14 @@ def color_map(
     return {n: to_hex(colors[n]) for n in names}
 
 
+def label_axes(axes, *, xlabel: str, ylabel: str, title: str) -> None:
+    """The house labels of a line panel: axis labels at 9 pt, the title at 10 pt, a light grid."""
+    axes.set_xlabel(xlabel, fontsize=9)
+    axes.set_ylabel(ylabel, fontsize=9)
+    axes.set_title(title, fontsize=10)
+    axes.grid(color="#eeeeee", linewidth=0.6)
+
+
 def bottom_legend(figure: Figure, handles: list, *, inches_per_entry: float = 1.5) -> None:
     """Legend below the axes, wrapped to as many columns as the figure width holds (never clipped)."""
     columns = max(1, min(len(handles), int(figure.get_figwidth() / inches_per_entry)))
