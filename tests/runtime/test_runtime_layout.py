@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import json
 import random
-import time
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from digenrl.config import ConfigError, PoolConfig
 from digenrl.runtime.layout import Layout, build_layout, build_process_groups
+from tests.runtime.spawn import spawn_workers
 
 
 def test_all_zero_pools_are_colocated():
@@ -132,19 +131,9 @@ def _worker(rank: int, world: int, tmp: str) -> None:
         dist.destroy_process_group()
 
 
-def _spawn(fn, world: int, tmp: str, limit_s: float = 60) -> None:
-    ctx = mp.start_processes(fn, args=(world, tmp), nprocs=world, join=False, start_method="spawn")
-    deadline = time.monotonic() + limit_s
-    while not ctx.join(timeout=1):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.terminate()
-            pytest.fail(f"{world}-process test did not finish within {limit_s} s")
-
-
 @pytest.mark.distributed
 def test_process_groups_in_three_processes(tmp_path):
-    _spawn(_worker, 3, str(tmp_path))
+    spawn_workers(_worker, 3, (str(tmp_path),))
     out = [json.loads(Path(tmp_path, f"rank{r}.json").read_text()) for r in range(3)]
     assert [o["role"] for o in out] == ["trainer", "generator", "scorer"]
     # a group's all-reduce of ranks sums exactly its members; non-members hold no handle

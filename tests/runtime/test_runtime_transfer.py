@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import json
 import random
-import time
 from dataclasses import fields
 from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from digenrl.models.text_condition import TextCondition
 from digenrl.rollout.trajectory import TrajectoryBatch
@@ -25,6 +23,7 @@ from digenrl.runtime.transfer import (
     recv_trajectories,
     send_trajectories,
 )
+from tests.runtime.spawn import spawn_workers
 
 
 def synthetic_batch(*, optional: bool, mask: bool, embeds_dtype=torch.float32) -> TrajectoryBatch:
@@ -173,21 +172,11 @@ def _worker(rank: int, world: int, tmp: str) -> None:
         dist.destroy_process_group()
 
 
-def _spawn(fn, world: int, tmp: str, limit_s: float = 60) -> None:
-    ctx = mp.start_processes(fn, args=(world, tmp), nprocs=world, join=False, start_method="spawn")
-    deadline = time.monotonic() + limit_s
-    while not ctx.join(timeout=1):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.terminate()
-            pytest.fail(f"{world}-process test did not finish within {limit_s} s")
-
-
 @pytest.mark.distributed
 def test_two_process_round_trip_timeout_and_order(tmp_path):
     batches = _variants()
     torch.save(batches, tmp_path / "batches.pt")
-    _spawn(_worker, 2, str(tmp_path))
+    spawn_workers(_worker, 2, (str(tmp_path),))
     sender = torch.load(tmp_path / "rank0.pt", weights_only=False)
     receiver = torch.load(tmp_path / "rank1.pt", weights_only=False)
 

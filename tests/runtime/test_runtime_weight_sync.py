@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from digenrl.config import Config, PoolConfig, SyncConfig, apply_overrides
 from digenrl.runtime.control_plane import ControlPlane
@@ -29,6 +28,7 @@ from digenrl.runtime.weight_sync import (
     resolve_sync_mode,
     tensor_checksum,
 )
+from tests.runtime.spawn import spawn_workers
 
 MODEL = "tiny-sd3"
 
@@ -377,18 +377,6 @@ def _worker(rank: int, world: int, tmp: str, seed: int) -> None:
         dist.destroy_process_group()
 
 
-def _spawn(fn, world: int, args: tuple, limit_s: float = 90) -> None:
-    import time
-
-    ctx = mp.start_processes(fn, args=(world, *args), nprocs=world, join=False, start_method="spawn")
-    deadline = time.monotonic() + limit_s
-    while not ctx.join(timeout=1):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.terminate()
-            pytest.fail(f"{world}-process test did not finish within {limit_s} s")
-
-
 def _assert_identical(expected: dict[str, torch.Tensor], got: dict[str, torch.Tensor], dtype=None) -> None:
     assert sorted(expected) == sorted(got)
     for name, value in expected.items():
@@ -402,7 +390,7 @@ def _nbytes(state: dict[str, torch.Tensor]) -> int:
 
 @pytest.mark.distributed
 def test_weight_sync_in_three_processes(tmp_path):
-    _spawn(_worker, 3, (str(tmp_path), random.randint(0, 10_000)))
+    spawn_workers(_worker, 3, (str(tmp_path), random.randint(0, 10_000)), limit_s=90)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(3)]
     trainer, generators = ranks[0], ranks[1:]
 
