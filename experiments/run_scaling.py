@@ -26,12 +26,12 @@ if str(REPO) not in sys.path:
 from digenrl.runtime.profiles import HardwareProfile, NodeGroup  # noqa: E402
 from digenrl.sim.planner import predict_baselines, search_plans  # noqa: E402
 from digenrl.sim.schedule_plan import SYSTEMS  # noqa: E402
-from experiments.run_throughput import _fragment_choices  # noqa: E402
 from experiments.sim_tables import (  # noqa: E402
     QUICK_COST_FILE,
     QUICK_MODEL,
     default_workload,
     device_costs,
+    fragment_choices,
     header_lines,
     load,
     model_costs,
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
                 workload,
                 max_stages=args.max_stages,
                 planning_iterations=5,
-                fragment_groups=_fragment_choices(workload.prompts_per_iteration),
+                fragment_groups=fragment_choices(workload.prompts_per_iteration),
             ).best
             for system in SYSTEMS:
                 s = scores[system]

@@ -26,12 +26,12 @@ from digenrl.sim.planner import PlanScore, search_plans  # noqa: E402
 from digenrl.sim.schedule_plan import SchedulePlan  # noqa: E402
 from digenrl.sim.simulator import simulate  # noqa: E402
 from experiments.run_scaling import sub_cluster  # noqa: E402
-from experiments.run_throughput import _fragment_choices  # noqa: E402
 from experiments.sim_tables import (  # noqa: E402
     QUICK_COST_FILE,
     QUICK_MODEL,
     default_workload,
     device_costs,
+    fragment_choices,
     header_lines,
     load,
     model_costs,
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
                 trainer_counts=[trainers],
                 max_stages=args.max_stages,
                 planning_iterations=5,
-                fragment_groups=_fragment_choices(workload.prompts_per_iteration),
+                fragment_groups=fragment_choices(workload.prompts_per_iteration),
             ).best
             for system, s in scores.items():
                 rows.append(

@@ -35,6 +35,7 @@ from experiments.sim_tables import (  # noqa: E402
     QUICK_MODEL,
     default_workload,
     device_costs,
+    fragment_choices,
     header_lines,
     load,
     model_costs,
@@ -82,7 +83,7 @@ def throughput_rows(
         workload,
         max_stages=max_stages,
         planning_iterations=5,
-        fragment_groups=_fragment_choices(workload.prompts_per_iteration),
+        fragment_groups=fragment_choices(workload.prompts_per_iteration),
     ).best
     scores["digenrl"] = best
     base = scores["colocated-sync"].samples_per_s
@@ -110,17 +111,6 @@ def throughput_rows(
             }
         )
     return rows
-
-
-def _fragment_choices(prompts: int) -> list[int]:
-    """Fragment sizes the planner tries: powers of two dividing P (1, 2, 4, …, P) — the divisors that
-    matter for batching; odd divisors only lengthen the search."""
-    out, f = [], 1
-    while f <= prompts:
-        if prompts % f == 0:
-            out.append(f)
-        f *= 2
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:

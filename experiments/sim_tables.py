@@ -173,6 +173,17 @@ def default_workload(model: str, quick: bool = False, iterations: int = 5) -> Wo
     return Workload.from_config(cfg, iterations=iterations)
 
 
+def fragment_choices(prompts: int) -> list[int]:
+    """Fragment sizes the planner tries: powers of two dividing P (1, 2, 4, …, P) — the divisors that
+    matter for batching; odd divisors only lengthen the search."""
+    out, f = [], 1
+    while f <= prompts:
+        if prompts % f == 0:
+            out.append(f)
+        f *= 2
+    return out
+
+
 def load(profile: str) -> HardwareProfile:
     return load_profile(profile)
 
