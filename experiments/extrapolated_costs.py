@@ -10,10 +10,10 @@ Qwen-Image, Wan2.1-14B and HunyuanVideo. This module derives them, and marks eve
   published config, ``digenrl/models/published_specs.py``); matmuls and SDPA attention are counted. If a
   model cannot run on meta, ``2·params·tokens + 4·layers·tokens²·width`` is used instead (the
   transformer-FLOPs rule of Kaplan et al. 2020, arXiv:2001.08361, §2.1, plus attention scores and values).
-* **Seconds per FLOP** from the one large-batch H200 measurement we have (DESIGN.md §1): SD3.5-medium,
+* **Seconds per FLOP** from the one large-batch H200 measurement we have (docs/design.md §1): SD3.5-medium,
   512², batch 16 = 147 ms → ``c = 0.147 / (16·F_sd3.5)``.
 * **Per-forward floor**: a forward never takes less than the measured small-batch time (SD3.5-M 44 ms at
-  batch 1 and 4; FLUX.1 123 ms at batch 1, DESIGN.md §1). Other models' floor is a power law in the
+  batch 1 and 4; FLUX.1 123 ms at batch 1, docs/design.md §1). Other models' floor is a power law in the
   parameter count fitted through those two points. So ``t(B) = max(floor, B·F·c)``.
 * **CFG** doubles the model batch (``Sampler.velocity``): ``t_cfg(B) = t(2B)``; guidance-distilled models
   (FLUX-dev, HunyuanVideo) have no CFG table.
@@ -38,7 +38,8 @@ from typing import Any
 
 from digenrl.sim.costs import CostModel
 
-#: Published H200 step costs (DESIGN.md §1): model → {batch: seconds}; random-weight real-size models, bf16.
+#: Published H200 step costs (docs/design.md §1): model → {batch: seconds}; random-weight real-size models,
+#: bf16.
 PUBLISHED_H200_STEPS: dict[str, dict[int, float]] = {
     "sd3.5-medium": {1: 0.044, 4: 0.044, 16: 0.147},
     "flux.1-dev": {1: 0.123},
@@ -54,7 +55,7 @@ REWARD_FRAMES_PER_VIDEO = 8
 LORA_RANK = 32
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 MICRO_BATCHES = (1, 2, 4, 8, 16)
-HOST_DEVICE_GBPS = 51.0  # measured pinned host<->device copy on the H200 (DESIGN.md §1)
+HOST_DEVICE_GBPS = 51.0  # measured pinned host<->device copy on the H200 (docs/design.md §1)
 
 
 @cache
@@ -160,7 +161,7 @@ def _model_width(module) -> int:
 
 
 def seconds_per_flop() -> float:
-    """H200 seconds per DiT FLOP at large batch (SD3.5-M, 147 ms at batch 16, DESIGN.md §1)."""
+    """H200 seconds per DiT FLOP at large batch (SD3.5-M, 147 ms at batch 16, docs/design.md §1)."""
     f = model_facts(CALIBRATION_MODEL)["forward_flops"]
     return PUBLISHED_H200_STEPS[CALIBRATION_MODEL][CALIBRATION_BATCH] / (CALIBRATION_BATCH * f)
 
@@ -232,7 +233,9 @@ def extrapolated_cost_model(model: str, train_steps: int | None = None) -> CostM
         source=SOURCE,
         command="python experiments/run_throughput.py (experiments/extrapolated_costs.py)",
         meta={
-            "calibration": "DESIGN.md §1 (H200 bf16): SD3.5-M 44 ms @1, 44 @4, 147 @16; FLUX.1 123 ms @1",
+            "calibration": (
+                "docs/design.md §1 (H200 bf16): SD3.5-M 44 ms @1, 44 @4, 147 @16; FLUX.1 123 ms @1"
+            ),
             "implied_dit_tflops": 1e-12 / c,
             "forward_floor_s": forward_floor_s(model),
             **{

@@ -1,5 +1,5 @@
-"""Validate the simulator against real runs on this machine (DESIGN.md §5: the simulator "is trusted only
-as far as it matches real runs (report its error)").
+"""Validate the simulator against real runs on this machine (docs/design.md §5, "Simulator and planner":
+the simulator is trusted only as far as it matches real runs, so its error is reported).
 
     python experiments/validate_sim.py          # 4 configurations on cpu-2, ~2 min on 2 idle cores
     python experiments/validate_sim.py --configs digenrl-gap-f4 --iterations 6 --out /tmp/val

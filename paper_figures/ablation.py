@@ -1,4 +1,4 @@
-"""Ablation bars: separate-sync → +GAP → +TSP → +TAG → +TCSS (DESIGN.md §3, §5), one panel per model.
+"""Ablation bars: separate-sync → +GAP → +TSP → +TAG → +TCSS (docs/design.md §3, §5), one panel per model.
 
 Rows are the ``experiment=ablation`` rows of a results table; their ``system`` names a cumulative step:
 ``separate-sync``, ``+GAP``, ``+TSP``, ``+TAG``, ``+TCSS`` (case-insensitive, the ``+`` optional). Each bar

@@ -1,7 +1,7 @@
-"""Throughput vs GPU count, one line per system, one panel per model (DESIGN.md §5: "scaling with GPU
-count"). Rows: ``experiment=scaling`` with a ``gpus`` column. The x axis is log2 (GPU counts double);
-a dotted grey line per panel shows ideal linear scaling from the highest throughput at the smallest
-GPU count.
+"""Throughput vs GPU count, one line per system, one panel per model (docs/design.md §5, "Figures":
+scaling with the GPU count). Rows: ``experiment=scaling`` with a ``gpus`` column. The x axis is log2
+(GPU counts double); a dotted grey line per panel shows ideal linear scaling from the highest throughput
+at the smallest GPU count.
 
 Usage: ``python paper_figures/scaling.py TABLE.csv|json --out scaling.png``
 """

@@ -1,4 +1,4 @@
-"""Sensitivity to the generator:trainer split (DESIGN.md §5), one panel per (model, GPU total).
+"""Sensitivity to the generator:trainer split (docs/design.md §5), one panel per (model, GPU total).
 
 Rows: ``experiment=split`` with ``generators`` and ``trainers`` columns (``gpus`` if scorer GPUs make the
 total larger than their sum). x is the generator share ``g / (g + t)``, ticks read ``g:t``; one line per

@@ -42,7 +42,8 @@ PHASE_COLORS = {
 }
 IDLE_COLOR = "#bdbdbd"
 
-# Baselines first, DigenRL last (DESIGN.md §4 order), so every bar chart reads left to right the same way.
+# Baselines first, DigenRL last (the order of docs/design.md §4), so every bar chart reads left to right
+# the same way.
 SYSTEM_ORDER = ("colocated-sync", "colocated-overlap", "separate-sync", "separate-async", "digenrl")
 SYSTEM_COLORS = {
     "colocated-sync": "#8c8c8c",

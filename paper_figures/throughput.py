@@ -1,7 +1,8 @@
-"""Throughput bars per model × system from a results table (DESIGN.md §5: "throughput bars per system and
-model"). One panel per model; systems in the fixed baseline-first order; simulated rows hatched; each bar
-labelled with its ratio to the baseline system of the same panel (same source — measured against
-measured, simulated against simulated — falling back to the other source when only that exists).
+"""Throughput bars per model × system from a results table (docs/design.md §5, "Figures": throughput bars
+per system and model). One panel per model; systems in the fixed baseline-first order; simulated rows
+hatched; each bar labelled with its ratio to the baseline system of the same panel (same source —
+measured against measured, simulated against simulated — falling back to the other source when only that
+exists).
 
 Usage: ``python paper_figures/throughput.py TABLE.csv|json --out throughput.png [--baseline colocated-sync]``
 """

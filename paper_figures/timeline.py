@@ -1,4 +1,4 @@
-"""Per-rank Gantt chart of a run's profile spans (DESIGN.md §5: "per-rank timelines").
+"""Per-rank Gantt chart of a run's profile spans (docs/design.md §5, "Figures": per-rank timelines).
 
 One row per rank, labelled ``rank r (role)`` with its busy fraction; one colour per phase. Time on a rank
 not covered by any *work* span is shaded as a bubble (hatched grey); explicit idle spans (``idle``,

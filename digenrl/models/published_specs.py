@@ -5,13 +5,13 @@ Transformer and VAE dicts are the `config.json` files of the diffusers repositor
 Wan-AI/Wan2.1-T2V-{1.3B,14B}-Diffusers, hunyuanvideo-community/HunyuanVideo), minus bookkeeping keys
 (`_class_name`, `_diffusers_version`). Text-encoder dicts are the transformers configs of the encoders
 those pipelines load. Parameter counts of the transformers, instantiated on the meta device, match
-shared/ALGORITHM.md (tests/models/test_specs.py): SD3.5-M 2.243 B, FLUX.1-dev 11.901 B, Qwen-Image
-20.430 B, Wan2.1-1.3B 1.419 B, Wan2.1-14B 14.288 B, HunyuanVideo 12.821 B.
+docs/algorithm.md, "Model configurations" (tests/models/test_specs.py): SD3.5-M 2.243 B, FLUX.1-dev
+11.901 B, Qwen-Image 20.430 B, Wan2.1-1.3B 1.419 B, Wan2.1-14B 14.288 B, HunyuanVideo 12.821 B.
 
-Sampling defaults: train-time steps / eval steps / CFG from shared/ALGORITHM.md (FlowGRPO configs);
-schedule shifts from each repository's `scheduler/scheduler_config.json`; prompt lengths, templates and
-hidden-state indices from the diffusers pipelines (pipeline_stable_diffusion_3.py, pipeline_flux.py,
-pipeline_qwenimage.py, pipeline_wan.py, pipeline_hunyuan_video.py, diffusers 0.42).
+Sampling defaults: train-time steps / eval steps / CFG from docs/algorithm.md, "Rollout settings" (FlowGRPO
+configs); schedule shifts from each repository's `scheduler/scheduler_config.json`; prompt lengths,
+templates and hidden-state indices from the diffusers pipelines (pipeline_stable_diffusion_3.py,
+pipeline_flux.py, pipeline_qwenimage.py, pipeline_wan.py, pipeline_hunyuan_video.py, diffusers 0.42).
 """
 
 from __future__ import annotations

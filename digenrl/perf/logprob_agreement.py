@@ -1,6 +1,6 @@
 """Does an optimised generator path sample the same policy as the eager one?
 
-FlowGRPO's ratio r = exp(logp_θ − logp_old) must be 1 on-policy (ALGORITHM.md, "Loss"): the trainer
+FlowGRPO's ratio r = exp(logp_θ − logp_old) must be 1 on-policy (docs/algorithm.md, "Loss"): the trainer
 recomputes the log-prob of the generator's recorded transition. If the generator runs a different kernel
 path (compiled graphs, another attention kernel) than the trainer, r − 1 is that path's numerical difference,
 and with FlowGRPO's clip range of 1e-4 a spread above it clips on-policy units. Two checks, with the same

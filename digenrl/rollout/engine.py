@@ -2,11 +2,11 @@
 
 All G samples of a prompt — and as many prompts as ``sampler.samples_per_forward`` allows — go
 through one transformer forward per denoising step (batching a group is worth ~4x on an H200,
-DESIGN.md §1; verl-omni measured +62% for B = N over B = 1, references/003). Every random draw is
-keyed by the sample's identity (:mod:`digenrl.rollout.noise`), so the trajectory of a sample does not
-depend on how the engine batches it.
+docs/design.md §1; verl-omni measured +62% for B = N over B = 1, docs/references.md [003]). Every random
+draw is keyed by the sample's identity (:mod:`digenrl.rollout.noise`), so the trajectory of a sample
+does not depend on how the engine batches it.
 
-A rollout can also run in pieces (TSP, DESIGN.md §3): :meth:`RolloutEngine.start` draws x_T and decides
+A rollout can also run in pieces (docs/design.md §3 (TSP)): :meth:`RolloutEngine.start` draws x_T and decides
 the trained steps, :meth:`RolloutEngine.advance` runs a range of steps on the in-flight batch — on any
 rank, since the noise of step i is keyed by (sample seed, i) — and ``generate = advance(start(...), T)``.
 """

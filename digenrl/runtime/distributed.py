@@ -1,4 +1,4 @@
-"""Process-group setup for one-process-per-device runs launched by ``torchrun`` (DESIGN.md §2).
+"""Process-group setup for one-process-per-device runs launched by ``torchrun`` (docs/design.md §2).
 
 ``init_distributed`` turns torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, LOCAL_RANK) into an
 initialised default process group and a ``DistContext``; without those variables it returns a plain

@@ -1,7 +1,7 @@
 """Errors raised by the runtime layer.
 
-Every wait in DigenRL has a timeout (DESIGN.md §2: "Every wait has a timeout and fails with a message
-naming the rank and what it waited for"). These exception types carry that message, and let callers tell
+Every wait in DigenRL has a timeout (docs/design.md §2, "Timeouts": when it expires, the error names the
+rank that waited and what it waited for). These exception types carry that message, and let callers tell
 "a peer is slow or dead" (timeout) from "a peer told us why it died" (failure report).
 """
 

@@ -1,4 +1,4 @@
-"""The on-disk format of profile event logs, and reading them back (DESIGN.md §5).
+"""The on-disk format of profile event logs, and reading them back (docs/design.md §5).
 
 Each rank writes ``<out_dir>/events/rank<r>.jsonl``, one JSON object per line, with a ``type``:
 

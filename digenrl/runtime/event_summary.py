@@ -1,4 +1,4 @@
-"""Per-iteration numbers from the event logs (DESIGN.md §5): phase time, pool busy fraction, samples/s.
+"""Per-iteration numbers from the event logs (docs/design.md §5): phase time, pool busy fraction, samples/s.
 
 Definitions (per iteration k):
 
@@ -13,7 +13,7 @@ Definitions (per iteration k):
   ``iteration`` marker are not work. Pool size comes from every rank's log, so a rank that did nothing
   in the window counts as fully idle.
 - ``busy_gpu_s``: total busy device-seconds in the window; ``bubble_free_bound_s`` = that / all ranks,
-  the makespan a perfect schedule of the same work would need (DESIGN.md §5).
+  the makespan a perfect schedule of the same work would need (docs/design.md §5).
 - ``samples[phase]`` / ``samples_per_s[phase]``: summed ``samples`` of spans tagged k per phase, and that
   over ``wall_s`` (e.g. ``samples_per_s["train"]`` is trained samples per second).
 """

@@ -1,4 +1,4 @@
-"""Per-rank profile event log (DESIGN.md §5): spans of work, counters, and a clock shared by all ranks.
+"""Per-rank profile event log (docs/design.md §5): spans of work, counters, and a clock shared by all ranks.
 
 Every rank writes ``<out_dir>/events/rank<r>.jsonl`` (format: ``event_records``). Times are seconds since
 a *clock origin* all ranks agree on (rank 0's ``time.time()`` at start, broadcast by

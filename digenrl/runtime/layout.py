@@ -1,4 +1,4 @@
-"""Which global rank plays which role, and the process groups each pool talks over (DESIGN.md §2).
+"""Which global rank plays which role, and the process groups each pool talks over (docs/design.md §2).
 
 A :class:`Layout` is pure data, computed identically on every rank from ``pools.*`` and the world size that
 torchrun started: all-zero pools mean ``colocated`` (every rank generates *and* trains, phases alternate);

@@ -1,4 +1,6 @@
-"""Hardware profiles: a typed, validated description of a testbed (DESIGN.md §2, "The hardware profile").
+"""Hardware profiles: a typed, validated description of a testbed.
+
+Design: docs/design.md §2, "Hardware profile and pool sizes".
 
 A profile says how many nodes there are, how many devices each node holds, what kind of device each is
 (relative speed, memory, peak bf16 TFLOP/s, HBM bandwidth) and how fast the links are. The planner and the

@@ -1,14 +1,14 @@
 """Role residency for colocated layouts: which weights sit on the shared device, and when they move.
 
-In a colocated run (DESIGN.md §2) the roles ``train``, ``rollout`` (generate) and ``reward`` (score) share
-one device and take turns. Each role declares once whether its weights stay on the device while it is idle
-(``ResidencyPolicy``); only weights ever move (an ``(onload, offload)`` pair per role), never a process.
+In a colocated run (docs/design.md §2) the roles ``train``, ``rollout`` (generate) and ``reward`` (score)
+share one device and take turns. Each role declares once whether its weights stay on the device while it is
+idle (``ResidencyPolicy``); only weights ever move (an ``(onload, offload)`` pair per role), never a process.
 ``ResidencyPlanner`` turns each phase's needs into the minimal list of transitions and issues only those
 that change something; its state table is the single source of truth for what is resident.
 
 Design and the exact transition sequences follow the seed PR "refactor(diffusion): make role residency one
-choice per role, not per phase" (shared/references/001, UniRL #429), whose measured sequences the tests
-mirror. The rules that produce them:
+choice per role, not per phase" (UniRL, fixes #429; summary: docs/references.md [001]), whose measured
+sequences the tests mirror. The rules that produce them:
 
 * ``enter(role)`` parks every *other* tracked, non-resident role that is on the device — unconditionally,
   even when ``role`` itself is untracked, because an untracked role still runs and still displaces
@@ -23,7 +23,7 @@ mirror. The rules that produce them:
   GPUs, a trainer behind a separate layout) are never moved.
 
 Every transition is timed and its byte count recorded (``TransitionRecord``) so the simulator can model
-residency cost (pinned host↔device copy ≈ 51 GB/s on H200, DESIGN.md §1).
+residency cost (pinned host↔device copy ≈ 51 GB/s on H200, docs/design.md §1).
 """
 
 from __future__ import annotations
@@ -478,7 +478,7 @@ def _unique(tensors: Iterable[torch.Tensor | None]) -> list[torch.Tensor]:
 def module_transitions(module: nn.Module, device: torch.device | str) -> WeightTransitions:
     """(onload, offload) moving ``module``'s parameters, their gradients and its buffers off ``device``.
 
-    Gradients are included so a pending accumulation survives a park losslessly (DESIGN.md §3, TAG).
+    Gradients are included so a pending accumulation survives a park losslessly (docs/design.md §3 (TAG)).
     Each callable returns the bytes it moved. Not for FSDP2/DTensor-sharded modules: give those their
     framework's own offload pair.
     """

@@ -1,4 +1,4 @@
-"""Background NVML sampling of the local GPU into the event log (DESIGN.md §5: "plus NVML samples").
+"""Background NVML sampling of the local GPU into the event log (docs/design.md §5, "Event logs and traces").
 
 Every ``interval_s`` a daemon thread reads, for this rank's GPU, the NVML utilisation rates (percent of
 the last sample period in which a kernel ran / device memory was read or written), memory in use and

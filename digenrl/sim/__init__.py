@@ -1,4 +1,4 @@
-"""Cost model, discrete-event simulator and planner (DESIGN.md §5 "Measuring", §2 "the planner").
+"""Cost model, discrete-event simulator and planner (docs/design.md §5, "Simulator and planner").
 
 Import-light on purpose (no torch): the planner runs before any model is built, and the TSP runtime
 imports :mod:`digenrl.sim.stage_plan`. Measuring a cost model imports torch lazily

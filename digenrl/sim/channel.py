@@ -6,9 +6,9 @@
   receive call until the bytes have landed. The sender's ``transfer`` span covers its whole blocked time,
   as the real span does.
 - ``buffered`` (an ``isend`` nobody waits for): the bytes leave as soon as the ports are free, the sender
-  goes on at once, and the receiver finds the payload waiting. This is GAP's design intent ("a fragment
-  streams to the trainer the moment it is generated", DESIGN.md §3); TAG hand-offs between trainers must be
-  buffered, or two helpers sending to each other deadlock.
+  goes on at once, and the receiver finds the payload waiting. This is GAP's design intent (a fragment
+  streams to the trainer as soon as it is generated, docs/design.md §3 (GAP)); TAG hand-offs between
+  trainers must be buffered, or two helpers sending to each other deadlock.
 
 Bytes are booked on the link ports (:class:`~digenrl.sim.network.Network`) when the transfer starts.
 ``ready`` says whether a receive would complete without waiting for the sender (rendezvous: the sender

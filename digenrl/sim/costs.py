@@ -1,5 +1,5 @@
-"""Per-operation costs of one model on one device type, as data (DESIGN.md §5, "A discrete-event
-simulator replays each schedule from measured per-operation costs").
+"""Per-operation costs of one model on one device type, as data (docs/design.md §5, "Simulator
+and planner": schedules are replayed from measured per-operation costs).
 
 A :class:`CostModel` is a table of measured points, not a formula: the generator step time at a few
 batch sizes (with and without classifier-free guidance), the VAE decode and reward time at a few batch
@@ -62,7 +62,7 @@ def interpolate(points: Mapping[int, float], x: float) -> float:
     Between two measured batches: linear interpolation. Outside the measured range: linear
     extrapolation from the two nearest points. One point only: constant throughput (time ∝ batch).
     Below the smallest measured batch b₀ the result is floored at ``t(b₀)·x/b₀``: throughput does not
-    grow as the batch shrinks (a GPU forward at batch 1 costs about what batch 4 costs, DESIGN.md §1), so
+    grow as the batch shrinks (a GPU forward at batch 1 costs about what batch 4 costs, docs/design.md §1), so
     a smaller batch never gets a *higher* per-sample throughput than the smallest measured one. Above
     the largest measured batch the result is floored at the largest measured time (more work never
     takes less time). ``x = 0`` costs 0.
@@ -105,7 +105,7 @@ class CostModel:
       (:meth:`digenrl.trainer.trainer.PolicyTrainer.accumulate`).
 
     Scalars: ``optimizer_step_s`` (clip + AdamW + zero_grad, :meth:`PolicyTrainer.step`),
-    ``helper_switch_s`` (one TAG switch between training and generating, DESIGN.md §3 "TAG"). Bytes:
+    ``helper_switch_s`` (one TAG switch between training and generating, docs/design.md §3 (TAG)). Bytes:
     ``weight_sync_bytes`` (what a weight sync broadcasts: LoRA adapter or full weights), ``grad_bytes``
     (what the gradient all-reduce moves), ``fragment_bytes_per_sample`` (one sample's trajectory record
     shipped whole, as the separate baselines do: trained latents and next latents, log-probs, sigmas,

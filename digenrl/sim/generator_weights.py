@@ -1,4 +1,5 @@
-"""The policy version the generator pool holds, and the weight sync that advances it (DESIGN.md §1 step 5).
+"""The policy version the generator pool holds, and the weight sync that advances it (docs/design.md §1,
+step 5).
 
 A sync is one broadcast from the first trainer rank (``Layout.sync_source``) to every generator rank of
 ``weight_sync_bytes`` (LoRA adapter or full weights), timed as a pipelined ring broadcast and booked on

@@ -12,8 +12,8 @@ the :class:`RolloutEngine` generated. Each measurement: ``warmup`` untimed calls
 
 The TAG switch cost (``helper_switch_s``) is measured as what a trainer rank does to lend itself to
 generation and come back: park the pending gradient accumulation of the trainable parameters to host
-memory, flip the module to eval and back to train, and restore the gradients losslessly (DESIGN.md §3
-"TAG"). A trainer rank already holds the weights and the sampler, so no engine warm-up is included.
+memory, flip the module to eval and back to train, and restore the gradients losslessly (docs/design.md §3
+(TAG)). A trainer rank already holds the weights and the sampler, so no engine warm-up is included.
 """
 
 from __future__ import annotations
@@ -313,7 +313,7 @@ def _time_optimizer_step(
 def time_helper_switch(
     trainer: PolicyTrainer, batch: TrajectoryBatch, device: torch.device, warmup: int, iters: int
 ) -> float:
-    """One TAG switch (DESIGN.md §3 "TAG"): park pending gradients to host + eval(), then train() +
+    """One TAG switch (docs/design.md §3 (TAG)): park pending gradients to host + eval(), then train() +
     restore them; the median round trip halved (a round trip is 2 switches). Shared by the cost
     measurement here and ``experiments/bench_trainer.py``."""
     trainer.accumulate(batch, 1.0 / batch.num_units)

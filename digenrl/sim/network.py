@@ -12,13 +12,13 @@ Model (documented here because every schedule's numbers depend on it):
   what NCCL's in-order P2P on one communicator does. Full-duplex links: a's egress and a's ingress are
   independent. Latency is ignored (fragments are MBs; NCCL latency is µs).
 - A transfer does not occupy the *compute* of either rank (NCCL P2P runs on its own stream) unless a
-  schedule says so (UniRL's reap runs on the rollout worker and blocks it, references/000).
+  schedule says so (UniRL's reap runs on the rollout worker and blocks it, docs/references.md [000]).
 - Collectives use ring algorithms with the nccl-tests bus-bandwidth conventions
   (github.com/NVIDIA/nccl-tests doc/PERFORMANCE.md): all-reduce moves ``2(n−1)/n · bytes`` over the
   slowest ring link, broadcast moves ``bytes`` over it (pipelined ring: every byte crosses every link
   once). The ring visits ranks in rank order, so a ring over two nodes crosses the network twice and its
   slowest link is the network.
-- Host↔device copies (residency transitions, DESIGN.md §2) take ``bytes / host_device_gbps``.
+- Host↔device copies (residency transitions, docs/design.md §2) take ``bytes / host_device_gbps``.
 """
 
 from __future__ import annotations

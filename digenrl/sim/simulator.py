@@ -1,4 +1,4 @@
-"""Replay a schedule on a hardware profile from measured per-operation costs (DESIGN.md §5).
+"""Replay a schedule on a hardware profile from measured per-operation costs (docs/design.md §5).
 
     from digenrl.sim import CostModel, SchedulePlan, Workload, simulate
     costs = CostModel.load("experiments/results/costs/h200-sd3.5-medium.json")
@@ -10,7 +10,7 @@
 The result carries the spans in the real runs' record format, so ``summarize_events``,
 ``merge_chrome_trace`` and the figure code work unchanged on a simulated run.
 
-Throughput definition (DESIGN.md §5: trained samples per second in steady state): iteration k *ends* when
+Throughput definition (docs/design.md §5: trained samples per second in steady state): iteration k *ends* when
 its optimizer step ends; ``iteration_s[k]`` is the time between the ends of k−1 and k (iteration 0 is
 measured from t = 0), so overlapping schedules (TCSS, async) are measured by the rate at which they
 commit steps. Steady state = iterations ``[w, n − c)`` (w warm-up, c cool-down, see

@@ -1,4 +1,6 @@
-"""TSP stage boundaries: which contiguous range of denoising steps each pipeline stage owns (DESIGN.md §3).
+"""TSP stage boundaries: which contiguous range of denoising steps each pipeline stage owns.
+
+Design: docs/design.md §3 (TSP).
 
 Time-step parallelism shards the T sequential denoising steps of a fragment over S generator GPUs:
 stage s owns steps ``[b_s, b_{s+1})``, receives the fragment's latent from stage s−1, runs its steps and

@@ -1,5 +1,5 @@
-"""How far a simulation is from a real run (DESIGN.md §5: the simulator "is trusted only as far as it
-matches real runs (report its error)").
+"""How far a simulation is from a real run (docs/design.md §5, "Simulator and planner": the
+simulator is trusted only as far as it matches real runs, so its error is reported).
 
 Both sides are read with the same definitions: iteration k ends when its last ``optimizer`` span ends;
 steady state is iterations ``[warmup, n − cooldown)``; throughput is samples per steady-state second.

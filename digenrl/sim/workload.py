@@ -1,4 +1,4 @@
-"""What one simulated run computes: the logical batch, the sampler and the training units (DESIGN.md §1).
+"""What one simulated run computes: the logical batch, the sampler and the training units (docs/design.md §1).
 
 A :class:`Workload` is schedule-independent: every schedule of the same workload generates the same
 ``P·G`` trajectories of ``T`` steps and trains the same ``P·G·K`` units per iteration (K trained timesteps
@@ -22,7 +22,7 @@ class Workload:
     """One FlowGRPO iteration's work, repeated ``iterations`` times.
 
     ``samples_per_forward``: most samples in one generator forward (0 = a rank's whole batch, as
-    ``sampler.samples_per_forward``). The first ``warmup_iterations`` (pipeline fill, DESIGN.md §5) and
+    ``sampler.samples_per_forward``). The first ``warmup_iterations`` (pipeline fill, docs/design.md §5) and
     the last ``cooldown_iterations`` are excluded from steady-state numbers: schedules that overlap
     iterations (TCSS, the async buffer) generate iteration k+1 during k, and a run's last iteration has
     no successor to prefetch, so counting it would credit the window with less work than a steady
@@ -139,7 +139,7 @@ def split_evenly(total: int, parts: int) -> list[int]:
 
 def fragment_sizes(prompts: int, groups_per_fragment: int) -> list[int]:
     """Groups per fragment when ``prompts`` groups are cut into fragments of ``groups_per_fragment``
-    whole groups (a group never straddles fragments, DESIGN.md §3 "GAP"); the last may be smaller."""
+    whole groups (a group never straddles fragments, docs/design.md §3 (GAP)); the last may be smaller."""
     if groups_per_fragment < 1:
         raise ValueError(f"fragment_groups must be >= 1, got {groups_per_fragment}")
     full, rest = divmod(prompts, groups_per_fragment)

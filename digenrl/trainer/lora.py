@@ -3,7 +3,7 @@
 LoRA is injected *in place* with diffusers' ``PeftAdapterMixin.add_adapter`` (peft ``LoraConfig``), so
 ``flow_model.transformer`` keeps its diffusers class, its ``forward`` signature and its parameter names;
 the sampler, FSDP2 and the weight sync keep working on it unchanged. The KL reference policy of FlowGRPO is
-the same transformer with the adapter switched off (ALGORITHM.md, "Loss"), so no second copy of the base
+the same transformer with the adapter switched off (docs/algorithm.md, "Loss"), so no second copy of the base
 weights is held: :func:`reference_policy` disables the adapter for the duration of a ``with`` block.
 
 Defaults follow flow_grpo ``scripts/train_sd3.py``: r = 32, alpha = 64, ``init_lora_weights="gaussian"``

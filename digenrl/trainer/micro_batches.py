@@ -6,7 +6,7 @@ the transformer at the same timestep in one forward, and its training loop does 
 are therefore ordered timestep-major, and a micro-batch never mixes timesteps when the batch has at least
 ``micro_batch_size`` samples: with ``micro_batch_size`` equal to the rollout's samples per forward, the
 training forward sees the same batch composition as the rollout, which is what makes the first PPO ratio
-exactly 1 (ALGORITHM.md, "Loss"). When the batch is smaller (e.g. a rank's share of a fragment), whole
+exactly 1 (docs/algorithm.md, "Loss"). When the batch is smaller (e.g. a rank's share of a fragment), whole
 timestep rows are packed together so that micro-batches stay full.
 """
 

@@ -1,7 +1,8 @@
 """The optimizer of the policy update: AdamW over the trainable parameters only.
 
 Defaults (TrainerConfig) follow flow_grpo config/base.py and scripts/train_sd3.py: AdamW, betas
-(0.9, 0.999), weight decay 1e-4, eps 1e-8; lr 3e-4 for LoRA, 1e-5 for a full fine-tune (ALGORITHM.md).
+(0.9, 0.999), weight decay 1e-4, eps 1e-8; lr 3e-4 for LoRA, 1e-5 for a full fine-tune
+(docs/algorithm.md, "Loss").
 Frozen parameters are never handed to AdamW: decoupled weight decay would otherwise still move them.
 """
 

@@ -15,7 +15,7 @@ from digenrl.models.construction import build_transformers_config, instantiate_t
 REAL_NAMES = ["sd3.5-medium", "flux.1-dev", "qwen-image", "wan2.1-1.3b", "wan2.1-14b", "hunyuan-video"]
 TINY_NAMES = ["tiny-sd3", "tiny-flux", "tiny-qwen-image", "tiny-wan", "tiny-hunyuan-video"]
 
-# shared/ALGORITHM.md, "Model configurations" table (billions of parameters).
+# docs/algorithm.md, "Model configurations" table (billions of parameters).
 EXPECTED_BILLIONS = {
     "flux.1-dev": 11.9,
     "sd3.5-medium": 2.24,

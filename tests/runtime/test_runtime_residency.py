@@ -1,4 +1,4 @@
-"""Residency planner: the exact transition sequences of the seed PR (shared/references/001) per policy.
+"""Residency planner: the exact transition sequences of the seed PR (docs/references.md [001]) per policy.
 
 The loop driver below mirrors the PR's synchronous ``train()``: an evaluation at step 0 when evaluation is
 on, then per rollout generate -> score -> (optimizer step at the end of an accumulate window) -> evaluate

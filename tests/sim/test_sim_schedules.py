@@ -287,7 +287,8 @@ def test_colocated_overlap_hides_scoring_behind_generation():
 def test_separate_async_reap_before_launch_and_staleness_budget():
     costs = toy_costs(step=0.05, decode=0.02, unit=0.05, optimizer=0.02, fragment_bytes=4 * 10**8)
     w = _workload(prompts_per_iteration=8, iterations=10)
-    # UniRL's recipe (references/000): sync every 4 steps; launching before reaping stalls the transfer
+    # UniRL's recipe (docs/references.md [000]): sync every 4 steps; launching before reaping stalls the
+    # transfer
     plan = SchedulePlan("separate-async", trainers=2, generators=2, max_staleness=1, weight_sync_interval=4)
     reap_first = simulate("cpu-4", costs, w, plan)
     launch_first = simulate("cpu-4", costs, w, plan.with_(reap_before_launch=False))

@@ -114,8 +114,8 @@ def test_more_ranks_than_the_profile_fails_at_startup(tmp_path):
 
 def test_parked_optimizer_state_moves_once_per_iteration_and_changes_nothing(tmp_path):
     """residency.train_resident=false parks the optimizer state for generation and scoring and brings
-    it back once, right before the optimizer step (the seed PR's train_resident=false sequence, with
-    the rollout sharing the trainer's weights); the run itself is unchanged bit for bit."""
+    it back once, right before the optimizer step (the train_resident=false sequence of docs/references.md
+    [001], with the rollout sharing the trainer's weights); the run itself is unchanged bit for bit."""
     resident, parked = tmp_path / "resident", tmp_path / "parked"
     run_train(["iterations=3", f"out_dir={resident}"])
     run_train(["iterations=3", "residency.train_resident=false", f"out_dir={parked}"])

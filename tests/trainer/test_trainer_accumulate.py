@@ -69,7 +69,7 @@ def test_gradient_does_not_depend_on_how_units_are_split():
 
 
 def _reference_objective(model64, base64, batch, *, noise_level, sigma_max, clip_range, kl_beta):
-    """FlowGRPO's mean loss over all units, written out in float64 from ALGORITHM.md (flow-SDE mean,
+    """FlowGRPO's mean loss over all units, written out in float64 from docs/algorithm.md (flow-SDE mean,
     Gaussian log-prob averaged over dims, PPO clip, KL / (2σ_t²)) — independent of digenrl.algo."""
     b_idx, k_idx = torch.meshgrid(
         torch.arange(batch.batch_size), torch.arange(batch.num_train_steps), indexing="ij"
