@@ -1,4 +1,4 @@
-"""Typed experiment configuration: dataclasses, YAML + ``key=value`` overrides, validation.
+"""Typed experiment configuration: dataclasses, YAML + ``key=value`` overrides.
 
 A run is described by one :class:`Config`. ``load_config(path, overrides)`` reads a YAML file and
 applies command-line overrides written exactly as a user types them::
@@ -6,9 +6,14 @@ applies command-line overrides written exactly as a user types them::
     system=colocated-sync profile=cpu-2 model=tiny-sd3 reward=brightness iterations=20 seed=3
     algo.group_size=8 trainer.lr=1e-3 sampler.num_steps=6
 
-A bare section name (``model=…``, ``reward=…``) sets that section's ``name``. Every key is checked
-against the dataclass fields and every name against its registry *at startup*, so a typo fails
-with a message naming the key and the allowed values instead of deep inside torch.
+A bare section name (``model=…``, ``reward=…``) sets that section's ``name``. Parsing checks every key
+against the dataclass fields and every value against its type, naming the key on error. Checks that need
+the registries (model, reward, profile and system names) and each system's declaration of the knobs it
+honours live in :mod:`digenrl.validation`; this module imports nothing from the package, so every other
+module can import it.
+
+``load_config`` remembers which keys the user set (the YAML file and the overrides), so validation can
+reject a knob the chosen system does not honour only when somebody asked for it (:func:`explicit_keys`).
 """
 
 from __future__ import annotations
@@ -58,7 +63,7 @@ class SamplerConfig:
 
 @dataclass
 class AlgoConfig:
-    """FlowGRPO hyper-parameters (defaults: FlowGRPO reference configs, see ALGORITHM.md)."""
+    """FlowGRPO hyper-parameters (defaults: FlowGRPO reference configs, docs/algorithm.md)."""
 
     group_size: int = 4  # G samples per prompt
     prompts_per_iteration: int = 4  # P prompts per logical batch (B = P * G)
@@ -132,7 +137,7 @@ class SyncConfig:
 
 @dataclass
 class AsyncConfig:
-    """UniRL-style asynchronous buffer of ``separate-async`` (references/000)."""
+    """UniRL-style asynchronous buffer of ``separate-async`` (docs/references.md [000])."""
 
     max_inflight: int = 1  # generations in flight; the reference measured that only 1 avoids transfer stalls
     max_staleness: int = 0  # policy versions a buffered group may lag the trainer; 0 = on-policy
@@ -140,10 +145,17 @@ class AsyncConfig:
 
 @dataclass
 class GapConfig:
-    """GAP: stream fragments of whole prompt groups to the trainer (system ``digenrl``)."""
+    """GAP: stream fragments of whole prompt groups to the trainer (system ``digenrl``,
+    docs/design.md §3 "GAP")."""
 
-    enabled: bool = True
+    enabled: bool = True  # false: the trainer waits for every fragment before training (ablation)
     fragment_groups: int = 1  # prompt groups per fragment; a group never straddles fragments
+    # who generates fragment f: "dynamic" = the first free producer claims the next fragment (atomic
+    # tickets on the c10d store; TAG helpers claim from the tail); "round-robin" = pipeline f mod D
+    assignment: str = "dynamic"
+    # the order a trainer takes fragments in: "index" (0, 1, 2, …: a fixed accumulation order, so a run
+    # is bit-reproducible) or "arrival" (the lowest-numbered fragment that is ready first)
+    train_order: str = "index"
 
 
 @dataclass
@@ -151,25 +163,40 @@ class TspConfig:
     """TSP: the generator pool as D data-parallel pipelines × ``stages`` stages of denoising steps."""
 
     stages: int = 1  # S; 1 = plain data parallelism
+    # fixed stage boundaries [0, b_1, …, T] for every pipeline (e.g. an even split for an ablation);
+    # None = balanced by the predicted step costs (digenrl/tsp/stage_plan.py)
+    boundaries: list[int] | None = None
 
 
 @dataclass
 class TagConfig:
-    """TAG: trainer GPUs generate fragments while they have nothing to train (not built yet)."""
+    """TAG: a trainer rank with no training unit ready generates fragments itself (docs/design.md §3
+    "TAG"). A ready training unit always wins; helper work never commits or disturbs a gradient."""
 
-    enabled: bool = False
+    enabled: bool = True
+    # "auto": before each iteration, predict the makespan from measured costs with and without helper
+    # fragments (the simulator, digenrl/sim) and help only as much as the prediction says shortens it;
+    # "always": help whenever idle and a fragment is left to claim
+    policy: str = "auto"
+    # most fragments one trainer rank generates per iteration; 0 = no limit (policy "auto" picks at most this)
+    max_fragments: int = 0
+    # move pending gradients to host memory while generating (frees device memory; restored bit-exactly)
+    park_grads: bool = False
 
 
 @dataclass
 class TcssConfig:
-    """TCSS: generators start iteration k+1 with θ_k; at most one version stale (not built yet)."""
+    """TCSS: generators start iteration k+1 with θ_k while the trainer finishes k; θ_{k+1} takes effect at
+    a fragment boundary, so every trajectory has one policy version and is at most one version stale
+    (docs/design.md §3 "TCSS"). Opt-in: it changes the algorithm."""
 
     enabled: bool = False
 
 
 @dataclass
 class ResidencyConfig:
-    """Colocated layouts: which roles keep their state on the device while idle (references/001).
+    """Colocated layouts: which roles keep their state on the device while idle (docs/references.md
+    [001]).
 
     The rollout shares the trainer's weights in DigenRL's colocated systems, so ``train`` parks the
     optimizer state during generation and scoring; ``reward`` parks a reward model's weights.
@@ -279,7 +306,8 @@ def _field_types(cls: type) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
-def _set(obj: Any, path: list[str], value: Any, full_key: str) -> None:
+def _set(obj: Any, path: list[str], value: Any, full_key: str) -> list[str]:
+    """Set ``path`` below ``obj``; returns the dotted leaf keys it set (a mapping value sets several)."""
     types_ = _field_types(type(obj))
     name = path[0]
     if name not in types_:
@@ -290,25 +318,38 @@ def _set(obj: Any, path: list[str], value: Any, full_key: str) -> None:
     if dataclasses.is_dataclass(current):
         if len(path) == 1:
             if isinstance(value, dict):
-                for k, v in value.items():
-                    _set(current, [str(k)], v, f"{full_key}.{k}")
-                return
+                nested = [_set(current, [str(k)], v, f"{full_key}.{k}") for k, v in value.items()]
+                return [key for keys in nested for key in keys]
             if "name" in _field_types(type(current)):
                 # ``model=tiny-flux`` is shorthand for ``model.name=tiny-flux``.
-                _set(current, ["name"], value, f"{full_key}.name")
-                return
+                return _set(current, ["name"], value, f"{full_key}.name")
             if "enabled" in _field_types(type(current)) and isinstance(value, bool):
                 # ``gap=false`` is shorthand for ``gap.enabled=false``.
-                _set(current, ["enabled"], value, f"{full_key}.enabled")
-                return
+                return _set(current, ["enabled"], value, f"{full_key}.enabled")
             raise ConfigError(f"{full_key} is a section; set its keys as {full_key}.<key>=value")
-        _set(current, path[1:], value, full_key)
-        return
+        return _set(current, path[1:], value, full_key)
     if len(path) > 1:
         raise ConfigError(
             f"{'.'.join(full_key.split('.')[: -len(path) + 1])} is not a section (in {full_key!r})"
         )
     setattr(obj, name, _coerce(full_key, value, types_[name]))
+    return [full_key]
+
+
+def _record(cfg: Config, keys: list[str], source: str) -> None:
+    """Remember that ``keys`` were set by the user, and where (for :func:`explicit_keys`)."""
+    explicit = cfg.__dict__.setdefault("_explicit", {})
+    for key in keys:
+        explicit[key] = source
+
+
+def explicit_keys(cfg: Config) -> dict[str, str]:
+    """The dotted keys the user set, each with where it was set (a YAML path or "the command line").
+
+    Defaults are not listed: a system may ignore a section at its defaults, but a knob somebody set and
+    the system does not honour is an error (:mod:`digenrl.validation`). A Config built in code has none.
+    """
+    return dict(cfg.__dict__.get("_explicit", {}))
 
 
 ALIASES = {"tsp_stages": "tsp.stages"}
@@ -335,27 +376,36 @@ def parse_override(text: str) -> tuple[str, Any]:
 _STRING_KEYS = {"name", "system", "profile", "out_dir", "pretrained_path", "weights_path", "prompts"}
 
 
-def apply_overrides(cfg: Config, overrides: dict[str, Any] | list[str]) -> Config:
+def apply_overrides(
+    cfg: Config, overrides: dict[str, Any] | list[str], *, source: str = "the command line"
+) -> Config:
     items = [parse_override(o) for o in overrides] if isinstance(overrides, list) else list(overrides.items())
     for key, value in items:
-        _set(cfg, key.split("."), value, key)
+        _record(cfg, _set(cfg, key.split("."), value, key), source)
     return cfg
 
 
 def load_config(
     path: str | Path | None = None, overrides: list[str] | dict[str, Any] | None = None
 ) -> Config:
-    """Build a :class:`Config` from a YAML file (optional) and overrides; does not validate names."""
+    """Build a :class:`Config` from a YAML file (optional) and overrides; does not validate names
+    (:func:`digenrl.validation.validate_config` does)."""
     cfg = Config()
     if path is not None:
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"config file {str(path)!r} does not exist")
-        data = yaml.safe_load(path.read_text()) or {}
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f"{path}, line {mark.line + 1}, column {mark.column + 1}" if mark else str(path)
+            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            raise ConfigError(f"config file {where}: not valid YAML ({problem})") from None
         if not isinstance(data, dict):
             raise ConfigError(f"config file {str(path)!r} must hold a mapping at top level")
         for key, value in data.items():
-            _set(cfg, [str(key)], value, str(key))
+            _record(cfg, _set(cfg, [str(key)], value, str(key)), str(path))
     if overrides:
         apply_overrides(cfg, overrides)
     return cfg
@@ -363,102 +413,3 @@ def load_config(
 
 def save_config(cfg: Config, path: str | Path) -> None:
     Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-
-
-# --------------------------------------------------------------------------- validation
-
-
-def _one_of(key: str, value: str, allowed: list[str] | tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{key}={value!r} is not allowed; choose one of: {', '.join(allowed)}")
-
-
-def _positive(key: str, value: float | int | None) -> None:
-    if value is not None and value <= 0:
-        raise ConfigError(f"{key} must be > 0, got {value}")
-
-
-def validate_config(cfg: Config, world_size: int | None = None) -> None:
-    """Check every value that can be checked before any process group or model exists.
-
-    Registries are imported here (not at module import) so that ``config`` stays a leaf module.
-    """
-    from digenrl.models.specs import MODEL_SPECS
-    from digenrl.rewards.registry import available_rewards
-    from digenrl.runtime.profiles import available_profiles, load_profile
-    from digenrl.systems import available_systems
-
-    _one_of("system", cfg.system, available_systems())
-    _one_of("profile", cfg.profile, available_profiles()) if not cfg.profile.endswith(".yaml") else None
-    _one_of("model.name", cfg.model.name, sorted(MODEL_SPECS))
-    _one_of("model.dtype", cfg.model.dtype, ("float32", "bfloat16", "float16"))
-    if cfg.model.autocast and cfg.model.dtype == "float32":
-        raise ConfigError(
-            "model.autocast=true needs model.dtype=bfloat16 or float16 (autocast runs the transformer in "
-            "its 16-bit dtype); got model.dtype=float32"
-        )
-    rewards = available_rewards()
-    if cfg.reward.weights:
-        for name in cfg.reward.weights:
-            _one_of("reward.weights key", name, rewards)
-    else:
-        _one_of("reward.name", cfg.reward.name, rewards)
-    _one_of("reward.nonfinite_policy", cfg.reward.nonfinite_policy, ("drop-group", "abort"))
-    _one_of("sampler.sde_type", cfg.sampler.sde_type, ("sde", "cps", "dance"))
-    _one_of("algo.timestep_selection", cfg.algo.timestep_selection, ("first", "shuffled", "fast-window"))
-    _one_of("algo.adv_std", cfg.algo.adv_std, ("group", "global"))
-    _one_of("trainer.mode", cfg.trainer.mode, ("lora", "full"))
-    _one_of("trainer.backend", cfg.trainer.backend, ("auto", "none", "ddp", "fsdp2", "deepspeed"))
-    if cfg.runtime.backend is not None:
-        _one_of("runtime.backend", cfg.runtime.backend, ("gloo", "nccl"))
-
-    if cfg.iterations < 1:
-        raise ConfigError(f"iterations must be >= 1, got {cfg.iterations}")
-    if cfg.algo.group_size < 2:
-        raise ConfigError(
-            f"algo.group_size must be >= 2 (advantages need a group), got {cfg.algo.group_size}"
-        )
-    _positive("algo.prompts_per_iteration", cfg.algo.prompts_per_iteration)
-    if not 0.0 < cfg.algo.timestep_fraction <= 1.0:
-        raise ConfigError(f"algo.timestep_fraction must be in (0, 1], got {cfg.algo.timestep_fraction}")
-    _positive("algo.clip_range", cfg.algo.clip_range)
-    _positive("algo.adv_clamp", cfg.algo.adv_clamp)
-    _positive("algo.num_updates_per_batch", cfg.algo.num_updates_per_batch)
-    _positive("algo.fast_window", cfg.algo.fast_window)
-    if cfg.algo.kl_beta < 0:
-        raise ConfigError(f"algo.kl_beta must be >= 0, got {cfg.algo.kl_beta}")
-    if cfg.algo.kl_beta > 0 and cfg.trainer.mode != "lora":
-        raise ConfigError(
-            "algo.kl_beta > 0 needs trainer.mode=lora (the reference is the adapter-disabled model)"
-        )
-    _positive("sampler.num_steps", cfg.sampler.num_steps)
-    if cfg.sampler.num_steps is not None and cfg.sampler.num_steps < 2:
-        raise ConfigError(f"sampler.num_steps must be >= 2, got {cfg.sampler.num_steps}")
-    if cfg.sampler.noise_level is not None and cfg.sampler.noise_level < 0:
-        raise ConfigError(f"sampler.noise_level must be >= 0, got {cfg.sampler.noise_level}")
-    if cfg.sampler.samples_per_forward < 0:
-        raise ConfigError(f"sampler.samples_per_forward must be >= 0, got {cfg.sampler.samples_per_forward}")
-    _positive("trainer.lr", cfg.trainer.lr)
-    _positive("trainer.micro_batch_size", cfg.trainer.micro_batch_size)
-    _positive("trainer.lora_rank", cfg.trainer.lora_rank)
-    _positive("trainer.grad_clip", cfg.trainer.grad_clip)
-    if len(cfg.trainer.betas) != 2 or not all(0 <= b < 1 for b in cfg.trainer.betas):
-        raise ConfigError(f"trainer.betas must be two numbers in [0, 1), got {cfg.trainer.betas}")
-    _positive("runtime.timeout_s", cfg.runtime.timeout_s)
-    _positive("gap.fragment_groups", cfg.gap.fragment_groups)
-    _positive("tsp.stages", cfg.tsp.stages)
-    if cfg.checkpoint_every < 0:
-        raise ConfigError(f"checkpoint_every must be >= 0, got {cfg.checkpoint_every}")
-    for key in ("height", "width", "frames"):
-        _positive(f"model.{key}", getattr(cfg.model, key))
-
-    profile = load_profile(cfg.profile)
-    if world_size is not None and world_size > profile.world_size:
-        raise ConfigError(
-            f"{world_size} ranks were launched but profile={cfg.profile!r} has only {profile.world_size} "
-            f"devices; launch at most {profile.world_size} or choose a larger profile"
-        )
-    if world_size is not None:
-        from digenrl.systems import system_requirements
-
-        system_requirements(cfg.system).check(cfg, world_size)

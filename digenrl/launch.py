@@ -1,7 +1,7 @@
 """Command-line entry: parse config, validate at startup, start the process group, run a system.
 
 Failures are reported once, with the rank that failed, and the process group is torn down so that
-peers blocked in a collective fail by their own timeout instead of hanging (DESIGN.md §2).
+peers blocked in a collective fail by their own timeout instead of hanging (docs/design.md §2).
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import sys
 import traceback
 from typing import TYPE_CHECKING
 
-from digenrl.config import ConfigError, load_config, validate_config
+from digenrl.config import ConfigError, load_config
+from digenrl.validation import validate_config
 
 if TYPE_CHECKING:
     from digenrl.runtime.distributed import DistContext
@@ -34,6 +35,26 @@ def _world_size_from_env() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def ranks_to_start(cfg) -> int:
+    """How many worker processes a plain ``python run_train.py`` starts for ``cfg``: the pools' sum when
+    given, else every device of a one-node profile (a multi-node profile needs torchrun on each node)."""
+    from digenrl.runtime.profiles import load_profile
+
+    profile = load_profile(cfg.profile)
+    wanted = cfg.pools.trainers + cfg.pools.generators + cfg.pools.scorers or profile.world_size
+    if profile.num_nodes > 1 or wanted == 1:
+        return 1
+    if profile.backend == "nccl":
+        import torch
+
+        if torch.cuda.device_count() < wanted:
+            raise ConfigError(
+                f"profile={cfg.profile!r} runs {wanted} ranks on GPUs but this machine has "
+                f"{torch.cuda.device_count()}; use torchrun on a machine that has them, or a smaller profile"
+            )
+    return wanted
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
@@ -41,12 +62,24 @@ def main(argv: list[str]) -> int:
         level=logging.INFO if rank == 0 else logging.WARNING,
         format=f"[rank {rank}] %(levelname)s %(name)s: %(message)s",
     )
+    under_torchrun = "RANK" in os.environ
     try:
         cfg = load_config(args.config, args.overrides)
-        validate_config(cfg, world_size=_world_size_from_env())
+        world = _world_size_from_env() if under_torchrun else ranks_to_start(cfg)
+        validate_config(cfg, world_size=world)
     except ConfigError as exc:
-        print(f"[rank {rank}] config error: {exc}", file=sys.stderr)
+        if rank == 0:  # every rank finds the same error: say it once
+            print(f"config error: {exc}", file=sys.stderr)
         return 2
+    if not under_torchrun and world > 1:
+        # One command for a multi-process run: start the workers under torchrun, output streamed here.
+        print(f"[digenrl] starting {world} worker processes (torchrun --nproc_per_node={world})", flush=True)
+        try:
+            launch_torchrun(args.overrides, nproc=world, config=args.config, stream=True, timeout_s=None)
+        except SystemExit as exc:
+            print(exc, file=sys.stderr)
+            return 1
+        return 0
 
     from digenrl.runtime.distributed import init_distributed, shutdown_distributed
     from digenrl.systems import get_system
@@ -124,17 +157,19 @@ def launch_torchrun(
     overrides: list[str],
     *,
     nproc: int,
-    config: str | os.PathLike,
+    config: str | os.PathLike | None,
     threads: int = 1,
-    timeout_s: float = 900,
+    timeout_s: float | None = 900,
     label: str = "run",
     nnodes: int = 1,
     rdzv_port: int | None = None,
     log_dir: str | os.PathLike | None = None,
+    stream: bool = False,
 ) -> float:
     """Run ``experiments/run_train.py`` under torchrun in subprocesses — how the benchmark scripts launch
-    real runs side by side. Returns wall seconds (launch included); a failing run raises SystemExit
-    with the tail of its stderr.
+    real runs side by side, and how a plain ``python run_train.py`` starts its workers. Returns wall
+    seconds (launch included); a failing run raises SystemExit with the tail of its stderr (``stream``:
+    the workers write to this process's stdout / stderr as they go; ``timeout_s`` None = no limit).
 
     ``nnodes=1``: one ``torchrun --standalone --nproc_per_node=nproc``. ``nnodes>1``: a multi-node run
     on this host (``_launch_nodes``): ``nnodes`` torchrun groups of ``nproc`` processes that
@@ -152,7 +187,9 @@ def launch_torchrun(
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     repo = Path(__file__).resolve().parents[1]
-    script = [str(repo / "experiments" / "run_train.py"), "--config", str(config), *overrides]
+    script = [str(repo / "experiments" / "run_train.py")]
+    script += ["--config", str(config)] if config is not None else []
+    script += overrides
     env = dict(os.environ, OMP_NUM_THREADS="1", DIGENRL_THREADS=str(threads), PYTHONUNBUFFERED="1")
     disable_nvlink_multicast(env)
     if nnodes > 1:
@@ -175,8 +212,13 @@ def launch_torchrun(
         f"--nproc_per_node={nproc}",
         *script,
     ]
-    print(f"[{label}] {' '.join(cmd[5:])}", flush=True)
     start = time.perf_counter()
+    if stream:
+        code = subprocess.run(cmd, cwd=repo, env=env, timeout=timeout_s).returncode
+        if code != 0:
+            raise SystemExit(f"[{label}] the workers failed (exit {code}); see their messages above")
+        return time.perf_counter() - start
+    print(f"[{label}] {' '.join(cmd[5:])}", flush=True)
     proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=timeout_s)
     if log_dir is not None:
         Path(log_dir).mkdir(parents=True, exist_ok=True)

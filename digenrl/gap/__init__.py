@@ -1,7 +1,9 @@
-"""GAP — generation-axis pipeline (DESIGN.md §3): fragments of whole prompt groups, and the trainer-side
-spreading of a fragment's (sample, timestep) units over the trainer ranks."""
+"""GAP — generation-axis pipeline (docs/design.md §3): fragments of whole prompt groups
+(:mod:`~digenrl.gap.fragments`), the stream that claims and ships them (:mod:`~digenrl.gap.stream`), and
+the spreading of a fragment's (sample, timestep) units over the trainer ranks
+(:mod:`~digenrl.gap.unit_sharding`). Only the pure plan is re-exported; import the torch-side modules
+directly."""
 
 from digenrl.gap.fragments import FragmentPlan
-from digenrl.gap.unit_sharding import plan_unit_shards, shard_units
 
-__all__ = ["FragmentPlan", "plan_unit_shards", "shard_units"]
+__all__ = ["FragmentPlan"]

@@ -1,6 +1,6 @@
 """GAP fragments: the logical batch cut along the generation axis into runs of whole prompt groups.
 
-DESIGN.md §3 (GAP): an iteration's P prompt groups (prompt index 0..P−1, B = P·G samples) are cut into
+docs/design.md §3 (GAP): an iteration's P prompt groups (prompt index 0..P−1, B = P·G samples) are cut into
 fragments of ``gap.fragment_groups`` consecutive whole groups. A group never straddles two fragments, so
 the group-relative advantage (r − mean_group) / (std_group + ε) of every sample can be computed the moment
 its fragment is scored, and the trainer can accumulate the fragment's gradient at once. Fragment f holds
@@ -9,18 +9,19 @@ prompt indices ``[f·F, (f+1)·F)``; the prompt index keys every random draw of 
 changes its trajectories.
 
 Generators are D data-parallel producers (TSP pipelines, :mod:`digenrl.tsp.pipeline`; plain generator
-ranks when ``tsp.stages = 1``). Two assignments of fragments to producers:
+ranks when ``tsp.stages = 1``). Two assignments of fragments to producers (``gap.assignment``):
 
-* ``round-robin`` (default): fragment f goes to pipeline ``f mod D``; pipeline p produces
-  p, p+D, p+2D, … in that order. Production round r therefore finishes fragments ``[r·D, (r+1)·D)`` at
-  about the same time, so the trainer receives fragments in nearly ascending index order and its first
-  fragment arrives after one fragment time whatever D is.
-* ``contiguous``: pipeline p produces one block of consecutive fragments (block sizes differ by at most
-  one, the first ``num_fragments mod D`` pipelines take the larger blocks), in ascending order — the
-  layout of a static data-parallel split of the batch.
+* ``dynamic`` (default): decided at run time — the first free producer claims the next fragment with an
+  atomic ticket on the c10d store (:class:`digenrl.gap.stream.FragmentStream`), and TAG helpers claim
+  from the tail. :meth:`FragmentPlan.fragments_of` then describes only the nominal (round-robin) split,
+  which is what the stage balancing and the simulator's bound assume.
+* ``round-robin``: fragment f goes to pipeline ``f mod D``; pipeline p produces p, p+D, p+2D, … in that
+  order. Production round r therefore finishes fragments ``[r·D, (r+1)·D)`` at about the same time, so
+  the trainer receives fragments in nearly ascending index order and its first fragment arrives after
+  one fragment time whatever D is.
 
-Either way the per-pipeline fragment counts differ by at most one; with fewer fragments than pipelines
-some pipelines idle (:attr:`FragmentPlan.idle_pipelines`).
+The per-pipeline fragment counts differ by at most one; with fewer fragments than pipelines some
+pipelines idle (:attr:`FragmentPlan.idle_pipelines`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from digenrl.config import ConfigError
 
 FRAGMENT_GROUPS_KEY = "gap.fragment_groups"
 PROMPTS_KEY = "algo.prompts_per_iteration"
-ASSIGNMENTS = ("round-robin", "contiguous")
+ASSIGNMENTS = ("dynamic", "round-robin")
 
 
 def _is_int(value: object) -> bool:
@@ -45,7 +46,7 @@ class FragmentPlan:
     prompts_per_iteration: int  # P prompt groups in the logical batch
     fragment_groups: int  # F whole groups per fragment (gap.fragment_groups)
     num_pipelines: int = 1  # D data-parallel producers
-    assignment: str = "round-robin"  # see the module docstring
+    assignment: str = "dynamic"  # see the module docstring
 
     def __post_init__(self) -> None:
         p, f = self.prompts_per_iteration, self.fragment_groups
@@ -92,17 +93,13 @@ class FragmentPlan:
         """The pipeline that produces ``fragment``."""
         self._check_fragment(fragment)
         d = self.num_pipelines
-        if self.assignment == "round-robin":
-            return fragment % d
-        return next(p for p in range(d) if fragment < self._block_start(p + 1))
+        return fragment % d
 
     def fragments_of(self, pipeline: int) -> tuple[int, ...]:
         """The fragments ``pipeline`` produces, in production order (empty for an idle pipeline)."""
         if not _is_int(pipeline) or not 0 <= pipeline < self.num_pipelines:
             raise ValueError(f"pipeline must be an int in [0, {self.num_pipelines}), got {pipeline!r}")
-        if self.assignment == "round-robin":
-            return tuple(range(pipeline, self.num_fragments, self.num_pipelines))
-        return tuple(range(self._block_start(pipeline), self._block_start(pipeline + 1)))
+        return tuple(range(pipeline, self.num_fragments, self.num_pipelines))
 
     def position_in_pipeline(self, fragment: int) -> int:
         """How many fragments its pipeline produces before ``fragment`` (its production round)."""
@@ -126,6 +123,8 @@ class FragmentPlan:
             f"GAP: {self.prompts_per_iteration} prompt groups -> {self.num_fragments} fragments of "
             f"{self.fragment_groups} groups{size}, {self.assignment} over {self.num_pipelines} pipeline(s)"
         )
+        if self.assignment == "dynamic":
+            return text + " (claimed at run time: the first free pipeline takes the next fragment)"
         for p in range(self.num_pipelines):
             text += f"\n  pipeline {p}: fragments {list(self.fragments_of(p))}"
         if self.idle_pipelines:
@@ -133,11 +132,6 @@ class FragmentPlan:
         return text
 
     # ------------------------------------------------------------------ internals
-    def _block_start(self, pipeline: int) -> int:
-        """First fragment of ``pipeline``'s contiguous block (blocks differ in size by at most one)."""
-        base, extra = divmod(self.num_fragments, self.num_pipelines)
-        return pipeline * base + min(pipeline, extra)
-
     def _check_fragment(self, fragment: int) -> None:
         if not _is_int(fragment) or not 0 <= fragment < self.num_fragments:
             raise ValueError(f"fragment must be an int in [0, {self.num_fragments}), got {fragment!r}")

@@ -1,8 +1,8 @@
 """Spread one fragment's training units over the trainer ranks by (sample, timestep).
 
-DESIGN.md §3 (TSP, trainer side): the trainer's work unit is one (sample b, trained transition k), and the
-units of a single fragment are spread over *all* trainer ranks, so that even one small fragment keeps
-every trainer GPU busy. A fragment of B samples with K trained steps holds B·K units; with R trainer
+docs/design.md §3 (TSP, trainer side): the trainer's work unit is one (sample b, trained transition k),
+and the units of a single fragment are spread over *all* trainer ranks, so that even one small fragment
+keeps every trainer GPU busy. A fragment of B samples with K trained steps holds B·K units; with R trainer
 ranks each rank gets ⌊B·K/R⌋ or ⌈B·K/R⌉ of them.
 
 Order. Units are ordered **timestep-major** — by the denoising step they train (``step_indices[b, k]``),

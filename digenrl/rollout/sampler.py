@@ -1,7 +1,7 @@
 """The one sampler definition shared by the generator and the trainer.
 
 FlowGRPO's ratio exp(logp_θ − logp_old) is exactly 1 on-policy only if the training forward
-recomputes *the same* velocity and *the same* transition density as the rollout (ALGORITHM.md, "Loss").
+recomputes *the same* velocity and *the same* transition density as the rollout (docs/algorithm.md, "Loss").
 Both sides therefore go through :class:`Sampler`: :meth:`Sampler.velocity` (model call + guidance)
 and :meth:`Sampler.transition` (flow-SDE / CPS / DanceGRPO step with log-prob, fp32).
 """

@@ -1,4 +1,4 @@
-"""Control plane on the c10d key-value store that torchrun already runs (DESIGN.md §2).
+"""Control plane on the c10d key-value store that torchrun already runs (docs/design.md §2).
 
 Ranks coordinate small facts — "fragment 3 is ready", "θ_5 is published", "I am at barrier X", "I died
 because …" — through ``torch.distributed.Store`` (``TCPStore`` under torchrun; ``FileStore`` /
@@ -123,27 +123,52 @@ class ControlPlane:
         """Atomically draw the next ticket of ``counter``: 0, 1, 2, … across all ranks (``store.add``)."""
         return int(self.store.add(self.full_key(f"ticket/{counter}"), 1)) - 1
 
+    def peek_ticket(self, counter: str) -> int:
+        """The ticket :meth:`ticket` would hand out next, without drawing it."""
+        return int(self.store.add(self.full_key(f"ticket/{counter}"), 0))
+
     def publish(self, key: str, value: bytes | str | int) -> None:
         """Set ``key`` to ``value`` (ints are stored as decimal text)."""
         self.store.set(self.full_key(key), _encode(value, "value"))
 
+    def exists(self, key: str) -> bool:
+        """Whether ``key`` is published (one ``check``, never blocks)."""
+        return bool(self.store.check([self.full_key(key)]))
+
     def try_get(self, key: str) -> bytes | None:
-        """The value of ``key``, or None if nobody published it yet (never blocks)."""
+        """The value of ``key``, or None if nobody published it yet (never blocks). Only for keys no
+        other rank deletes: ``check`` then ``get`` is not atomic, and ``get`` of a key deleted in between
+        blocks until the store's timeout."""
         full = self.full_key(key)
         return self.store.get(full) if self.store.check([full]) else None
 
-    def wait_for(self, key: str, *, peer: int | str, what: str, timeout_s: float | None = None) -> bytes:
+    def delete(self, key: str) -> None:
+        """Remove ``key`` (a consumed one-shot value, so the store does not grow with the run)."""
+        self.store.delete_key(self.full_key(key))
+
+    def wait_for(
+        self,
+        key: str,
+        *,
+        peer: int | str,
+        what: str,
+        timeout_s: float | None = None,
+        idle: Callable[[], bool] | None = None,
+    ) -> bytes:
         """Block until ``key`` is published and return its value.
 
         ``peer`` (a rank, or a description like "trainer pool") and ``what`` only feed the error
-        message, which is what an operator reads when a run hangs.
+        message, which is what an operator reads when a run hangs. ``idle`` is called between polls; it
+        lets a waiting rank do work that must not wait behind this key (a generator joins a pending
+        weight sync while it waits for a fragment) and returns True when it did some, which restarts the
+        timeout (the time was spent working, not waiting).
         """
         full = self.full_key(key)
 
         def probe() -> bytes | None:
             return self.store.get(full) if self.store.check([full]) else None
 
-        return self._poll(probe, full_key=full, peer=peer, what=what, timeout_s=timeout_s)
+        return self.wait_until(probe, key=full, peer=peer, what=what, timeout_s=timeout_s, idle=idle)
 
     # ------------------------------------------------------------------------------------------ flags
 
@@ -192,8 +217,8 @@ class ControlPlane:
             seen = int(self.store.get(full))
             return seen if seen >= at_least else None
 
-        return self._poll(
-            probe, full_key=full, peer=peer, what=f"version >= {at_least} of '{name}'", timeout_s=timeout_s
+        return self.wait_until(
+            probe, key=full, peer=peer, what=f"version >= {at_least} of '{name}'", timeout_s=timeout_s
         )
 
     # --------------------------------------------------------------------------------------- barriers
@@ -218,9 +243,9 @@ class ControlPlane:
             return True if int(self.store.add(count_key, 0)) >= len(members) else None
 
         try:
-            self._poll(
+            self.wait_until(
                 probe,
-                full_key=count_key,
+                key=count_key,
                 peer="all barrier members",
                 what=f"barrier '{name}'",
                 timeout_s=timeout_s,
@@ -259,15 +284,22 @@ class ControlPlane:
 
     # ------------------------------------------------------------------------------------------ polling
 
-    def _poll(
+    def wait_until(
         self,
         probe: Callable[[], _T | None],
         *,
-        full_key: str,
+        key: str,
         peer: int | str,
         what: str,
-        timeout_s: float | None,
+        timeout_s: float | None = None,
+        idle: Callable[[], bool] | None = None,
     ) -> _T:
+        """Poll ``probe`` until it returns something other than None, watching the run's failure reports.
+
+        ``key`` (the store key or resource being waited on), ``peer`` and ``what`` name the wait in the
+        ``DistributedTimeoutError`` / ``PeerFailureError`` message; ``idle`` as in :meth:`wait_for`.
+        """
+        full_key = key
         timeout = self.default_timeout_s if timeout_s is None else float(timeout_s)
         _check_positive("timeout_s", timeout)
         deadline = time.monotonic() + timeout
@@ -276,6 +308,9 @@ class ControlPlane:
             result = probe()
             if result is not None:
                 return result
+            if idle is not None and idle():
+                deadline, sleep_s = time.monotonic() + timeout, _FIRST_POLL_S
+                continue
             report = self.failure()
             if report is not None:
                 raise PeerFailureError(

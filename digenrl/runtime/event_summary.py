@@ -88,6 +88,32 @@ def summarize_records(records: Iterable[Mapping[str, Any]]) -> dict[int, dict[st
     return summary
 
 
+def steady_window(out_dir: str | Path, first_iteration: int) -> dict[str, float]:
+    """Busy device-seconds over one window: from the first span of ``first_iteration`` (or later) to the
+    last span of the run. Per-iteration windows overlap when generation runs ahead (TCSS, the async
+    baseline), so a run-level bound must use one window: ``bubble_free_bound_s`` = busy / ranks, and
+    busy / (ranks · window) is the run's mean busy fraction (= achieved / bubble-free throughput)."""
+    records = load_events(out_dir)
+    ranks = {int(r["rank"]) for r in records}
+    spans = [r for r in records if r["type"] == "span" and r.get("iteration") is not None]
+    steady = [s for s in spans if int(s["iteration"]) >= first_iteration]
+    if not steady or not ranks:
+        return {"window_s": 0.0, "busy_gpu_s": 0.0, "ranks": float(len(ranks)), "bubble_free_bound_s": 0.0}
+    start = min(float(s["t_start"]) for s in steady)
+    end = max(float(s["t_end"]) for s in steady)
+    work: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for span in records:
+        if span["type"] == "span" and is_work_phase(span["phase"]):
+            work[int(span["rank"])].append((float(span["t_start"]), float(span["t_end"])))
+    busy = sum(union_length(work.get(rank, []), start, end) for rank in ranks)
+    return {
+        "window_s": end - start,
+        "busy_gpu_s": busy,
+        "ranks": float(len(ranks)),
+        "bubble_free_bound_s": busy / len(ranks),
+    }
+
+
 def union_length(intervals: Iterable[tuple[float, float]], lo: float, hi: float) -> float:
     """Length of the union of ``intervals`` clipped to ``[lo, hi]`` (sweep over sorted starts)."""
     clipped = sorted((max(a, lo), min(b, hi)) for a, b in intervals if min(b, hi) > max(a, lo))

@@ -79,6 +79,7 @@ def add_event_summary(out_dir: str | Path) -> None:
         if per_iteration:
             record["busy_fraction"] = per_iteration["busy_fraction"]
             record["phase_seconds"] = per_iteration["phase_seconds"]
+            record["bubble_free_bound_s"] = per_iteration["bubble_free_bound_s"]
     tmp = path.with_suffix(".jsonl.tmp")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
     tmp.replace(path)

@@ -1,6 +1,6 @@
 """Ship a :class:`~digenrl.rollout.trajectory.TrajectoryBatch` point-to-point (generator → trainer).
 
-Control plane / data plane split (DESIGN.md §2): the sender publishes the batch's metadata — field names,
+Control plane / data plane split (docs/design.md §2): the sender publishes the batch's metadata — field names,
 shapes, dtypes, the prompt strings, the iteration, the text-condition layout — as JSON under a store key;
 the receiver waits for that key with :meth:`ControlPlane.wait_for` (so a dead or late sender is reported
 with the waiting rank, the key and the peer after ``timeout_s``, never as a hang), allocates every tensor,
@@ -14,6 +14,13 @@ group's device (CPU for gloo, the current CUDA device for NCCL; a no-op if it is
 arrived, the tensor receives are bounded by the process group's timeout (gloo raises; NCCL aborts unless
 ``TORCH_NCCL_BLOCKING_WAIT=1``).
 
+Blocking and buffered sends: :func:`send_trajectories` returns when the receiver has taken every tensor
+(a rendezvous). :func:`start_send` returns at once with a :class:`PendingSend` whose tensors stay referenced
+until :meth:`PendingSend.done` — the sender goes on working while the receiver is busy (a TSP stage hands a
+fragment on and starts the next; a generator keeps generating while the trainer is in a weight sync). The
+metadata also carries the sender's rank and free-form ``tags`` (fragment index, policy version, …), so a
+receiver that does not know who produced a fragment (``src=None``, dynamic claiming) learns it there.
+
 Ordering: P2P messages between two ranks match in issue order (NCCL has no tags), so receives from one
 sender must follow that sender's send order. Each transfer draws a per-(sender, receiver) ticket on both
 sides and the receiver fails with a clear error if the orders differ, instead of silently reading one
@@ -25,7 +32,8 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, fields
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -59,12 +67,69 @@ _DTYPE_BY_NAME: dict[str, torch.dtype] = {
 @dataclass(frozen=True)
 class TransferStats:
     """One transfer as this rank saw it: payload ``bytes`` and ``tensors``, ``seconds`` moving tensors
-    (after the metadata was known), and on the receiver ``wait_seconds`` spent waiting for the metadata."""
+    (after the metadata was known), on the receiver ``wait_seconds`` spent waiting for the metadata, the
+    sender's rank ``src`` and the ``tags`` it attached."""
 
     bytes: int
     seconds: float
     tensors: int
     wait_seconds: float = 0.0
+    src: int = -1
+    tags: dict[str, Any] = field(default_factory=dict)
+
+
+class PendingSend:
+    """A buffered send in flight: its tensors stay alive until the receiver has taken them.
+
+    Completion is read from the store, not from the send's ``Work``: gloo marks a send complete only once
+    the sender calls ``wait()``, so polling ``is_completed()`` would never see it. The receiver sets
+    ``<key>/taken`` after its receives have finished (:func:`recv_trajectories`); once it exists the bytes
+    are across, ``wait()`` returns at once, and the sender removes the acknowledgement.
+    """
+
+    def __init__(
+        self,
+        works: list[Any],
+        tensors: list[torch.Tensor],
+        nbytes: int,
+        dst: int,
+        key: str,
+        plane: ControlPlane,
+    ) -> None:
+        self._works = works
+        self._tensors = tensors
+        self.messages = len(works)
+        self.bytes = nbytes
+        self.dst = dst
+        self.key = key
+        self._plane = plane
+        self._start = time.perf_counter()
+        self._done = False
+
+    def done(self) -> bool:
+        """Whether the receiver has taken every tensor (never blocks); frees the buffers once true."""
+        if not self._done and self._plane.exists(taken_key(self.key)):
+            self._finish()
+        return self._done
+
+    def wait(self, timeout_s: float | None = None) -> TransferStats:
+        """Block until the receiver has taken everything (bounded by ``timeout_s``, default the plane's)."""
+        if not self._done:
+            self._plane.wait_until(
+                lambda: True if self._plane.exists(taken_key(self.key)) else None,
+                key=taken_key(self.key),
+                peer=self.dst,
+                what=f"rank {self.dst} to take trajectory fragment '{self.key}'",
+                timeout_s=timeout_s,
+            )
+            self._finish()
+        return TransferStats(self.bytes, time.perf_counter() - self._start, self.messages)
+
+    def _finish(self) -> None:
+        self._plane.delete(taken_key(self.key))
+        for w in self._works:
+            w.wait()  # the receiver has the bytes: returns at once, surfacing any transport error
+        self._works, self._tensors, self._done = [], [], True
 
 
 # ----------------------------------------------------------------------------- (de)serialisation
@@ -154,65 +219,154 @@ def _dtype(name: str, field: str) -> torch.dtype:
 # ----------------------------------------------------------------------------- point-to-point
 
 
-def send_trajectories(
-    batch: TrajectoryBatch, dst: int, *, plane: ControlPlane, key: str, group: Any = None
-) -> TransferStats:
-    """Publish ``batch``'s metadata under ``key`` and send its tensors to global rank ``dst``.
-
-    Returns when every send has completed (the receiver has posted matching receives).
-    """
+def start_send(
+    batch: TrajectoryBatch,
+    dst: int,
+    *,
+    plane: ControlPlane,
+    key: str,
+    group: Any = None,
+    tags: dict[str, Any] | None = None,
+) -> PendingSend:
+    """Publish ``batch``'s metadata (with this rank and ``tags``) under ``key`` and post its tensors to
+    global rank ``dst`` without waiting for the receiver (see the module docstring)."""
     _check_rank("dst", dst)
     device = _comm_device(group)
     meta, tensors = batch_to_tensors(batch)
     tensors = [t.to(device) for t in tensors]
     meta["sequence"] = plane.ticket(f"p2p-send/{plane.rank}->{dst}")
+    meta["src"] = plane.rank
+    meta["tags"] = dict(tags or {})
     plane.publish(key, json.dumps(meta))
-    start = _now(device)
     ops = [dist.P2POp(dist.isend, _as_bytes(t), dst, group) for t in tensors if t.numel() > 0]
-    _wait(ops)
+    works = list(dist.batch_isend_irecv(ops)) if ops else []
+    return PendingSend(works, tensors, sum(_nbytes(t) for t in tensors), dst, key, plane)
+
+
+def taken_key(key: str) -> str:
+    """The receiver's acknowledgement of the transfer under ``key``."""
+    return f"{key}/taken"
+
+
+def drain_sends(
+    pending: list[PendingSend],
+    plane: ControlPlane,
+    *,
+    keep: int = 0,
+    what: str,
+    timeout_s: float | None = None,
+    idle: Callable[[], bool] | None = None,
+) -> list[PendingSend]:
+    """Wait until at most ``keep`` of ``pending`` are still in flight (oldest first) and return those.
+
+    The wait polls instead of blocking in ``work.wait()``, so ``idle`` keeps running (a generator joins a
+    weight sync the receiver is blocked in) and a failing peer or the timeout surfaces with a message
+    naming ``what`` and the receiver.
+    """
+    pending = [p for p in pending if not p.done()]
+    while len(pending) > keep:
+        oldest = pending[0]
+        plane.wait_until(
+            lambda oldest=oldest: True if oldest.done() else None,
+            key=oldest.key,
+            peer=oldest.dst,
+            what=what,
+            timeout_s=timeout_s,
+            idle=idle,
+        )
+        pending = [p for p in pending if not p.done()]
+    return pending
+
+
+def send_trajectories(
+    batch: TrajectoryBatch,
+    dst: int,
+    *,
+    plane: ControlPlane,
+    key: str,
+    group: Any = None,
+    tags: dict[str, Any] | None = None,
+) -> TransferStats:
+    """Publish ``batch``'s metadata under ``key`` and send its tensors to global rank ``dst``.
+
+    Returns when every send has completed (the receiver has posted matching receives).
+    """
+    pending = start_send(batch, dst, plane=plane, key=key, group=group, tags=tags)
+    device = _comm_device(group)
+    start = _now(device)
+    pending.wait()
     seconds = _now(device) - start
-    return TransferStats(sum(_nbytes(t) for t in tensors), seconds, len(ops))
+    return TransferStats(pending.bytes, seconds, pending.messages)
+
+
+def next_sequence(plane: ControlPlane, src: int) -> int:
+    """The sequence number this rank's next receive from ``src`` must carry (see "Ordering")."""
+    return plane.peek_ticket(f"p2p-recv/{src}->{plane.rank}")
+
+
+def published_metadata(plane: ControlPlane, key: str) -> dict[str, Any] | None:
+    """The metadata a sender published under ``key`` (never blocks; only the receiver deletes it)."""
+    raw = plane.try_get(key)
+    return None if raw is None else json.loads(raw)
 
 
 def recv_trajectories(
-    src: int,
+    src: int | None,
     *,
     plane: ControlPlane,
     key: str,
     device: torch.device | str,
     group: Any = None,
     timeout_s: float | None = None,
+    peer: int | str | None = None,
+    idle: Callable[[], bool] | None = None,
 ) -> tuple[TrajectoryBatch, TransferStats]:
-    """Wait for the metadata ``src`` publishes under ``key``, then receive the batch onto ``device``.
+    """Wait for the metadata published under ``key``, then receive the batch onto ``device``.
 
-    Raises ``DistributedTimeoutError`` (naming this rank, ``key`` and ``src``) if the metadata does not
-    appear within ``timeout_s`` (None: the plane's default), or ``PeerFailureError`` if a rank reported a
-    failure meanwhile.
+    ``src``: the sending global rank, or None when any rank may have produced it (the metadata names the
+    sender; ``peer`` then describes the expected producers in the timeout message). Raises
+    ``DistributedTimeoutError`` (naming this rank, ``key`` and the peer) if the metadata does not appear
+    within ``timeout_s`` (None: the plane's default), or ``PeerFailureError`` if a rank reported a
+    failure meanwhile. ``idle``: see :meth:`ControlPlane.wait_for`. Once the tensors are in, the metadata
+    key is deleted (the store does not grow with the run) and ``<key>/taken`` tells the sender.
     """
-    _check_rank("src", src)
+    if src is not None:
+        _check_rank("src", src)
     device = torch.device(device)
     if _backend(group) == "nccl" and device.type != "cuda":
         raise ValueError(f"NCCL receives into CUDA tensors only; device={device} is not CUDA")
     begin = time.perf_counter()
-    raw = plane.wait_for(key, peer=src, what=f"trajectory fragment '{key}'", timeout_s=timeout_s)
+    waited_for = src if src is not None else (peer if peer is not None else "any producer")
+    raw = plane.wait_for(
+        key, peer=waited_for, what=f"trajectory fragment '{key}'", timeout_s=timeout_s, idle=idle
+    )
     wait_seconds = time.perf_counter() - begin
     meta = json.loads(raw)
-    expected = plane.ticket(f"p2p-recv/{src}->{plane.rank}")
+    sender = int(meta["src"])
+    if src is not None and sender != src:
+        raise RuntimeError(f"rank {plane.rank}: '{key}' was sent by rank {sender}, expected rank {src}")
+    expected = plane.ticket(f"p2p-recv/{sender}->{plane.rank}")
     if meta.get("sequence") != expected:
         raise RuntimeError(
             f"rank {plane.rank}: trajectory fragment '{key}' was transfer #{meta.get('sequence')} from "
-            f"rank {src} but is received as #{expected}; receives from one sender must follow its send order"
+            f"rank {sender} but is received as #{expected}; receives from one sender must follow its send "
+            "order"
         )
     tensors = [
         torch.empty(entry["shape"], dtype=_dtype(entry["dtype"], entry["name"]), device=device)
         for entry in meta["fields"]
     ]
     start = _now(device)
-    ops = [dist.P2POp(dist.irecv, _as_bytes(t), src, group) for t in tensors if t.numel() > 0]
+    ops = [dist.P2POp(dist.irecv, _as_bytes(t), sender, group) for t in tensors if t.numel() > 0]
     _wait(ops)
     seconds = _now(device) - start
+    plane.delete(key)
+    plane.publish(taken_key(key), b"1")  # tells a buffered sender its bytes are across (PendingSend.done)
     batch = batch_from_tensors(meta, tensors)
-    return batch, TransferStats(sum(_nbytes(t) for t in tensors), seconds, len(ops), wait_seconds)
+    stats = TransferStats(
+        sum(_nbytes(t) for t in tensors), seconds, len(ops), wait_seconds, sender, dict(meta.get("tags", {}))
+    )
+    return batch, stats
 
 
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Trainer → generator weight sync over ``torch.distributed`` (DESIGN.md §1 step 5, §2 data plane).
+"""Trainer → generator weight sync over ``torch.distributed`` (docs/design.md §1 step 5, §2 data plane).
 
 After each optimizer step the trainer pool publishes θ_{k+1} to every generator: the LoRA adapter
 (``lora_A`` / ``lora_B`` tensors) in ``lora`` mode, every transformer parameter in ``full`` mode. The
@@ -99,6 +99,29 @@ class SyncStats:
     buckets: int
     checksum: int | None
     verify_seconds: float = 0.0
+
+
+class StagedPolicy:
+    """Weights of one policy version received into a staging buffer, not yet applied to a model.
+
+    ``tensors`` are (name, tensor) in the synced order, names relative to ``flow_model.transformer``
+    (as :func:`generator_sync_parameters`); ``stats`` describe the receive.
+    """
+
+    def __init__(
+        self, version: int, mode: str, tensors: list[tuple[str, torch.Tensor]], stats: SyncStats
+    ) -> None:
+        self.version = version
+        self.mode = mode
+        self.tensors = tensors
+        self.stats = stats
+
+    @torch.no_grad()
+    def apply(self, flow_model: nn.Module) -> None:
+        """Copy the staged tensors into ``flow_model``'s parameters (exact: same dtypes as the wire)."""
+        params = dict(generator_sync_parameters(flow_model, self.mode))
+        for name, tensor in self.tensors:
+            params[name].copy_(tensor)
 
 
 @dataclass(frozen=True)
@@ -312,7 +335,6 @@ class WeightSync:
         self.role = layout.role_of(self.rank)
         self.source = layout.sync_source
         self.bucket_bytes = max(1, int(sync_cfg.bucket_mb * (1 << 20)))
-        self.version: int | None = None  # last version this rank synced
         self.after_receive_hook: Callable[[list[tuple[str, torch.Tensor]]], None] | None = None
         self._wire_dtypes: list[torch.dtype] | None = None
         self._sync_ranks: list[int] = []
@@ -379,42 +401,47 @@ class WeightSync:
             self._trainer_status(ok=False)
             raise
         self._trainer_status(ok=True)
-        self.version = version
         total = sum(s.nbytes for s in specs)
         return SyncStats(version, total, self._now() - start, len(buckets), stats_checksum, verify_s)
 
     # ------------------------------------------------------------------ generator side
-    def pull(self, flow_model: nn.Module, version: int) -> SyncStats:
-        """Receive policy ``version`` into ``flow_model``; every generator rank calls this while the trainer
-        pushes. Returns the stats; the version is also kept in :attr:`version`."""
+    def receive(self, flow_model: nn.Module, version: int) -> StagedPolicy:
+        """Receive policy ``version`` into a staging buffer (``flow_model`` is read for names, shapes and
+        dtypes but not changed); every generator rank calls this while the trainer pushes. The checksum
+        is verified on the staged copy; :meth:`StagedPolicy.apply` later copies it into the model at a
+        fragment boundary (:class:`digenrl.runtime.policy_version.PolicyVersion`)."""
         if self.role != "generator":
-            raise ValueError(f"pull is for generator ranks; rank {self.rank} is a {self.role}")
+            raise ValueError(f"receive is for generator ranks; rank {self.rank} is a {self.role}")
         _check_version(version)
         start = self._now()
         named = generator_sync_parameters(flow_model, self.mode)
         specs = [TensorSpec(n, tuple(p.shape), p.dtype) for n, p in named]
         self._handshake(version, specs, is_source=False)
         buckets = plan_buckets(specs, self.bucket_bytes)
-        with torch.no_grad():
-            for bucket in buckets:
-                flat = torch.empty(
-                    sum(specs[i].numel for i in bucket),
-                    dtype=specs[bucket[0]].dtype,
-                    device=self._comm_device,
-                )
-                dist.broadcast(flat, src=self.source, group=self.groups.sync_group)
-                for i, view in zip(bucket, self._views(flat, [specs[i] for i in bucket]), strict=True):
-                    named[i][1].copy_(view)
+        staged: list[tuple[str, torch.Tensor]] = []
+        for bucket in buckets:
+            flat = torch.empty(
+                sum(specs[i].numel for i in bucket), dtype=specs[bucket[0]].dtype, device=self._comm_device
+            )
+            dist.broadcast(flat, src=self.source, group=self.groups.sync_group)
+            views = self._views(flat, [specs[i] for i in bucket])
+            staged.extend((specs[i].name, view) for i, view in zip(bucket, views, strict=True))
         if self.after_receive_hook is not None:
-            self.after_receive_hook(named)
+            self.after_receive_hook(staged)
         stats_checksum, verify_s = None, 0.0
         if self.cfg.verify_checksum:
             begin = self._now()
-            stats_checksum = self._verify(version, specs, [tensor_checksum(p) for _, p in named])
+            stats_checksum = self._verify(version, specs, [tensor_checksum(t) for _, t in staged])
             verify_s = self._now() - begin
-        self.version = version
         total = sum(s.nbytes for s in specs)
-        return SyncStats(version, total, self._now() - start, len(buckets), stats_checksum, verify_s)
+        stats = SyncStats(version, total, self._now() - start, len(buckets), stats_checksum, verify_s)
+        return StagedPolicy(version, self.mode, staged, stats)
+
+    def pull(self, flow_model: nn.Module, version: int) -> SyncStats:
+        """:meth:`receive` and apply at once (a generator that holds no fragment in flight)."""
+        staged = self.receive(flow_model, version)
+        staged.apply(flow_model)
+        return staged.stats
 
     # ------------------------------------------------------------------ collectives
     def _handshake(self, version: int, specs: list[TensorSpec], *, is_source: bool) -> None:

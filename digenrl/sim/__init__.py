@@ -10,9 +10,9 @@ from digenrl.sim.device_costs import DeviceCosts
 from digenrl.sim.planner import PlannerResult, PlanScore, predict_baselines, search_plans
 from digenrl.sim.schedule_plan import SYSTEMS, SchedulePlan
 from digenrl.sim.simulator import SimResult, compute_seconds, simulate
-from digenrl.sim.stage_plan import StagePlan, plan_stages
 from digenrl.sim.validation import simulation_error, steady_state
 from digenrl.sim.workload import Workload
+from digenrl.tsp.stage_plan import StagePlan, plan_stages
 
 __all__ = [
     "SYSTEMS",

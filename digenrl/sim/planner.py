@@ -1,6 +1,6 @@
 """Choose a DigenRL plan for a profile and a cost model: pool split, D × S, fragment size, TAG.
 
-The planner is a search over the simulator (DESIGN.md §2 "or asks the planner to choose"): every
+The planner is a search over the simulator (docs/design.md §5, "Simulator and planner"): every
 candidate :class:`SchedulePlan` is simulated and ranked by predicted steady-state samples/s. Search space:
 
 - trainer / generator split: ``trainers`` in 1..N−1 (generators take the rest, layout convention:
@@ -9,7 +9,7 @@ candidate :class:`SchedulePlan` is simulated and ranked by predicted steady-stat
 - fragment size F: every divisor of P (the runtime needs equal fragments, ``digenrl/gap/fragments.py``);
   F = P is one fragment, i.e. no streaming;
 - TAG off / on (on = the simulator's bubble-triggered budget search);
-- TCSS only if allowed (it changes the algorithm: opt-in, DESIGN.md §3).
+- TCSS only if allowed (it changes the algorithm: opt-in, docs/design.md §3).
 
 Every other knob (transport, fragment assignment, training order) comes from ``template``, whose
 defaults mirror the runtime (``digenrl/systems/digenrl_system.py``).
@@ -199,7 +199,7 @@ def predict_baselines(
     *,
     planning_iterations: int = 6,
 ) -> list[PlanScore]:
-    """The baselines of DESIGN.md §4 on the same profile, each tuned over its own knobs (pool split,
+    """The baselines of docs/design.md §4 on the same profile, each tuned over its own knobs (pool split,
     sub-batches, staleness) the way its authors would run it; best first."""
     profile = load_profile(profile) if isinstance(profile, str) else profile
     device_costs = costs if isinstance(costs, DeviceCosts) else DeviceCosts(profile, costs)

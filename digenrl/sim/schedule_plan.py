@@ -1,4 +1,4 @@
-"""Which schedule to simulate and its knobs: the systems of DESIGN.md §4 and DigenRL's switches (§3).
+"""Which schedule to simulate and its knobs: the systems of docs/design.md §4 and DigenRL's switches (§3).
 
 Rank placement follows :mod:`digenrl.runtime.layout`: in a separate layout ranks ``[0, trainers)`` train
 and the next ``generators`` ranks generate; colocated schedules use every rank of the profile.
@@ -29,8 +29,9 @@ class SchedulePlan:
     optimizer step; reward weights around scoring), ``overlap_sub_batches`` (``colocated-overlap``: each
     rank's share is generated in this many sub-batches, scoring of one overlapping generation of the
     next; None = the runtime's rule, ``samples_per_forward // G`` groups per sub-batch).
-    ``separate-async`` (UniRL, references/000): ``max_staleness`` (weight syncs a buffered batch may lag
-    before eviction), ``weight_sync_interval`` (optimizer steps between syncs), ``reap_before_launch``.
+    ``separate-async`` (UniRL, docs/references.md [000]): ``max_staleness`` (weight syncs a buffered
+    batch may lag before eviction), ``weight_sync_interval`` (optimizer steps between syncs),
+    ``reap_before_launch``.
     ``digenrl``: ``gap`` (stream fragments to the trainer), ``fragment_groups`` (F prompt groups per
     fragment), ``fragment_assignment`` (``round-robin`` / ``contiguous``: fragment → pipeline as
     ``digenrl.gap.fragments.FragmentPlan``; ``dynamic``: a shared ticket queue, first free pipeline takes

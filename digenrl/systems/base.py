@@ -10,18 +10,18 @@ would have done.
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import time
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from digenrl.config import Config, save_config
+from digenrl.config import Config, ConfigError, save_config
 from digenrl.runtime.distributed import DistContext
 from digenrl.runtime.events import agree_clock_origin, merge_chrome_trace
-from digenrl.runtime.metrics import add_event_summary
+from digenrl.runtime.fault_injection import inject_fault
+from digenrl.runtime.metrics import add_event_summary, read_metrics
+from digenrl.runtime.policy_version import PolicyVersion
+from digenrl.runtime.run_report import closing_summary, start_banner
 from digenrl.runtime.telemetry import GpuTelemetry
-from digenrl.systems import SystemRequirements
 from digenrl.systems.components import RankComponents
 from digenrl.trainer.checkpoint import load_latest_checkpoint, save_checkpoint
 
@@ -40,33 +40,34 @@ class IterationReport:
     phase_s: dict[str, float] = field(default_factory=dict)
 
 
-def inject_fault(rank: int, iteration: int) -> None:
-    """Fault injection for robustness tests: ``DIGENRL_INJECT_FAULT="rank=R,iteration=I[,kind=raise|kill]"``
-    makes rank R raise (or SIGKILL itself) at the start of iteration I."""
-    spec = os.environ.get("DIGENRL_INJECT_FAULT")
-    if not spec:
-        return
-    fields = dict(item.split("=", 1) for item in spec.split(","))
-    if int(fields["rank"]) != rank or int(fields["iteration"]) != iteration:
-        return
-    if fields.get("kind", "raise") == "kill":
-        os.kill(os.getpid(), signal.SIGKILL)
-    raise RuntimeError(f"injected fault on rank {rank} at iteration {iteration}")
-
-
 class System:
-    """Base class of a schedule. Subclasses set ``name``/``requirements`` and write ``setup`` and
-    ``run_iteration``; they must build their parts with :func:`build_rank_components`."""
+    """Base class of a schedule. Subclasses set ``name`` and ``knobs`` and write ``setup`` and
+    ``run_iteration``; they must build their parts with :func:`build_rank_components`.
+
+    ``knobs`` lists the system-specific config sections and keys the schedule reads (see
+    :data:`digenrl.validation.SYSTEM_SPECIFIC`); a user-set key outside them is rejected at startup.
+    """
 
     name: ClassVar[str]
-    requirements: ClassVar[SystemRequirements]
+    knobs: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def check(cls, cfg: Config, world_size: int) -> None:
+        """Start-up checks that need the world size (before any model exists). Default: every rank
+        generates whole prompt groups of the iteration's share."""
+        p = cfg.algo.prompts_per_iteration
+        if p % world_size:
+            raise ConfigError(
+                f"algo.prompts_per_iteration={p} must be divisible by the {world_size} ranks of system="
+                f"{cls.name!r}, so every rank generates whole prompt groups"
+            )
 
     def __init__(self, cfg: Config, ctx: DistContext):
         self.cfg = cfg
         self.ctx = ctx
         self.clock_origin = agree_clock_origin(ctx)
+        self.version = PolicyVersion()  # the one owner of this rank's policy version
         self.parts: RankComponents = self.setup()
-        self.policy_version = 0
 
     def setup(self) -> RankComponents:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -74,20 +75,31 @@ class System:
     def run_iteration(self, iteration: int) -> IterationReport:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def describe_pools(self) -> str:
+        """The start banner's pool line (separate systems override it)."""
+        return "colocated: every rank generates and trains"
+
+    def describe_mechanisms(self) -> str:
+        """The start banner's mechanism line ("" = none to report)."""
+        return ""
+
     def before_first_iteration(self) -> None:
         """Hook after setup and resume (separate pools sync the initial weights here)."""
+
+    def after_run(self) -> None:
+        """Hook after the last iteration, before the logs are merged (generators join the last push)."""
 
     # ------------------------------------------------------------------ checkpoint
     def checkpoint_payload(self, next_iteration: int) -> dict:
         trainer = self.parts.trainer
         return {
             "next_iteration": next_iteration,
-            "policy_version": self.policy_version,
+            "policy_version": self.version.current,
             "trainer": trainer.state_dict() if trainer is not None else None,
         }
 
     def restore(self, payload: dict) -> int:
-        self.policy_version = int(payload["policy_version"])
+        self.version = PolicyVersion(int(payload["policy_version"]))
         if self.parts.trainer is not None:
             self.parts.trainer.load_state_dict(payload["trainer"])
         return int(payload["next_iteration"])
@@ -121,6 +133,10 @@ class System:
                     log.info("resumed from %s at iteration %d", cfg.out_dir, start)
         if ctx.rank == 0:
             save_config(cfg, f"{cfg.out_dir}/config.yaml")
+            print(
+                start_banner(cfg, ctx.world_size, self.describe_pools(), self.describe_mechanisms()),
+                flush=True,
+            )
         self.before_first_iteration()
         telemetry = GpuTelemetry(self.parts.events) if ctx.device.type == "cuda" else None
         if telemetry is not None:
@@ -138,8 +154,8 @@ class System:
                 "reward_std": report.reward_std,
                 **{k: v for k, v in report.train.items() if k != "units"},
                 "train_units": report.train.get("units", 0.0),
-                **{k: v for k, v in report.step.items() if k != "policy_version"},
-                "policy_version": self.policy_version,
+                **report.step,
+                "policy_version": self.version.current,
                 "samples": report.samples,
                 "samples_per_s": report.samples / wall if wall > 0 else 0.0,
                 "wall_s": wall,
@@ -150,6 +166,7 @@ class System:
             last = iteration + 1 == cfg.iterations
             if last or (cfg.checkpoint_every and (iteration + 1) % cfg.checkpoint_every == 0):
                 self._save(iteration + 1)
+        self.after_run()
         if telemetry is not None:
             telemetry.stop()
         self.parts.events.close()
@@ -157,4 +174,5 @@ class System:
         if ctx.rank == 0:
             merge_chrome_trace(cfg.out_dir)
             add_event_summary(cfg.out_dir)
+            print(closing_summary(read_metrics(cfg.out_dir)[-len(records) :], cfg.out_dir), flush=True)
         return records

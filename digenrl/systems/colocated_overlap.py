@@ -1,4 +1,4 @@
-"""``colocated-overlap``: GenRL / flow_grpo's asynchronous-reward schedule (DESIGN.md §4).
+"""``colocated-overlap``: GenRL / flow_grpo's asynchronous-reward schedule (docs/design.md §4).
 
 Colocated like ``colocated-sync``, but the rank's groups are generated in sub-batches and each
 finished sub-batch is decoded and scored by a background worker while the next one generates
@@ -17,13 +17,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 from digenrl.rollout.scoring import ScoreResult
 from digenrl.rollout.trajectory import TrajectoryBatch
-from digenrl.systems import SystemRequirements
 from digenrl.systems.colocated_sync import ColocatedSync
 
 
 class ColocatedOverlap(ColocatedSync):
     name = "colocated-overlap"
-    requirements = SystemRequirements(name="colocated-overlap", prompts_divisible_by_world=True)
+    knobs = ("residency.train_resident",)
     track_reward_residency = False
 
     def sub_batches(self, ids: list[int]) -> list[list[int]]:

@@ -1,4 +1,4 @@
-"""``colocated-sync``: the veRL-Omni / flow_grpo schedule (DESIGN.md §4).
+"""``colocated-sync``: the veRL-Omni / flow_grpo schedule (docs/design.md §4).
 
 Every rank holds the whole policy and, each iteration, in turn::
 
@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from digenrl.config import ConfigError
+from digenrl.config import Config, ConfigError
 from digenrl.rollout.scoring import ScoreResult
 from digenrl.rollout.trajectory import TrajectoryBatch
 from digenrl.runtime.residency import (
@@ -24,7 +24,6 @@ from digenrl.runtime.residency import (
     module_transitions,
     optimizer_transitions,
 )
-from digenrl.systems import SystemRequirements
 from digenrl.systems.base import IterationReport, System
 from digenrl.systems.components import RankComponents, build_rank_components
 from digenrl.systems.phases import assign_advantages, global_sum, reward_summary, train_logical_batch
@@ -32,9 +31,21 @@ from digenrl.systems.phases import assign_advantages, global_sum, reward_summary
 
 class ColocatedSync(System):
     name = "colocated-sync"
-    requirements = SystemRequirements(name="colocated-sync", prompts_divisible_by_world=True)
+    knobs = ("residency",)
 
     track_reward_residency = True  # colocated-overlap scores during generation, so it cannot park the reward
+
+    @classmethod
+    def check(cls, cfg: Config, world_size: int) -> None:
+        super().check(cfg, world_size)
+        from digenrl.rewards.registry import reward_needs_weights
+
+        names = list(cfg.reward.weights) if cfg.reward.weights else [cfg.reward.name]
+        if not cfg.residency.reward_resident and not any(reward_needs_weights(n) for n in names):
+            raise ConfigError(
+                f"residency.reward_resident=false: reward {cfg.reward.name!r} has no weights to park "
+                f"under system={cls.name!r}; leave it true"
+            )
 
     def setup(self) -> RankComponents:
         parts = build_rank_components(
@@ -93,7 +104,7 @@ class ColocatedSync(System):
         return batch, score
 
     def run_iteration(self, iteration: int) -> IterationReport:
-        version = self.policy_version
+        version = self.version.current
         t0 = time.perf_counter()
         batch, score = self.rollout(iteration, version)
         batch = assign_advantages(batch, score, self.cfg.algo)
@@ -107,7 +118,7 @@ class ColocatedSync(System):
             iteration,
             version,
         )
-        self.policy_version = version + 1
+        self.version.advance()
         reward_mean, reward_std = reward_summary(score.rewards[score.keep])
         return IterationReport(
             samples=int(global_sum(batch.batch_size)),

@@ -1,7 +1,7 @@
 """The phases every schedule is built from: generate, score, advantages, train, optimizer step.
 
 Baselines and DigenRL call exactly these functions; a system differs from another only in *when* and
-*on which ranks* it calls them (DESIGN.md §4: "same components, different schedule").
+*on which ranks* it calls them (docs/design.md §4: "same components, different schedule").
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def assign_advantages(
 
     Rewards are gathered over ``group`` (the ranks that together hold the logical batch) before
     normalising, because with ``adv_std=global`` the std spans the whole batch and, in general, a
-    rank's slice need not hold a group's every sample (ALGORITHM.md, "Advantages"). ``local=True``
+    rank's slice need not hold a group's every sample (docs/algorithm.md, "Advantages"). ``local=True``
     normalises over this batch alone (a GAP fragment: complete groups, per-group std).
     """
     keep = score.keep

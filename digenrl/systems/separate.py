@@ -1,18 +1,23 @@
 """Plumbing shared by every schedule on disjoint pools (``separate-*`` baselines and ``digenrl``).
 
 A :class:`SeparateSystem` builds the layout and process groups, gives trainer ranks a
-:class:`PolicyTrainer` and generator ranks a :class:`RolloutEngine`, and offers the three moves those
+:class:`PolicyTrainer` and generator ranks a :class:`RolloutEngine`, and offers the moves those
 schedules are made of:
 
-* ``ship(batch, key)`` / ``receive(key)`` — a generator splits a scored batch over the trainer ranks
-  (by samples) and sends each share point-to-point; metadata rides on the c10d store;
-* ``push_weights(version)`` / ``pull_weights(version)`` — trainer → generators weight sync with a
-  policy version and a checksum;
-* ``generator_pool_group`` — advantages are normalised over the generator pool, which holds the whole
-  logical batch.
+* a :class:`~digenrl.gap.stream.FragmentStream` (``self.stream``) — the one way scored trajectories reach
+  the trainers: claim a fragment, ship its shards, check readiness, receive. The separate baselines use
+  it with one fragment per generator and whole-sample shards; ``digenrl`` with GAP fragments and unit
+  shards;
+* weight sync — the trainer pool's source rank pushes θ_{k+1} (:meth:`push_weights`); a generator joins
+  every push as soon as it is announced (:meth:`service_weight_sync`, called between fragments and from
+  inside every wait), receiving into a staging buffer; :class:`~digenrl.runtime.policy_version.
+  PolicyVersion` decides when the staged weights take effect;
+* ``generator_pool_group`` — advantages are normalised over the generator pool when it holds the whole
+  logical batch (separate baselines).
 
-Ordering rule that keeps the point-to-point traffic deadlock-free: a generator sends to trainers in
-increasing rank order, and a trainer receives from generators in increasing rank order.
+Every wait of a generator services weight syncs, because a push is a collective over the trainer source
+and *all* generators: a generator blocked on something else while the others sit in the broadcast would
+deadlock the run until the timeout.
 """
 
 from __future__ import annotations
@@ -23,10 +28,11 @@ import logging
 import torch
 
 from digenrl.config import Config, ConfigError
+from digenrl.gap.fragments import FragmentPlan
+from digenrl.gap.stream import FragmentStream
 from digenrl.rollout.trajectory import TrajectoryBatch
 from digenrl.runtime.control_plane import ControlPlane
 from digenrl.runtime.layout import Layout, build_layout, build_process_groups
-from digenrl.runtime.transfer import recv_trajectories, send_trajectories
 from digenrl.runtime.weight_sync import (
     POLICY_VERSION_NAME,
     SyncStats,
@@ -34,7 +40,6 @@ from digenrl.runtime.weight_sync import (
     prepare_generator_model,
     resolve_sync_mode,
 )
-from digenrl.systems import SystemRequirements
 from digenrl.systems.base import IterationReport, System
 from digenrl.systems.components import RankComponents, build_rank_components
 
@@ -62,29 +67,7 @@ def separate_layout(cfg: Config, world_size: int) -> Layout:
             f"torchrun and set pools.trainers and pools.generators (they must add up to the launched "
             f"ranks, {world_size} now)"
         )
-    if layout.scorer_ranks:
-        raise ConfigError("pools.scorers > 0 is not supported by this system yet; score on the generators")
     return layout
-
-
-class SeparateRequirements(SystemRequirements):
-    """Start-up checks of separate-pool systems: pools fit the world, groups split evenly."""
-
-    def check(self, cfg: Config, world_size: int) -> None:
-        layout = separate_layout(cfg, world_size)
-        gens, trainers = len(layout.generator_ranks), len(layout.trainer_ranks)
-        p = cfg.algo.prompts_per_iteration
-        if p % gens:
-            raise ConfigError(
-                f"algo.prompts_per_iteration={p} must be divisible by pools.generators={gens} so every "
-                "generator produces whole prompt groups"
-            )
-        per_generator = p // gens * cfg.algo.group_size
-        if per_generator < trainers:
-            raise ConfigError(
-                f"each generator produces {per_generator} samples per iteration, fewer than "
-                f"pools.trainers={trainers}: raise algo.prompts_per_iteration or lower pools.trainers"
-            )
 
 
 def generator_report(rewards: torch.Tensor, samples: int, phase_s: dict[str, float]) -> IterationReport:
@@ -101,6 +84,26 @@ def generator_report(rewards: torch.Tensor, samples: int, phase_s: dict[str, flo
 
 class SeparateSystem(System):
     """Base of the schedules on disjoint generator / trainer pools."""
+
+    knobs = ("pools.trainers", "pools.generators", "sync")
+
+    @classmethod
+    def check(cls, cfg: Config, world_size: int) -> None:
+        """Pools fit the world; every generator produces whole groups; every trainer gets samples."""
+        layout = separate_layout(cfg, world_size)
+        gens, trainers = len(layout.generator_ranks), len(layout.trainer_ranks)
+        p = cfg.algo.prompts_per_iteration
+        if p % gens:
+            raise ConfigError(
+                f"algo.prompts_per_iteration={p} must be divisible by pools.generators={gens} so every "
+                "generator produces whole prompt groups"
+            )
+        per_generator = p // gens * cfg.algo.group_size
+        if per_generator < trainers:
+            raise ConfigError(
+                f"each generator produces {per_generator} samples per iteration, fewer than "
+                f"pools.trainers={trainers}: raise algo.prompts_per_iteration or lower pools.trainers"
+            )
 
     def setup(self) -> RankComponents:
         cfg, ctx = self.cfg, self.ctx
@@ -123,7 +126,7 @@ class SeparateSystem(System):
             cfg,
             ctx,
             role=self.role,
-            generate=not self.is_trainer,
+            generate=not self.is_trainer or self.trainer_generates(),
             train=self.is_trainer,
             clock_origin=self.clock_origin,
             process_group=self.groups.trainer_group,
@@ -139,7 +142,31 @@ class SeparateSystem(System):
             plane=self.plane,
         )
         self.sync_history: list[SyncStats] = []
+        self.stream = FragmentStream(
+            self.fragment_plan(),
+            self.plane,
+            self.layout.trainer_ranks,
+            sharding=self.sharding,
+            device=ctx.device,
+            timeout_s=cfg.runtime.timeout_s,
+        )
         return parts
+
+    def describe_pools(self) -> str:
+        return f"trainers {list(self.layout.trainer_ranks)}, generators {list(self.layout.generator_ranks)}"
+
+    # ------------------------------------------------------------------ what the subclass decides
+    sharding = "samples"  # how a fragment is cut over the trainer ranks (FragmentStream)
+
+    def trainer_generates(self) -> bool:
+        """Whether trainer ranks also need a rollout engine (TAG)."""
+        return False
+
+    def fragment_plan(self) -> FragmentPlan:
+        """The separate baselines: one fragment per generator, its contiguous share of the groups."""
+        gens = len(self.layout.generator_ranks)
+        p = self.cfg.algo.prompts_per_iteration
+        return FragmentPlan(p, p // gens, gens, assignment="round-robin")
 
     def checkpoint_ranks(self) -> tuple[bool, object]:
         """Only the trainer pool holds state worth saving; generators get their weights from the
@@ -169,57 +196,75 @@ class SeparateSystem(System):
     def generator_ranks(self) -> tuple[int, ...]:
         return self.layout.generator_ranks
 
-    def ship(self, batch: TrajectoryBatch, key: str) -> float:
-        """Send a scored batch's share to every trainer (samples split as evenly as possible);
-        returns the bytes sent. The clean latents stay behind: the trainer does not need them."""
-        batch.final_latents = None
-        shares = torch.arange(batch.batch_size).tensor_split(len(self.trainer_ranks))
-        sent = 0.0
-        for trainer, idx in zip(self.trainer_ranks, shares, strict=True):
-            share_key = f"{key}/from{self.ctx.rank}/to{trainer}"
-            stats = send_trajectories(batch.select(idx), trainer, plane=self.plane, key=share_key)
-            sent += stats.bytes
+    def ship_and_wait(self, batch: TrajectoryBatch, iteration: int, fragment: int, tags: dict) -> float:
+        """Ship a fragment and wait until every trainer has taken it (reap before launch: the transfer
+        never competes with the next generation); returns the bytes sent."""
+        pending, sent = self.stream.ship(batch, iteration, fragment, tags=tags)
+        self.drain(pending, what=f"the trainers to take fragment {fragment} of iteration {iteration}")
         return sent
 
-    def receive(self, key: str, sources: tuple[int, ...] | None = None) -> TrajectoryBatch:
-        """This trainer's shares of ``key`` from every generator (or ``sources``), concatenated."""
-        parts = []
-        for generator in sources if sources is not None else self.generator_ranks:
-            batch, _ = recv_trajectories(
-                generator,
-                plane=self.plane,
-                key=f"{key}/from{generator}/to{self.ctx.rank}",
-                device=self.ctx.device,
-                timeout_s=self.cfg.runtime.timeout_s,
-            )
-            parts.append(batch)
-        return TrajectoryBatch.cat(parts)
+    def drain(self, pending: list, *, keep: int = 0, what: str) -> list:
+        """Wait until at most ``keep`` sends are in flight, joining weight syncs meanwhile."""
+        from digenrl.runtime.transfer import drain_sends
+
+        idle = None if self.is_trainer else self.service_weight_sync
+        return drain_sends(
+            pending, self.plane, keep=keep, what=what, timeout_s=self.cfg.runtime.timeout_s, idle=idle
+        )
+
+    def receive_all(self, iteration: int) -> TrajectoryBatch:
+        """A trainer's shares of every fragment of ``iteration``, concatenated in fragment order."""
+        return TrajectoryBatch.cat(
+            [self.stream.receive(iteration, f)[0] for f in range(self.stream.num_fragments)]
+        )
 
     # ------------------------------------------------------------------ weight sync
     def push_weights(self, version: int) -> SyncStats:
+        """Every trainer rank: publish the trainer's weights as ``version`` (the source broadcasts)."""
         stats = self.weight_sync.push(self.parts.trainer, version)
         self.sync_history.append(stats)
         return stats
 
-    def pull_weights(self, version: int, iteration: int = -1) -> SyncStats:
-        """Wait (on the store, logged as ``wait_sync``) until the trainer announces ``version``, then
-        join its broadcast — so the timeline separates idle waiting from the transfer itself."""
-        with self.parts.events.span("wait_sync", iteration=iteration, policy_version=version):
-            self.plane.wait_version(
-                POLICY_VERSION_NAME,
-                version,
-                peer=self.layout.sync_source,
-                timeout_s=self.cfg.runtime.timeout_s,
-            )
-        with self.parts.events.span("sync", iteration=iteration, policy_version=version):
-            stats = self.weight_sync.pull(self.parts.bundle.flow_model, version)
-        self.sync_history.append(stats)
-        return stats
+    def service_weight_sync(self) -> bool:
+        """Generators: join a push the trainer source announced, receiving into staging. Returns whether
+        one was received. Called at fragment boundaries and from inside every wait (``idle`` hooks)."""
+        announced = self.weight_sync.pending_version()
+        if announced is None or announced <= self.version.latest:
+            return False
+        target = self.version.latest + 1
+        self.version.make_room(self.parts.bundle.flow_model)
+        with self.parts.events.span("sync", policy_version=target):
+            staged = self.weight_sync.receive(self.parts.bundle.flow_model, target)
+        self.version.stage(staged)
+        self.sync_history.append(staged.stats)
+        return True
+
+    def wait_for_version(self, version: int, iteration: int = -1) -> None:
+        """Generators: wait (logged as ``wait_sync``) until ``version`` has arrived, joining every push
+        on the way, and make the model compute with it."""
+        if self.version.latest < version:
+            with self.parts.events.span("wait_sync", iteration=iteration, policy_version=version):
+                self.plane.wait_until(
+                    lambda: True if self.version.latest >= version else None,
+                    key=f"version/{POLICY_VERSION_NAME}",
+                    peer=self.layout.sync_source,
+                    what=f"policy version {version}",
+                    timeout_s=self.cfg.runtime.timeout_s,
+                    idle=self.service_weight_sync,
+                )
+        self.version.apply_staged(self.parts.bundle.flow_model, up_to=version)
 
     def initial_sync(self) -> None:
         """Version 0: make every generator start from the trainer's exact weights."""
+        current = self.version.current
         if self.is_trainer:
-            with self.parts.events.span("sync", iteration=-1, policy_version=self.policy_version):
-                self.push_weights(self.policy_version)
+            with self.parts.events.span("sync", iteration=-1, policy_version=current):
+                self.push_weights(current)
         else:
-            self.pull_weights(self.policy_version)
+            with self.parts.events.span("sync", iteration=-1, policy_version=current):
+                self.sync_history.append(self.weight_sync.pull(self.parts.bundle.flow_model, current))
+
+    def after_run(self) -> None:
+        """Generators join the trainer's last push (θ after the final iteration) before leaving."""
+        if not self.is_trainer:
+            self.wait_for_version(self.cfg.iterations)

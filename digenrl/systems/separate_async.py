@@ -1,4 +1,4 @@
-"""``separate-async``: UniRL-style asynchronous disaggregation (references/000, DESIGN.md §4).
+"""``separate-async``: UniRL-style asynchronous disaggregation (docs/references.md [000], docs/design.md §4).
 
 Generators run one generation at a time (``max_inflight = 1``) and may start batch j while the
 trainer is still training batch j−1, as long as the weights they hold are at most
@@ -25,17 +25,22 @@ import time
 
 from digenrl.config import Config, ConfigError
 from digenrl.systems.base import IterationReport
-from digenrl.systems.separate import SeparateRequirements, generator_report
+from digenrl.systems.separate import generator_report
 from digenrl.systems.separate_sync import SeparateSync
 
 
-class AsyncRequirements(SeparateRequirements):
-    def check(self, cfg: Config, world_size: int) -> None:
+class SeparateAsync(SeparateSync):
+    name = "separate-async"
+    knobs = (*SeparateSync.knobs, "asynchrony")
+
+    @classmethod
+    def check(cls, cfg: Config, world_size: int) -> None:
         super().check(cfg, world_size)
         if cfg.asynchrony.max_inflight != 1:
             raise ConfigError(
                 f"asynchrony.max_inflight={cfg.asynchrony.max_inflight}: only 1 is supported — a second "
-                "generation in flight co-tenants the generator and stalls the transfer (references/000)"
+                "generation in flight co-tenants the generator and stalls the transfer "
+                "(docs/references.md [000])"
             )
         if cfg.asynchrony.max_staleness not in (0, 1):
             raise ConfigError(
@@ -43,32 +48,18 @@ class AsyncRequirements(SeparateRequirements):
                 "generation in flight a generator is never more than one version ahead)"
             )
 
-
-class SeparateAsync(SeparateSync):
-    name = "separate-async"
-    requirements = AsyncRequirements(name="separate-async", prompts_divisible_by_world=False)
-
     @property
     def max_staleness(self) -> int:  # type: ignore[override]
         return self.cfg.asynchrony.max_staleness
 
-    def _pull_through(self, version: int, iteration: int) -> None:
-        """Pull every published version up to ``version`` (each push is a collective to join)."""
-        while self.policy_version < version:
-            nxt = self.policy_version + 1
-            self.pull_weights(nxt, iteration)
-            self.policy_version = nxt
-
     def generate_iteration(self, iteration: int) -> IterationReport:
         t0 = time.perf_counter()
-        self._pull_through(iteration - self.cfg.asynchrony.max_staleness, iteration)
-        version = self.policy_version
+        self.wait_for_version(iteration - self.cfg.asynchrony.max_staleness, iteration)
         batch, score = self.rollout(iteration)
         t1 = time.perf_counter()
-        self._pull_through(iteration, iteration)  # the trainer publishes θ_j before it receives batch j
-        with self.parts.events.span("transfer", iteration=iteration, policy_version=version):
-            self.ship(batch, key=f"it{iteration}")
+        self.wait_for_version(iteration, iteration)  # the trainer publishes θ_j before it receives batch j
+        self.ship(batch, iteration)
         if iteration + 1 == self.cfg.iterations:
-            self._pull_through(iteration + 1, iteration)  # join the trainer's last push
+            self.wait_for_version(iteration + 1, iteration)  # join the trainer's last push
         phase_s = {"rollout": t1 - t0, "ship": time.perf_counter() - t1}
         return generator_report(score.rewards[score.keep], batch.batch_size, phase_s)

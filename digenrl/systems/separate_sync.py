@@ -1,4 +1,4 @@
-"""``separate-sync``: naive disaggregation with a full-batch barrier (DESIGN.md §4).
+"""``separate-sync``: naive disaggregation with a full-batch barrier (docs/design.md §4).
 
 Generator pool and trainer pool alternate; each waits for the other every iteration::
 
@@ -18,24 +18,18 @@ from digenrl.rollout.scoring import ScoreResult
 from digenrl.rollout.trajectory import TrajectoryBatch
 from digenrl.systems.base import IterationReport
 from digenrl.systems.phases import assign_advantages, global_sum, reward_summary, train_logical_batch
-from digenrl.systems.separate import SeparateRequirements, SeparateSystem, generator_report
+from digenrl.systems.separate import SeparateSystem, generator_report
 
 
 class SeparateSync(SeparateSystem):
     name = "separate-sync"
-    requirements = SeparateRequirements(name="separate-sync", prompts_divisible_by_world=False)
 
     def before_first_iteration(self) -> None:
         self.initial_sync()
 
-    def my_prompt_ids(self, iteration: int) -> tuple[list[str], list[int]]:
-        """This generator's contiguous share of the iteration's prompt groups."""
-        prompts = self.parts.prompts.prompts_for(iteration, self.cfg.algo.prompts_per_iteration)
-        gens = self.generator_ranks
-        per = len(prompts) // len(gens)
-        first = gens.index(self.ctx.rank) * per
-        ids = list(range(first, first + per))
-        return [prompts[i] for i in ids], ids
+    def my_fragment(self) -> int:
+        """This generator's fragment: its contiguous share of the iteration's prompt groups."""
+        return self.generator_ranks.index(self.ctx.rank)
 
     def advantages(self, batch: TrajectoryBatch, score: ScoreResult) -> TrajectoryBatch:
         """Group advantages with rewards gathered over the generator pool (it holds the whole batch)."""
@@ -49,32 +43,38 @@ class SeparateSync(SeparateSystem):
     # ------------------------------------------------------------------ generator pool
     def rollout(self, iteration: int) -> tuple[TrajectoryBatch, ScoreResult]:
         """Generate, score and normalise this generator's groups with the weights it holds."""
-        events, version = self.parts.events, self.policy_version
-        prompts, ids = self.my_prompt_ids(iteration)
+        events, version = self.parts.events, self.version.current
+        prompts = self.parts.prompts.prompts_for(iteration, self.cfg.algo.prompts_per_iteration)
+        ids = list(self.stream.plan.prompt_ids(self.my_fragment()))
         with events.span("generate", iteration=iteration, policy_version=version, samples=len(ids)):
-            batch = self.parts.engine.generate(prompts, ids, iteration=iteration, policy_version=version)
+            batch = self.parts.engine.generate(
+                [prompts[i] for i in ids], ids, iteration=iteration, policy_version=version
+            )
         with events.span("score", iteration=iteration, policy_version=version):
             score = self.parts.scorer(batch)
             batch = self.advantages(batch, score)
         return batch, score
 
+    def ship(self, batch: TrajectoryBatch, iteration: int) -> None:
+        with self.parts.events.span("transfer", iteration=iteration, policy_version=self.version.current):
+            tags = {"policy_version": self.version.current, "producer": self.ctx.rank}
+            self.ship_and_wait(batch, iteration, self.my_fragment(), tags)
+
     def generate_iteration(self, iteration: int) -> IterationReport:
-        version, t0 = self.policy_version, time.perf_counter()
+        t0 = time.perf_counter()
         batch, score = self.rollout(iteration)
-        with self.parts.events.span("transfer", iteration=iteration, policy_version=version):
-            self.ship(batch, key=f"it{iteration}")
+        self.ship(batch, iteration)
         t1 = time.perf_counter()
-        self.pull_weights(version + 1, iteration)
-        self.policy_version = version + 1
+        self.wait_for_version(iteration + 1, iteration)
         phase_s = {"rollout": t1 - t0, "sync": time.perf_counter() - t1}
         return generator_report(score.rewards[score.keep], batch.batch_size, phase_s)
 
     # ------------------------------------------------------------------ trainer pool
     def train_iteration(self, iteration: int) -> IterationReport:
-        events, version, group = self.parts.events, self.policy_version, self.groups.trainer_group
+        events, version, group = self.parts.events, self.version.current, self.groups.trainer_group
         t0 = time.perf_counter()
         with events.span("wait_transfer", iteration=iteration, policy_version=version):
-            batch = self.receive(key=f"it{iteration}")
+            batch = self.receive_all(iteration)
         staleness = self.check_staleness(batch, version)
         t1 = time.perf_counter()
         stats, step_stats = train_logical_batch(
@@ -88,8 +88,7 @@ class SeparateSync(SeparateSystem):
         )
         t2 = time.perf_counter()
         with events.span("sync", iteration=iteration, policy_version=version + 1):
-            sync = self.push_weights(version + 1)
-        self.policy_version = version + 1
+            sync = self.push_weights(self.version.advance())
         reward_mean, reward_std = reward_summary(batch.rewards, group)
         return IterationReport(
             samples=int(global_sum(batch.batch_size, group)),

@@ -1,7 +1,7 @@
 """The FlowGRPO policy update: recompute each trained transition's log-prob under θ, PPO-clip loss,
 optional KL to the adapter-disabled reference, gradient accumulation, one optimizer step per batch.
 
-Exactness of accumulation (GAP relies on it, DESIGN.md §3). The objective of one optimizer step is the
+Exactness of accumulation (GAP relies on it, docs/design.md §3). The objective of one optimizer step is the
 mean per-unit loss over the N units (sample, trained timestep) of the logical batch:
 ``L = (1/N) Σ_u loss_u``. :meth:`PolicyTrainer.accumulate` backpropagates ``unit_weight · Σ_{u∈mb} loss_u``
 for every micro-batch mb, with ``unit_weight = 1/N`` supplied by the caller (N counted over *all* ranks
@@ -11,7 +11,7 @@ whatever the micro-batch size, the fragment cut or the number of trainer ranks. 
 over each micro-batch and divides by the accumulation count (scripts/train_sd3.py); that equals ∇L only
 when all micro-batches have equal size, which GAP fragments and uneven rank shares do not guarantee.
 
-Loss per unit (ALGORITHM.md "Loss"; flow_grpo scripts/train_sd3.py): ``max(−A·r, −A·clip(r, 1±ε))`` with
+Loss per unit (docs/algorithm.md "Loss"; flow_grpo scripts/train_sd3.py): ``max(−A·r, −A·clip(r, 1±ε))`` with
 ``r = exp(logp_θ − logp_old)``, plus ``β · mean((μ_θ − μ_ref)² / (2σ_t²))`` when ``algo.kl_beta > 0``.
 """
 
@@ -90,7 +90,8 @@ class PolicyTrainer:
 
     ``process_group`` is the group of trainer ranks (``None``: the default group if torch.distributed is
     initialised, else a single process); ``world_size`` must equal its size and is checked.
-    ``policy_version`` counts optimizer steps (0 = the initial weights).
+    ``steps`` counts optimizer steps (several per policy version with ``algo.num_updates_per_batch`` > 1;
+    the version itself is owned by :class:`digenrl.runtime.policy_version.PolicyVersion`).
     """
 
     def __init__(
@@ -146,7 +147,7 @@ class PolicyTrainer:
             build_optimizer(self.backend.trainable_parameters(), tcfg)
         )
         self.uncond = uncond.to(self.device) if uncond is not None else None
-        self.policy_version = 0
+        self.steps = 0
         self._template: _MicroBatch | None = None
 
     # ------------------------------------------------------------------ forward / backward
@@ -235,7 +236,7 @@ class PolicyTrainer:
 
     # ------------------------------------------------------------------ optimizer step
     def step(self) -> dict[str, float]:
-        """Reduce, clip (trainer.grad_clip), AdamW step, zero the gradient; ``policy_version += 1``.
+        """Reduce, clip (trainer.grad_clip), AdamW step, zero the gradient; ``steps += 1``.
 
         ``grad_norm`` is the global norm before clipping; ``update_norm`` = ‖θ_{k+1} − θ_k‖₂ over all
         trainable parameters (global across shards).
@@ -244,7 +245,7 @@ class PolicyTrainer:
         grad_norm = self.backend.clip_grad_norm(self.cfg.trainer.grad_clip)
         if not math.isfinite(grad_norm) and self.backend.name != "deepspeed":
             raise FloatingPointError(
-                f"non-finite gradient norm {grad_norm} at policy_version {self.policy_version}; "
+                f"non-finite gradient norm {grad_norm} at optimizer step {self.steps}; "
                 "the optimizer step was not taken"
             )
         # One flat copy instead of a clone and a norm per tensor: a LoRA has ~10³ small tensors, and
@@ -257,12 +258,12 @@ class PolicyTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         if self.backend.name == "deepspeed":
             grad_norm = getattr(self.backend, "last_grad_norm", grad_norm)
-        self.policy_version += 1
+        self.steps += 1
         return {
             "grad_norm": grad_norm,
             "update_norm": math.sqrt(update_sq),
             "lr": float(self.optimizer.param_groups[0]["lr"]),
-            "policy_version": float(self.policy_version),
+            "optimizer_steps": float(self.steps),
         }
 
     def zero_grad(self) -> None:
@@ -280,12 +281,12 @@ class PolicyTrainer:
         self.backend.load_full_state(state)
 
     def state_dict(self) -> dict[str, Any]:
-        """Trainable weights + optimizer state (full tensors, keyed by name) + policy_version.
+        """Trainable weights + optimizer state (full tensors, keyed by name) + the optimizer step count.
         Collective under FSDP2; complete on the trainer group's first rank, ``{}``-valued elsewhere."""
         return {
             "model": self.trainable_state_dict(),
             "optimizer": self.backend.gather_optimizer_state(self.optimizer),
-            "policy_version": self.policy_version,
+            "steps": self.steps,
             "mode": self.cfg.trainer.mode,
         }
 
@@ -298,7 +299,7 @@ class PolicyTrainer:
             )
         self.backend.load_full_state(state["model"])
         self.backend.load_optimizer_state(self.optimizer, state["optimizer"])
-        self.policy_version = int(state["policy_version"])
+        self.steps = int(state["steps"])
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """TSP — time-step parallelism: the generator pool as D data-parallel pipelines × S denoising stages.
 
-DESIGN.md §3 (TSP): a sample's T denoising steps are sequential, but different samples are independent,
+docs/design.md §3 (TSP): a sample's T denoising steps are sequential, but different samples are independent,
 so the steps are sharded over generator GPUs as pipeline stages. Stage s of a pipeline owns steps
 ``[b_s, b_{s+1})``: it receives a fragment's in-flight rollout (a :class:`TrajectoryBatch` with
 ``steps_done = b_s``) from stage s−1, runs its steps with :meth:`RolloutEngine.advance`, and passes the
@@ -28,13 +28,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from digenrl.config import ConfigError
-from digenrl.rollout.engine import RolloutEngine
-from digenrl.rollout.trajectory import TrajectoryBatch
 from digenrl.runtime.profiles import HardwareProfile
-from digenrl.sim.stage_plan import StagePlan, plan_stages
+from digenrl.tsp.stage_plan import StagePlan, plan_stages
 
 STAGES_KEY = "tsp.stages"
-BOUNDARIES_KEY = "tsp.boundaries"
+BOUNDARIES_KEY = "tsp.boundaries"  # fixed boundaries (ablation); None = balanced
 POOL_KEY = "pools.generators"
 NUM_STEPS_KEY = "sampler.num_steps"
 
@@ -239,7 +237,7 @@ def plan_tsp(
         raise ValueError(f"step_cost_s entries must be finite and >= 0, got {per_step}")
     if not (math.isfinite(last_stage_extra_s) and last_stage_extra_s >= 0):
         raise ValueError(f"last_stage_extra_s must be finite and >= 0, got {last_stage_extra_s!r}")
-    fixed = None if boundaries is None else _check_boundaries(boundaries, layout.stages, num_steps)
+    fixed = None if boundaries is None else check_boundaries(boundaries, layout.stages, num_steps)
     speeds = tuple(
         profile.device_type(r).relative_speed if profile is not None else 1.0 for r in layout.generator_ranks
     )
@@ -259,7 +257,7 @@ def plan_tsp(
     return TspPlan(layout=layout, stage_plans=tuple(plans), relative_speeds=speeds)
 
 
-def _check_boundaries(boundaries: Sequence[int], stages: int, num_steps: int) -> tuple[int, ...]:
+def check_boundaries(boundaries: Sequence[int], stages: int, num_steps: int) -> tuple[int, ...]:
     b = tuple(boundaries)
     if len(b) != stages + 1 or not all(_is_int(x) for x in b) or b[0] != 0 or b[-1] != num_steps:
         raise ConfigError(
@@ -273,15 +271,3 @@ def _check_boundaries(boundaries: Sequence[int], stages: int, num_steps: int) ->
             f"strictly"
         )
     return b
-
-
-def run_stage(engine: RolloutEngine, batch: TrajectoryBatch, plan: TspPlan, rank: int) -> TrajectoryBatch:
-    """Run ``rank``'s stage on an in-flight fragment; refuses a fragment that is not at the stage's
-    first step (a mis-routed or duplicated hand-off)."""
-    steps = plan.steps_of(rank)
-    if batch.steps_done != steps.start:
-        raise ValueError(
-            f"rank {rank} runs steps [{steps.start}, {steps.stop}) but the fragment (iteration "
-            f"{batch.iteration}) has steps_done={batch.steps_done}"
-        )
-    return engine.advance(batch, steps.stop)

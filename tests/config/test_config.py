@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from digenrl.config import Config, ConfigError, load_config, parse_override, validate_config
+from digenrl.config import Config, ConfigError, load_config, parse_override
+from digenrl.launch import ranks_to_start
+from digenrl.validation import validate_config
 
 TINY = Path(__file__).resolve().parents[2] / "experiments" / "configs" / "tiny.yaml"
 
@@ -82,7 +84,23 @@ def test_parse_errors_name_the_key(overrides, needle):
         (["trainer.backend=megatron"], 1, ["trainer.backend", "fsdp2"]),
         (["reward.nonfinite_policy=ignore"], 1, ["reward.nonfinite_policy", "drop-group"]),
         (["profile=cpu-2"], 4, ["4 ranks", "profile='cpu-2'", "2 devices"]),
-        (["profile=cpu-4", "algo.prompts_per_iteration=6"], 4, ["algo.prompts_per_iteration=6", "divisible"]),
+        (
+            ["system=colocated-sync", "profile=cpu-4", "algo.prompts_per_iteration=6"],
+            4,
+            ["algo.prompts_per_iteration=6", "divisible"],
+        ),
+        (["trainer.lr=.nan"], 1, ["trainer.lr", "finite"]),
+        (["trainer.weight_decay=-1"], 1, ["trainer.weight_decay", ">= 0"]),
+        (["trainer.eps=0"], 1, ["trainer.eps"]),
+        (["trainer.lora_alpha=-1"], 1, ["trainer.lora_alpha"]),
+        (
+            ["trainer.backend=deepspeed", "trainer.deepspeed_stage=7"],
+            1,
+            ["trainer.deepspeed_stage=7", "0, 1 or 2"],
+        ),
+        (["trainer.deepspeed_stage=1"], 1, ["trainer.deepspeed_stage", "trainer.backend='auto'"]),
+        (["gap.assignment=contiguous"], 1, ["gap.assignment", "dynamic"]),
+        (["tag.policy=sometimes"], 1, ["tag.policy", "auto"]),
         (["algo.kl_beta=0.1", "trainer.mode=full"], 1, ["algo.kl_beta", "lora"]),
         (["sampler.num_steps=1"], 1, ["sampler.num_steps"]),
         (["model.dtype=int8"], 1, ["model.dtype", "bfloat16"]),
@@ -103,5 +121,43 @@ def test_defaults_validate():
 @pytest.mark.parametrize("path", sorted(TINY.parent.glob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_experiment_config_loads_and_validates(path):
     cfg = load_config(path, [])
-    validate_config(cfg, world_size=1)
+    validate_config(cfg, world_size=ranks_to_start(cfg))
     assert cfg.model.name and cfg.iterations > 0
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needles"),
+    [
+        (["system=colocated-sync", "tag=true"], ["tag.enabled=true", "command line", "digenrl"]),
+        (["system=separate-sync", "tcss=true"], ["tcss.enabled=true", "system='separate-sync'", "digenrl"]),
+        (["system=colocated-sync", "sync.bucket_mb=8"], ["sync.bucket_mb", "separate-async, separate-sync"]),
+        (
+            ["system=separate-sync", "asynchrony.max_staleness=1"],
+            ["asynchrony.max_staleness", "separate-async"],
+        ),
+        (["system=digenrl", "residency.train_resident=false"], ["residency.train_resident", "colocated"]),
+        (["system=separate-sync", "pools.scorers=1"], ["pools.scorers", "no system uses it yet"]),
+    ],
+)
+def test_a_knob_the_system_does_not_honour_is_rejected_naming_it(overrides, needles):
+    cfg = load_config(TINY, ["profile=cpu-4", *overrides])
+    with pytest.raises(ConfigError) as info:
+        validate_config(cfg, world_size=4)
+    for needle in needles:
+        assert needle in str(info.value), (needle, str(info.value))
+
+
+def test_a_knob_in_the_yaml_file_is_named_with_its_file(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text("system: colocated-sync\nprofile: cpu-1\ntcss:\n  enabled: true\n")
+    with pytest.raises(ConfigError, match=rf"tcss.enabled=true \(set in {path}\)"):
+        validate_config(load_config(path), world_size=1)
+    # the same knob at its default, or a section the system honours, is fine
+    validate_config(load_config(path, ["tcss=false", "system=digenrl", "profile=cpu-2"]), world_size=2)
+
+
+def test_malformed_yaml_names_file_and_line(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("system: digenrl\nalgo:\n  group_size: [4\n")
+    with pytest.raises(ConfigError, match=rf"config file {path}, line \d+, column \d+: not valid YAML"):
+        load_config(path)

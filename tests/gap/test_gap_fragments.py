@@ -17,7 +17,7 @@ def _random_plan(assignment: str) -> FragmentPlan:
     return FragmentPlan(groups * fragments, groups, random.randint(1, 5), assignment)
 
 
-@pytest.mark.parametrize("assignment", ["round-robin", "contiguous"])
+@pytest.mark.parametrize("assignment", ["round-robin", "dynamic"])
 def test_fragments_partition_the_groups_and_each_has_one_producer(assignment):
     for _ in range(40):
         plan = _random_plan(assignment)
@@ -46,10 +46,9 @@ def test_assignment_orders():
     rr = FragmentPlan(12, 2, 4, "round-robin")  # 6 fragments over 4 pipelines
     assert [rr.fragments_of(p) for p in range(4)] == [(0, 4), (1, 5), (2,), (3,)]
     assert rr.production_rounds() == [(0, 1, 2, 3), (4, 5)]
-    blocks = FragmentPlan(12, 2, 4, "contiguous")
-    assert [blocks.fragments_of(p) for p in range(4)] == [(0, 1), (2, 3), (4,), (5,)]
-    assert blocks.production_rounds() == [(0, 2, 4, 5), (1, 3)]
-    idle = FragmentPlan(4, 2, 3)
+    dynamic = FragmentPlan(12, 2, 4)  # the default: claimed at run time (FragmentStream)
+    assert dynamic.assignment == "dynamic" and "claimed at run time" in dynamic.describe()
+    idle = FragmentPlan(4, 2, 3, "round-robin")
     assert idle.idle_pipelines == (2,) and "idle pipelines: [2]" in idle.describe()
     assert "2 fragments of 2 groups (8 samples)" in idle.describe(group_size=4)
 

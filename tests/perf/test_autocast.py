@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from digenrl.config import Config, ConfigError, apply_overrides, validate_config
+from digenrl.config import Config, ConfigError, apply_overrides
 from digenrl.models import TextCondition, build_flow_model
 from digenrl.models.optimize import optimize_flow_model
 from digenrl.rollout.sampler import Sampler
 from digenrl.trainer import PolicyTrainer
 from digenrl.trainer.lora import apply_lora
+from digenrl.validation import validate_config
 
 
 def _inputs(flow_model, batch: int = 2):

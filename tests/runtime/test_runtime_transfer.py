@@ -149,7 +149,7 @@ def _worker(rank: int, world: int, tmp: str) -> None:
             ]
             # wrong order: this metadata claims to be transfer #7 from rank 0 (no tensors follow)
             meta, _ = batch_to_tensors(batches[0])
-            plane.publish("fragment/out-of-order", json.dumps({**meta, "sequence": 7}))
+            plane.publish("fragment/out-of-order", json.dumps({**meta, "sequence": 7, "src": 0}))
         else:
             received, stats = [], []
             for i in range(len(batches)):

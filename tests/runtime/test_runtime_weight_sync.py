@@ -260,7 +260,7 @@ def _worker(rank: int, world: int, tmp: str, seed: int) -> None:
                 "after": _snapshot(generator_sync_parameters(model, "full")),
                 "announced": announced,
                 "pending": ws.pending_version(),
-                "version": ws.version,
+                "version": stats.version,
             }
 
         # -- full, fp32 trainer → bf16 generators (wire dtype = the generators') -------------------------

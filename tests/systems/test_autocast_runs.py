@@ -15,7 +15,7 @@ AUTOCAST = ["iterations=2", "model.dtype=bfloat16", "model.autocast=true", "samp
 @pytest.mark.parametrize(
     ("system", "nproc", "extra"),
     [
-        ("colocated-sync", 0, []),
+        ("colocated-sync", 0, ["profile=cpu-1"]),
         ("separate-sync", 2, ["profile=cpu-2", "pools.trainers=1", "pools.generators=1"]),
     ],
 )

@@ -11,7 +11,9 @@ import torch
 from digenrl.runtime.metrics import REQUIRED_KEYS, read_metrics
 from tests.systems.launcher import run_train
 
-LEARN = ["iterations=16", "seed=0"]
+# experiments/configs/tiny.yaml runs digenrl on cpu-2 (the main job); these tests run the baseline
+BASE = ["system=colocated-sync", "profile=cpu-1"]
+LEARN = [*BASE, "iterations=16", "seed=0"]
 
 
 def _learning_margin(records: list[dict]) -> tuple[float, float]:
@@ -74,9 +76,9 @@ def test_outputs_metrics_config_events_trace_and_checkpoint(two_ranks):
 
 def test_resume_replays_the_uninterrupted_run_exactly(tmp_path):
     full, part = tmp_path / "full", tmp_path / "part"
-    run_train(["iterations=4", f"out_dir={full}"])
-    run_train(["iterations=2", f"out_dir={part}"])
-    run_train(["iterations=4", "resume=true", f"out_dir={part}"])
+    run_train([*BASE, "iterations=4", f"out_dir={full}"])
+    run_train([*BASE, "iterations=2", f"out_dir={part}"])
+    run_train([*BASE, "iterations=4", "resume=true", f"out_dir={part}"])
     a, b = read_metrics(full), read_metrics(part)
     assert [r["iteration"] for r in b] == [0, 1, 2, 3]
     for x, y in zip(a, b, strict=True):
@@ -101,13 +103,13 @@ def test_resume_replays_the_uninterrupted_run_exactly(tmp_path):
     ],
 )
 def test_bad_config_fails_at_startup_naming_the_key(tmp_path, overrides, needle):
-    proc = run_train([*overrides, f"out_dir={tmp_path}"], check=False, timeout_s=120)
+    proc = run_train([*BASE, *overrides, f"out_dir={tmp_path}"], check=False, timeout_s=120)
     assert proc.returncode == 2
     assert needle in proc.stderr
 
 
 def test_more_ranks_than_the_profile_fails_at_startup(tmp_path):
-    proc = run_train(["profile=cpu-1", f"out_dir={tmp_path}"], nproc=2, check=False, timeout_s=120)
+    proc = run_train([*BASE, f"out_dir={tmp_path}"], nproc=2, check=False, timeout_s=120)
     assert proc.returncode != 0
     assert "profile='cpu-1' has only 1 devices" in proc.stderr
 
@@ -117,8 +119,8 @@ def test_parked_optimizer_state_moves_once_per_iteration_and_changes_nothing(tmp
     it back once, right before the optimizer step (the train_resident=false sequence of docs/references.md
     [001], with the rollout sharing the trainer's weights); the run itself is unchanged bit for bit."""
     resident, parked = tmp_path / "resident", tmp_path / "parked"
-    run_train(["iterations=3", f"out_dir={resident}"])
-    run_train(["iterations=3", "residency.train_resident=false", f"out_dir={parked}"])
+    run_train([*BASE, "iterations=3", f"out_dir={resident}"])
+    run_train([*BASE, "iterations=3", "residency.train_resident=false", f"out_dir={parked}"])
     for a, b in zip(read_metrics(resident), read_metrics(parked), strict=True):
         for key in ("reward_mean", "loss", "update_norm", "grad_norm"):
             assert a[key] == b[key], key

@@ -1,8 +1,10 @@
-"""``digenrl`` (GAP + TSP) computes what ``separate-sync`` computes, with trainer work overlapping
-generation; bad mechanism settings fail at startup.
+"""``digenrl`` (GAP + TSP + TAG, TCSS off) computes what ``separate-sync`` computes, with trainer work
+overlapping generation and trainers generating fragments themselves; bad mechanism settings fail at
+startup.
 
-Reference: separate-sync with ``sampler.samples_per_forward=4`` so that each forward batches one
-prompt group, as a one-group GAP fragment does: the trajectories are then bit-identical on CPU.
+Reference: separate-sync with ``sampler.samples_per_forward=4`` so that each forward batches one prompt
+group, as a one-group GAP fragment does (on a generator pipeline or a TAG helper alike): the trajectories
+are then bit-identical on CPU, whoever generated them.
 """
 
 from __future__ import annotations
@@ -11,15 +13,18 @@ import json
 
 import pytest
 
-from digenrl.config import ConfigError, load_config, validate_config
+from digenrl.config import ConfigError, load_config
 from digenrl.runtime.metrics import read_metrics
+from digenrl.validation import validate_config
 from tests.systems.launcher import TINY, run_train
 
 COMMON = ["iterations=2", "seed=9", "profile=cpu-4", "pools.trainers=2", "pools.generators=2"]
 VARIANTS = {
     "separate-sync": ["system=separate-sync", "sampler.samples_per_forward=4"],
-    "gap": ["system=digenrl", "gap=true", "gap.fragment_groups=1"],
-    "gap+tsp2": ["system=digenrl", "gap=true", "tsp_stages=2"],
+    # two one-stage pipelines claiming fragments dynamically, no helper work
+    "gap": ["system=digenrl", "gap.fragment_groups=1", "tag=false"],
+    # one two-stage pipeline; both trainers claim fragments from the tail while they wait
+    "gap+tsp2+tag": ["system=digenrl", "tsp_stages=2", "tag.policy=always"],
 }
 
 
@@ -31,7 +36,12 @@ def runs(tmp_path_factory):
     return {name: root / name for name in VARIANTS}
 
 
-@pytest.mark.parametrize("variant", ["gap", "gap+tsp2"])
+def _spans(out_dir, rank: int) -> list[dict]:
+    lines = (out_dir / "events" / f"rank{rank}.jsonl").read_text().splitlines()
+    return [s for s in map(json.loads, lines) if s.get("type") == "span"]
+
+
+@pytest.mark.parametrize("variant", ["gap", "gap+tsp2+tag"])
 def test_same_trajectories_and_update_as_separate_sync(runs, variant):
     reference, other = read_metrics(runs["separate-sync"]), read_metrics(runs[variant])
     assert other[0]["reward_mean"] == reference[0]["reward_mean"]  # bit-identical trajectories
@@ -42,17 +52,34 @@ def test_same_trajectories_and_update_as_separate_sync(runs, variant):
         assert b["update_norm"] == pytest.approx(a["update_norm"], rel=1e-4)
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
         assert b["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+        assert b["staleness_max"] == 0 and b["stale_fraction"] == 0
 
 
-def _spans(out_dir, rank: int) -> list[dict]:
-    return [json.loads(line) for line in (out_dir / "events" / f"rank{rank}.jsonl").read_text().splitlines()]
+def test_trainer_ranks_generate_fragments_and_the_rest_come_from_the_pipeline(runs):
+    out = runs["gap+tsp2+tag"]
+    records = read_metrics(out)
+    assert all(r["tag_fragments"] >= 1 for r in records)
+    helper = {
+        (s["iteration"], s["fragment"])
+        for rank in (0, 1)
+        for s in _spans(out, rank)
+        if s["phase"] == "generate" and s["extra"].get("helper")
+    }
+    assert helper, "no trainer rank generated a fragment"
+    assert any(s["phase"] == "tag_switch" for s in _spans(out, 0) + _spans(out, 1))
+    # stage 1 (rank 3) finishes the pipeline's fragments; together with the helpers that is every fragment
+    pipeline = {(s["iteration"], s["fragment"]) for s in _spans(out, 3) if s["phase"] == "generate"}
+    assert not helper & pipeline
+    assert helper | pipeline == {(k, f) for k in range(2) for f in range(4)}
+    # TAG claims from the tail: helpers made the last fragments, the pipeline the first
+    assert min(f for _, f in helper) > max(f for _, f in pipeline) - 1
 
 
 def test_trainer_work_overlaps_generation(runs):
     """GAP's point: a trainer trains fragment f while a generator produces a later fragment."""
-    out = runs["gap+tsp2"]
-    trains = [s for s in _spans(out, 0) if s.get("phase") == "train"]
-    generates = [s for r in (2, 3) for s in _spans(out, r) if s.get("phase") == "generate"]
+    out = runs["gap"]
+    trains = [s for s in _spans(out, 0) if s["phase"] == "train"]
+    generates = [s for r in (2, 3) for s in _spans(out, r) if s["phase"] == "generate"]
     assert trains and generates
     overlapping = [
         (t["fragment"], g["fragment"])
@@ -61,9 +88,12 @@ def test_trainer_work_overlaps_generation(runs):
         if t["iteration"] == g["iteration"] and t["t_start"] < g["t_end"] and g["t_start"] < t["t_end"]
     ]
     assert overlapping, "no trainer span overlaps a generator span: the pipeline is serialised"
-    # TSP: stage 0 (rank 2) and stage 1 (rank 3) each run part of every fragment's steps
-    assert {s["fragment"] for s in _spans(out, 2) if s.get("phase") == "generate"} == {0, 1, 2, 3}
-    assert {s["fragment"] for s in _spans(out, 3) if s.get("phase") == "generate"} == {0, 1, 2, 3}
+    # dynamic claiming: both pipelines produced fragments, each fragment once
+    made = [
+        (s["iteration"], s["fragment"]) for r in (2, 3) for s in _spans(out, r) if s["phase"] == "generate"
+    ]
+    assert sorted(made) == [(k, f) for k in range(2) for f in range(4)]
+    assert all(any(s["phase"] == "generate" for s in _spans(out, r)) for r in (2, 3))
 
 
 @pytest.mark.parametrize(
@@ -73,8 +103,13 @@ def test_trainer_work_overlaps_generation(runs):
         (["tsp_stages=3"], ["tsp.stages", "pools.generators"]),
         (["gap.fragment_groups=3"], ["gap.fragment_groups", "algo.prompts_per_iteration"]),
         (["algo.adv_std=global"], ["algo.adv_std", "gap.enabled"]),
-        (["tcss=true"], ["tcss.enabled"]),
         (["gap.fragment_groups=0"], ["gap.fragment_groups"]),
+        (["gap.assignment=round-robin"], ["tag.enabled", "gap.assignment=dynamic"]),
+        (
+            ["trainer.mode=full", "trainer.backend=fsdp2", "tag.policy=always"],
+            ["tag.policy=always", "fsdp2", "collective"],
+        ),
+        (["tsp_stages=2", "tsp.boundaries=[0, 9, 8]"], ["tsp.boundaries"]),
     ],
 )
 def test_bad_mechanism_settings_fail_at_startup(overrides, needles):

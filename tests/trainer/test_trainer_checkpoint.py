@@ -120,11 +120,11 @@ def test_resume_is_bit_exact(tmp_path, mode):
     ckpt = load_latest_checkpoint(tmp_path)
     resumed.load_state_dict(ckpt["trainer"])
     restore_rng_state(ckpt["rng"])
-    assert ckpt["iteration"] == 2 and resumed.policy_version == 2
+    assert ckpt["iteration"] == 2 and resumed.steps == 2
     for it in range(ckpt["iteration"], 4):
         _iteration(resumed, it)
 
-    assert resumed.policy_version == straight.policy_version == 4
+    assert resumed.steps == straight.steps == 4
     a, b = straight.state_dict(), resumed.state_dict()
     assert a["model"].keys() == b["model"].keys()
     for name in a["model"]:

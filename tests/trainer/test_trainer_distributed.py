@@ -109,7 +109,7 @@ def _assert_states_close(a, b, atol):
         torch.testing.assert_close(
             a["model"][n], b["model"][n], rtol=0, atol=atol, msg=lambda m, n=n: f"{n}: {m}"
         )
-    assert a["policy_version"] == b["policy_version"]
+    assert a["steps"] == b["steps"]
     assert a["optimizer"]["state"].keys() == b["optimizer"]["state"].keys()
     for n, entry in a["optimizer"]["state"].items():
         for k, v in entry.items():

@@ -37,7 +37,7 @@ def test_step_reports_grad_norm_and_update_norm():
         assert expected_update > 0
         assert math.isclose(out["grad_norm"], expected_grad_norm, rel_tol=1e-5)
         assert math.isclose(out["update_norm"], expected_update, rel_tol=1e-6)
-        assert trainer.policy_version == 1 and out["policy_version"] == 1
+        assert trainer.steps == 1 and out["optimizer_steps"] == 1
         assert all(p.grad is None for p in trainer.backend.trainable_parameters())
         if mode == "full":
             assert len(after) == len(list(trainer.flow_model.transformer.parameters()))
@@ -61,7 +61,7 @@ def test_non_finite_gradient_stops_the_step():
     trainer = _trained_once()
     before = trainer.trainable_state_dict()
     trainer.backend.trainable_parameters()[0].grad.fill_(float("nan"))
-    with pytest.raises(FloatingPointError, match="policy_version 0"):
+    with pytest.raises(FloatingPointError, match="optimizer step 0"):
         trainer.step()
     after = trainer.trainable_state_dict()
-    assert all(torch.equal(before[n], after[n]) for n in before) and trainer.policy_version == 0
+    assert all(torch.equal(before[n], after[n]) for n in before) and trainer.steps == 0

@@ -1,5 +1,5 @@
 """TspLayout rank arithmetic, balanced stage boundaries against brute force (uniform, measured and
-heterogeneous devices), start-up validation, and a real pipeline run through run_stage."""
+heterogeneous devices), start-up validation, and a real pipeline run through the stage workers."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ import pytest
 import torch
 
 from digenrl.config import ConfigError
+from digenrl.runtime.control_plane import ControlPlane
 from digenrl.runtime.profiles import load_profile
-from digenrl.tsp.pipeline import TspLayout, plan_tsp, run_stage
+from digenrl.tsp.pipeline import TspLayout, plan_tsp
+from digenrl.tsp.stage_worker import InFlight, StageWorker
 
 from .fixtures import PROMPTS, make_config, make_engine
 from .test_tsp_engine_split import assert_identical
@@ -134,7 +136,7 @@ def test_fixed_boundaries_keep_the_split_and_predict_its_times():
     assert plan.steps_of(1) == range(2, 4)
 
 
-def test_run_stage_pipeline_equals_generate_and_refuses_a_misrouted_fragment():
+def test_stage_workers_reproduce_generate_and_refuse_a_misrouted_fragment():
     cfg = make_config("sampler.guidance_scale=4.5", f"seed={random.randint(0, 999)}")
     engine = make_engine(cfg)
     t = engine.sampler.num_steps
@@ -142,13 +144,20 @@ def test_run_stage_pipeline_equals_generate_and_refuses_a_misrouted_fragment():
     plan = plan_tsp(layout, t, [random.uniform(0.5, 1.5) for _ in range(t)], last_stage_extra_s=1.0)
     prompts, ids = PROMPTS[:2], [0, 1]
     whole = engine.generate(prompts, ids, iteration=2, policy_version=1)
-    batch = engine.start(prompts, ids, iteration=2, policy_version=1)
-    with pytest.raises(ValueError, match=r"rank 4 runs steps \[\d+, \d+\) but the fragment .* steps_done=0"):
-        run_stage(engine, batch, plan, 4)
+    store = torch.distributed.HashStore()
+
+    def worker(rank: int) -> StageWorker:
+        plane = ControlPlane(store, rank, "generator")
+        return StageWorker(engine, plan, rank, plane, device=torch.device("cpu"), timeout_s=5.0)
+
+    fragment = InFlight(engine.start(prompts, ids, iteration=2, policy_version=1), {"fragment": 0})
+    with pytest.raises(ValueError, match=r"rank 4 runs steps \[\d+, \d+\) but fragment 0 .* steps_done=0"):
+        worker(4).run(fragment)
     rank: int | None = layout.first_stage_ranks[0]
     while rank is not None:
-        batch = run_stage(engine, batch, plan, rank)
+        fragment = worker(rank).run(fragment)
         rank = layout.next_rank(rank)
+    batch = fragment.batch
     assert_identical(batch, whole)
     assert torch.equal(batch.final_latents, whole.final_latents)
     assert "3 generator ranks = 1 pipeline(s) x 3 stage(s)" in layout.describe()

@@ -1,4 +1,4 @@
-"""Colocated baselines (DESIGN.md §4): every GPU generates its share, scores, trains, steps — in turn.
+"""Colocated baselines (docs/design.md §4): every GPU generates its share, scores, trains, steps — in turn.
 
 ``colocated-sync`` (veRL-Omni / flow_grpo; the real one is ``digenrl/systems/colocated_sync.py``), per
 rank and iteration::

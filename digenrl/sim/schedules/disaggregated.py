@@ -1,4 +1,4 @@
-"""``digenrl``: disjoint pools with GAP, TSP, TAG and TCSS, each switchable (DESIGN.md §3).
+"""``digenrl``: disjoint pools with GAP, TSP, TAG and TCSS, each switchable (docs/design.md §3).
 
 Mirrors ``digenrl/systems/digenrl_system.py`` by default, with knobs for the variants the design allows.
 
@@ -47,8 +47,8 @@ from digenrl.sim.cluster import SimCluster
 from digenrl.sim.des import Mailbox, Process
 from digenrl.sim.generator_weights import GeneratorWeights
 from digenrl.sim.schedule_plan import SchedulePlan
-from digenrl.sim.stage_plan import StagePlan, plan_stages
 from digenrl.sim.workload import Workload, fragment_sizes
+from digenrl.tsp.stage_plan import StagePlan, plan_stages
 
 _STOP = None
 

@@ -1,4 +1,5 @@
-"""``separate-async``: UniRL's asynchronous buffer on disjoint pools (references/000, DESIGN.md §4).
+"""``separate-async``: UniRL's asynchronous buffer on disjoint pools (docs/references.md [000],
+docs/design.md §4).
 
 The generator pool runs one whole-batch generation at a time (``max_inflight = 1``). The trainer's
 ``next_batch`` *reaps* a finished generation — the generators ship its trajectories to the trainers,

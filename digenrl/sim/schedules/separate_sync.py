@@ -1,4 +1,4 @@
-"""``separate-sync``: disjoint pools with a full-batch barrier — the naive disaggregation (DESIGN.md §4).
+"""``separate-sync``: disjoint pools with a full-batch barrier — the naive disaggregation (docs/design.md §4).
 
 Per iteration k::
 

@@ -1,6 +1,5 @@
-"""TSP stage boundaries: which contiguous range of denoising steps each pipeline stage owns.
-
-Design: docs/design.md §3 (TSP).
+"""TSP stage boundaries: which contiguous range of denoising steps each pipeline stage owns
+(docs/design.md §3 "TSP").
 
 Time-step parallelism shards the T sequential denoising steps of a fragment over S generator GPUs:
 stage s owns steps ``[b_s, b_{s+1})``, receives the fragment's latent from stage s−1, runs its steps and
@@ -13,8 +12,8 @@ plus, for the last stage, the decode + score cost.
 contiguous non-empty parts is the classic "linear partition" problem, solved by dynamic programming
 over (stages used, steps covered) in O(S·T²) (Skiena, *The Algorithm Design Manual*, §8.5 "The Partition
 Problem"); here each stage has its own per-step costs, which the same recurrence handles. T ≤ ~100 and
-S ≤ ~8 in practice, so the exact DP costs microseconds. Pure Python, no dependencies: the TSP runtime
-imports it.
+S ≤ ~8 in practice, so the exact DP costs microseconds. Pure Python, no dependencies: the runtime's TSP
+plan and the simulator both use it.
 """
 
 from __future__ import annotations

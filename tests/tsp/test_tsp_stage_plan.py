@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from digenrl.sim.stage_plan import StagePlan, plan_stages
+from digenrl.tsp.stage_plan import StagePlan, plan_stages
 
 
 def _brute_force(costs: list[list[float]], extra: float) -> float:

@@ -1,0 +1,155 @@
+"""TAG — trainer-assisted generation on one trainer rank (docs/design.md §3 "TAG").
+
+While a trainer rank has no training unit ready — at the head of every iteration, before the first
+fragment arrives, or at any gap in the stream — it claims an ungenerated fragment from the tail of the
+iteration's queue (:meth:`digenrl.gap.stream.FragmentStream.claim`), generates it whole with its own
+model, and hands it to the same scoring and shipping path a generator pipeline's last stage uses; its
+own shard stays local and is trained like any other.
+
+Rules, and how they hold here:
+
+* a ready training unit always wins — the system asks :meth:`TagHelper.try_help` only after the stream
+  said the next fragment is not ready; helping is not pre-empted mid-fragment;
+* the helper is bound to the exact policy version of what it generates — the trainer's own weights, which
+  are θ_k until the optimizer step that ends iteration k, and the fragment's records carry that version;
+* it never commits an optimizer step and never disturbs a pending gradient accumulation: generation runs
+  under ``torch.no_grad`` and touches no ``.grad``; with ``tag.park_grads`` the pending gradients move to
+  host memory while generating and come back bit for bit (:class:`ParkedGradients`);
+* LoRA: the trainer's model generates directly (the adapter is what was trained). A backend whose
+  forward is a collective (FSDP2, DeepSpeed ZeRO-2/3) cannot generate on one rank alone; the system
+  rejects ``tag.policy=always`` with it at startup and ``tag.policy=auto`` turns TAG off with a logged
+  reason (:func:`tag_supported`);
+* the switch into and out of helping is its own span (``tag_switch``), measured and counted: parking or
+  restoring gradients and waiting for the device. Consecutive helper fragments switch once.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from digenrl.gap.fragments import FragmentPlan
+from digenrl.gap.stream import FragmentStream
+from digenrl.rollout.engine import RolloutEngine
+from digenrl.runtime.events import EventLogger
+from digenrl.runtime.fault_injection import inject_fault
+from digenrl.tsp.stage_worker import InFlight
+
+#: trainer backends whose forward runs on one rank alone (no collective inside the model call)
+LOCAL_FORWARD_BACKENDS = ("none", "ddp")
+
+
+def tag_supported(backend: str) -> str | None:
+    """None if a trainer on ``backend`` can generate alone, else the reason it cannot."""
+    if backend in LOCAL_FORWARD_BACKENDS:
+        return None
+    return (
+        f"trainer backend {backend!r} shards the model: every forward is a collective over the trainer "
+        "pool, so one trainer rank cannot generate a fragment alone"
+    )
+
+
+class ParkedGradients:
+    """Pending gradients moved to host memory and back, unchanged (a copy, not a recomputation)."""
+
+    def __init__(self, params: list[torch.nn.Parameter]) -> None:
+        self.params = params
+        self._host: list[torch.Tensor | None] | None = None
+
+    @property
+    def parked(self) -> bool:
+        return self._host is not None
+
+    def park(self) -> int:
+        """Move every pending ``.grad`` to host memory; returns the bytes moved."""
+        self._host = [None if p.grad is None else p.grad.to("cpu", copy=True) for p in self.params]
+        for p in self.params:
+            p.grad = None
+        return sum(g.numel() * g.element_size() for g in self._host if g is not None)
+
+    def restore(self) -> None:
+        if self._host is None:
+            return
+        for p, g in zip(self.params, self._host, strict=True):
+            p.grad = None if g is None else g.to(p.device)
+        self._host = None
+
+
+class TagHelper:
+    """A trainer rank's helper mode (see the module docstring)."""
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        stream: FragmentStream,
+        plan: FragmentPlan,
+        events: EventLogger,
+        *,
+        trainable: list[torch.nn.Parameter],
+        park_grads: bool,
+        device: torch.device,
+    ) -> None:
+        self.engine = engine
+        self.stream = stream
+        self.plan = plan
+        self.events = events
+        self.device = device
+        self.parking = ParkedGradients(trainable) if park_grads else None
+        self.generating = False
+        self.switches = 0
+        self.switch_s = 0.0
+
+    def try_help(self, iteration: int, version: int, prompts: list[str]) -> InFlight | None:
+        """Claim a fragment from the tail and generate it with this rank's model (policy ``version``);
+        None when nothing is left to claim. ``prompts`` are the iteration's prompts (index = prompt id)."""
+        fragment = self.stream.claim(iteration, tail=True)
+        if fragment is None:
+            return None
+        inject_fault(self.stream.plane.rank, iteration, phase="tag")  # robustness tests only
+        self.enter(iteration, version)
+        ids = list(self.plan.prompt_ids(fragment))
+        tags = {"iteration": iteration, "fragment": fragment, "policy_version": version}
+        start = time.perf_counter()
+        with self.events.span(
+            "generate",
+            iteration=iteration,
+            fragment=fragment,
+            policy_version=version,
+            samples=len(ids) * self.engine.group_size,
+            extra={"helper": True},
+        ):
+            batch = self.engine.generate(
+                [prompts[i] for i in ids], ids, iteration=iteration, policy_version=version
+            )
+        tags["steps_s"] = time.perf_counter() - start
+        return InFlight(batch, tags)
+
+    def enter(self, iteration: int, version: int) -> None:
+        """Switch from training to generating (once for consecutive helper fragments)."""
+        if not self.generating:
+            self._switch("in", iteration, version)
+            self.generating = True
+
+    def leave(self, iteration: int, version: int) -> None:
+        """Switch back before receiving or training anything."""
+        if self.generating:
+            self._switch("out", iteration, version)
+            self.generating = False
+
+    def _switch(self, direction: str, iteration: int, version: int) -> None:
+        start = time.perf_counter()
+        with self.events.span(
+            "tag_switch", iteration=iteration, policy_version=version, extra={"direction": direction}
+        ) as span:
+            moved = 0
+            if self.parking is not None:
+                if direction == "in":
+                    moved = self.parking.park()
+                else:
+                    self.parking.restore()
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            span["bytes"] = moved
+        self.switches += 1
+        self.switch_s += time.perf_counter() - start

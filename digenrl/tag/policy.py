@@ -1,0 +1,195 @@
+"""How many fragments a trainer rank may generate per iteration: TAG's bubble-triggered search
+(docs/design.md §3 "TAG": insert helper work only where the cost model predicts a shorter makespan).
+
+``tag.policy=always`` helps whenever a trainer is idle and a fragment is left (up to ``tag.max_fragments``
+per iteration, 0 = no limit). ``tag.policy=auto`` decides before every iteration from what this run has
+measured so far:
+
+1. the trainer collects per-operation costs as fragments arrive (:class:`TagObservations`): the
+   producers' stepping and scoring seconds per fragment (carried in each fragment's tags, with the
+   producer's device type), its own training seconds per unit, optimizer step, helper switch and, once
+   it has helped, its own generation seconds; bytes per unit and per weight sync from the transfers;
+2. these become a :class:`~digenrl.sim.costs.CostModel` on the trainer's device type (a producer's time
+   on another type is scaled by the hardware profile's ``relative_speed``, as TSP's stage balancing does);
+3. the discrete-event simulator (:mod:`digenrl.sim`) — the same model the planner and the throughput
+   tables use — predicts the steady iteration time of this run's plan with budgets 0, 1, 2, … per
+   trainer, and the smallest budget with the shortest prediction wins (0 = no TAG).
+
+Iteration 0 has nothing measured yet, so ``auto`` does not help in it. The prediction for the chosen
+budget and for budget 0 go into ``metrics.jsonl`` next to the measured ``wall_s``
+(``tag_predicted_s``, ``tag_predicted_off_s``), so every decision can be checked against what happened.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+from dataclasses import dataclass, field
+
+from digenrl.config import Config
+from digenrl.runtime.profiles import HardwareProfile
+from digenrl.sim.costs import CFG_KEYS, CostModel
+from digenrl.sim.device_costs import DeviceCosts
+from digenrl.sim.schedule_plan import SchedulePlan
+from digenrl.sim.simulator import simulate
+from digenrl.sim.workload import Workload
+
+log = logging.getLogger(__name__)
+
+#: budgets beyond this many fragments per trainer per iteration are not simulated
+MAX_AUTO_BUDGET = 16
+
+
+@dataclass
+class TagObservations:
+    """Costs this trainer rank measured (seconds on the device that ran them; see the module docstring)."""
+
+    producer_steps_s: list[tuple[str, float]] = field(default_factory=list)  # (device type, s/fragment)
+    score_s: list[tuple[str, float]] = field(default_factory=list)
+    helper_steps_s: list[float] = field(default_factory=list)  # this rank generating a whole fragment
+    train_s: float = 0.0
+    train_units: int = 0
+    optimizer_s: list[float] = field(default_factory=list)
+    switch_s: list[float] = field(default_factory=list)
+    unit_bytes: list[float] = field(default_factory=list)
+    sync_bytes: int = 0
+
+    def fragment(self, tags: dict, device_type_of) -> None:
+        """Record the producer costs a received fragment carries in its tags."""
+        producer = int(tags.get("producer", -1))
+        if producer < 0:
+            return
+        if "steps_s" in tags and not tags.get("helper"):
+            self.producer_steps_s.append((device_type_of(producer), float(tags["steps_s"])))
+        if "score_s" in tags:
+            self.score_s.append((device_type_of(producer), float(tags["score_s"])))
+
+    @property
+    def ready(self) -> bool:
+        return bool(self.producer_steps_s and self.score_s and self.train_units and self.optimizer_s)
+
+
+@dataclass(frozen=True)
+class TagDecision:
+    """The budget for one iteration and what the simulator predicted for it."""
+
+    budget: int | None  # fragments per trainer this iteration; None = no limit (policy always)
+    predicted_s: float | None = None  # predicted steady iteration seconds with ``budget``
+    predicted_off_s: float | None = None  # … and without helper work
+    reason: str = ""
+
+
+class TagPolicy:
+    """Chooses the per-iteration helper budget of every trainer rank (rank 0 decides for the pool)."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        profile: HardwareProfile,
+        *,
+        trainer_ranks: tuple[int, ...],
+        generator_ranks: tuple[int, ...],
+        num_fragments: int,
+        fragment_samples: int,
+        trainer_type: str,
+    ) -> None:
+        self.cfg = cfg
+        self.profile = profile
+        self.trainers = len(trainer_ranks)
+        self.generators = len(generator_ranks)
+        self.num_fragments = num_fragments
+        self.fragment_samples = fragment_samples
+        self.trainer_type = trainer_type
+        self.observed = TagObservations()
+        cap = cfg.tag.max_fragments or math.ceil(num_fragments / self.trainers)
+        self.cap = min(cap, num_fragments)
+
+    def decide(self, iteration: int) -> TagDecision:
+        """The budget for ``iteration`` (see the module docstring)."""
+        if self.cfg.tag.policy == "always":
+            return TagDecision(self.cfg.tag.max_fragments or None, reason="tag.policy=always")
+        if not self.observed.ready:
+            return TagDecision(0, reason="tag.policy=auto: measuring costs first (no helper work)")
+        try:
+            costs = self.cost_model()
+        except ValueError as error:  # an observation the cost model rejects: say so, do not help
+            return TagDecision(0, reason=f"tag.policy=auto: no usable cost model ({error})")
+        predictions = {b: self.predict(costs, b) for b in range(min(self.cap, MAX_AUTO_BUDGET) + 1)}
+        best = min(predictions, key=lambda b: (predictions[b], b))
+        return TagDecision(
+            best,
+            predictions[best],
+            predictions[0],
+            reason=(
+                "tag.policy=auto: predicted s/iteration by helper budget "
+                + ", ".join(f"{b}: {s:.4g}" for b, s in predictions.items())
+            ),
+        )
+
+    # ------------------------------------------------------------------ prediction
+    def _on_trainer(self, samples: list[tuple[str, float]]) -> float:
+        """Median seconds of a producer operation, converted to the trainer's device type."""
+        target = self.profile.gpu_types[self.trainer_type].relative_speed
+        return statistics.median(
+            t * self.profile.gpu_types[kind].relative_speed / target for kind, t in samples
+        )
+
+    def cost_model(self) -> CostModel:
+        """The measured costs as a cost model on the trainer's device type."""
+        o, cfg = self.observed, self.cfg
+        flag = CFG_KEYS[self._workload().cfg]
+        num_steps = self._workload().num_steps
+        steps_s = (
+            statistics.median(o.helper_steps_s) if o.helper_steps_s else self._on_trainer(o.producer_steps_s)
+        )
+        unit_s = o.train_s / o.train_units
+        mb = cfg.trainer.micro_batch_size
+        samples = self.fragment_samples
+        return CostModel(
+            device=self.trainer_type,
+            model=cfg.model.name,
+            generator_step_points={flag: {samples: steps_s / num_steps}},
+            vae_decode_points={samples: self._on_trainer(o.score_s)},
+            reward_points={samples: 0.0},
+            train_points={flag: {mb: unit_s * mb}},
+            optimizer_step_s=statistics.median(o.optimizer_s),
+            weight_sync_bytes=int(o.sync_bytes),
+            grad_bytes=int(o.sync_bytes),
+            fragment_bytes_per_sample=0,
+            unit_bytes=int(statistics.median(o.unit_bytes)) if o.unit_bytes else 0,
+            cond_bytes_per_sample=0,
+            latent_bytes_per_sample=0,
+            param_bytes=0,
+            optimizer_bytes=0,
+            helper_switch_s=statistics.median(o.switch_s) if o.switch_s else 0.0,
+            source="measured",
+            command="measured online by digenrl.tag.policy during the run",
+        )
+
+    def _workload(self) -> Workload:
+        return Workload.from_config(self.cfg, iterations=4, warmup_iterations=1, cooldown_iterations=1)
+
+    def plan(self, budget: int) -> SchedulePlan:
+        """This run's schedule as the simulator's plan, with helper ``budget``."""
+        cfg = self.cfg
+        return SchedulePlan(
+            "digenrl",
+            trainers=self.trainers,
+            generators=self.generators,
+            transport="buffered",
+            gap=cfg.gap.enabled,
+            fragment_assignment=cfg.gap.assignment,
+            train_order=cfg.gap.train_order,
+            fragment_groups=cfg.gap.fragment_groups,
+            tsp_stages=cfg.tsp.stages,
+            tag=budget > 0,
+            tag_budget=budget,
+            tcss=cfg.tcss.enabled,
+        )
+
+    def predict(self, costs: CostModel, budget: int) -> float:
+        """Predicted steady iteration seconds with ``budget`` helper fragments per trainer."""
+        device_costs = DeviceCosts(self.profile, costs, reference_type=self.trainer_type)
+        result = simulate(self.profile, device_costs, self._workload(), self.plan(budget))
+        return result.steady_iteration_s

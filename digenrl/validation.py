@@ -1,0 +1,180 @@
+"""Start-up validation of a :class:`~digenrl.config.Config`: every value that can be checked before any
+process group or model exists, with a :class:`~digenrl.config.ConfigError` naming the key.
+
+Three kinds of checks:
+
+* values: names against their registries (models, rewards, profiles, systems), numbers against their
+  ranges (finite, positive, …);
+* consistency between keys (``model.autocast`` needs a 16-bit dtype, ``algo.kl_beta`` needs LoRA, …);
+* the system's own contract. Each system declares the knobs it honours (``System.knobs``: the
+  system-specific sections and keys it reads) and its own start-up checks (``System.check``). A key of a
+  system-specific section that the user set and the chosen system does not honour is rejected, naming
+  the key, where it was set and the systems that do honour it — a silently ignored ``tag=true`` on a
+  baseline would make an ablation table lie.
+"""
+
+from __future__ import annotations
+
+import math
+
+from digenrl.config import Config, ConfigError, explicit_keys
+
+#: Sections (and keys) that only some systems read; everything else is shared by every system.
+SYSTEM_SPECIFIC = ("pools", "sync", "asynchrony", "residency", "gap", "tsp", "tag", "tcss")
+
+_DTYPE_NAMES = ("float32", "bfloat16", "float16")
+
+
+def one_of(key: str, value: str, allowed: list[str] | tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{key}={value!r} is not allowed; choose one of: {', '.join(allowed)}")
+
+
+def positive(key: str, value: float | int | None) -> None:
+    """``value`` is None or a finite number > 0."""
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"{key} must be a finite number > 0, got {value}")
+
+
+def non_negative(key: str, value: float | int) -> None:
+    if not (math.isfinite(value) and value >= 0):
+        raise ConfigError(f"{key} must be a finite number >= 0, got {value}")
+
+
+def honours(knobs: tuple[str, ...], key: str) -> bool:
+    """Whether a system declaring ``knobs`` (sections like "gap", keys like "pools.trainers") reads a key."""
+    return any(key == knob or key.startswith(knob + ".") for knob in knobs)
+
+
+def check_knobs(cfg: Config) -> None:
+    """Reject every user-set key of a system-specific section that ``cfg.system`` does not honour."""
+    from digenrl.systems import available_systems, get_system
+
+    knobs = get_system(cfg.system).knobs
+    for key, source in sorted(explicit_keys(cfg).items()):
+        if key.split(".")[0] not in SYSTEM_SPECIFIC or honours(knobs, key):
+            continue
+        users = [name for name in available_systems() if honours(get_system(name).knobs, key)]
+        value = _lookup(cfg, key)
+        hint = f"systems that use it: {', '.join(users)}" if users else "no system uses it yet"
+        raise ConfigError(
+            f"{key}={_yaml_value(value)} (set in {source}) is not used by system={cfg.system!r}; remove it "
+            f"or choose a system that honours it ({hint})"
+        )
+
+
+def _lookup(cfg: Config, key: str) -> object:
+    value: object = cfg
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _yaml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def validate_config(cfg: Config, world_size: int | None = None) -> None:
+    """Check every value that can be checked before any process group or model exists.
+
+    ``world_size`` (the launched ranks) enables the checks that depend on it: the profile must have that
+    many devices, and the system's own checks (pool split, divisibility, mechanism settings).
+    """
+    from digenrl.models.specs import MODEL_SPECS
+    from digenrl.rewards.registry import available_rewards
+    from digenrl.runtime.profiles import available_profiles, load_profile
+    from digenrl.systems import available_systems, get_system
+
+    one_of("system", cfg.system, available_systems())
+    if not cfg.profile.endswith(".yaml"):
+        one_of("profile", cfg.profile, available_profiles())
+    one_of("model.name", cfg.model.name, sorted(MODEL_SPECS))
+    one_of("model.dtype", cfg.model.dtype, _DTYPE_NAMES)
+    if cfg.model.autocast and cfg.model.dtype == "float32":
+        raise ConfigError(
+            "model.autocast=true needs model.dtype=bfloat16 or float16 (autocast runs the transformer in "
+            "its 16-bit dtype); got model.dtype=float32"
+        )
+    rewards = available_rewards()
+    if cfg.reward.weights:
+        for name in cfg.reward.weights:
+            one_of("reward.weights key", name, rewards)
+    else:
+        one_of("reward.name", cfg.reward.name, rewards)
+    one_of("reward.nonfinite_policy", cfg.reward.nonfinite_policy, ("drop-group", "abort"))
+    one_of("sampler.sde_type", cfg.sampler.sde_type, ("sde", "cps", "dance"))
+    one_of("algo.timestep_selection", cfg.algo.timestep_selection, ("first", "shuffled", "fast-window"))
+    one_of("algo.adv_std", cfg.algo.adv_std, ("group", "global"))
+    one_of("trainer.mode", cfg.trainer.mode, ("lora", "full"))
+    one_of("trainer.backend", cfg.trainer.backend, ("auto", "none", "ddp", "fsdp2", "deepspeed"))
+    if cfg.trainer.deepspeed_stage not in (0, 1, 2):
+        raise ConfigError(
+            f"trainer.deepspeed_stage={cfg.trainer.deepspeed_stage} is not supported; choose 0, 1 or 2 "
+            "(or trainer.backend=fsdp2 to shard parameters)"
+        )
+    if "trainer.deepspeed_stage" in explicit_keys(cfg) and cfg.trainer.backend != "deepspeed":
+        raise ConfigError(
+            f"trainer.deepspeed_stage is set but trainer.backend={cfg.trainer.backend!r}; it only applies "
+            "to trainer.backend=deepspeed"
+        )
+    if cfg.runtime.backend is not None:
+        one_of("runtime.backend", cfg.runtime.backend, ("gloo", "nccl"))
+    one_of("gap.assignment", cfg.gap.assignment, ("dynamic", "round-robin"))
+    one_of("gap.train_order", cfg.gap.train_order, ("index", "arrival"))
+    one_of("tag.policy", cfg.tag.policy, ("auto", "always"))
+
+    if cfg.iterations < 1:
+        raise ConfigError(f"iterations must be >= 1, got {cfg.iterations}")
+    if cfg.algo.group_size < 2:
+        raise ConfigError(
+            f"algo.group_size must be >= 2 (advantages need a group), got {cfg.algo.group_size}"
+        )
+    positive("algo.prompts_per_iteration", cfg.algo.prompts_per_iteration)
+    if not 0.0 < cfg.algo.timestep_fraction <= 1.0:
+        raise ConfigError(f"algo.timestep_fraction must be in (0, 1], got {cfg.algo.timestep_fraction}")
+    positive("algo.clip_range", cfg.algo.clip_range)
+    positive("algo.adv_clamp", cfg.algo.adv_clamp)
+    positive("algo.num_updates_per_batch", cfg.algo.num_updates_per_batch)
+    positive("algo.fast_window", cfg.algo.fast_window)
+    non_negative("algo.kl_beta", cfg.algo.kl_beta)
+    if cfg.algo.kl_beta > 0 and cfg.trainer.mode != "lora":
+        raise ConfigError(
+            "algo.kl_beta > 0 needs trainer.mode=lora (the reference is the adapter-disabled model)"
+        )
+    positive("sampler.num_steps", cfg.sampler.num_steps)
+    if cfg.sampler.num_steps is not None and cfg.sampler.num_steps < 2:
+        raise ConfigError(f"sampler.num_steps must be >= 2, got {cfg.sampler.num_steps}")
+    if cfg.sampler.noise_level is not None:
+        non_negative("sampler.noise_level", cfg.sampler.noise_level)
+    if cfg.sampler.samples_per_forward < 0:
+        raise ConfigError(f"sampler.samples_per_forward must be >= 0, got {cfg.sampler.samples_per_forward}")
+    positive("trainer.lr", cfg.trainer.lr)
+    non_negative("trainer.weight_decay", cfg.trainer.weight_decay)
+    positive("trainer.eps", cfg.trainer.eps)
+    positive("trainer.micro_batch_size", cfg.trainer.micro_batch_size)
+    positive("trainer.lora_rank", cfg.trainer.lora_rank)
+    positive("trainer.lora_alpha", cfg.trainer.lora_alpha)
+    positive("trainer.grad_clip", cfg.trainer.grad_clip)
+    if len(cfg.trainer.betas) != 2 or not all(0 <= b < 1 for b in cfg.trainer.betas):
+        raise ConfigError(f"trainer.betas must be two numbers in [0, 1), got {cfg.trainer.betas}")
+    positive("runtime.timeout_s", cfg.runtime.timeout_s)
+    positive("gap.fragment_groups", cfg.gap.fragment_groups)
+    positive("tsp.stages", cfg.tsp.stages)
+    if cfg.tag.max_fragments < 0:
+        raise ConfigError(f"tag.max_fragments must be >= 0 (0 = no limit), got {cfg.tag.max_fragments}")
+    if cfg.checkpoint_every < 0:
+        raise ConfigError(f"checkpoint_every must be >= 0, got {cfg.checkpoint_every}")
+    for key in ("height", "width", "frames"):
+        positive(f"model.{key}", getattr(cfg.model, key))
+
+    check_knobs(cfg)
+    profile = load_profile(cfg.profile)
+    if world_size is not None and world_size > profile.world_size:
+        raise ConfigError(
+            f"{world_size} ranks were launched but profile={cfg.profile!r} has only {profile.world_size} "
+            f"devices; launch at most {profile.world_size} or choose a larger profile"
+        )
+    if world_size is not None:
+        get_system(cfg.system).check(cfg, world_size)

@@ -1,0 +1,79 @@
+"""FragmentStream claims: dynamic tickets hand every fragment out exactly once, head and tail never
+overlap, and round-robin claims follow the static plan."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+import torch
+
+from digenrl.gap.fragments import FragmentPlan
+from digenrl.gap.stream import FragmentStream
+from digenrl.runtime.control_plane import ControlPlane
+
+
+def _stream(store, rank: int, plan: FragmentPlan) -> FragmentStream:
+    plane = ControlPlane(store, rank, "generator")
+    return FragmentStream(plan, plane, (0, 1), sharding="units", device=torch.device("cpu"), timeout_s=5)
+
+
+@pytest.mark.parametrize("fragments", [1, 2, 7, 16])
+def test_dynamic_claims_from_head_and_tail_partition_the_iteration(fragments):
+    store = torch.distributed.HashStore()
+    plan = FragmentPlan(fragments * 2, 2, 3)
+    producers = [(_stream(store, rank, plan), rank % 2 == 0) for rank in range(5)]  # even ranks: tails
+    claims: dict[int, list[int]] = {rank: [] for rank in range(5)}
+
+    def produce(rank: int) -> None:
+        stream, tail = producers[rank]
+        while True:
+            f = stream.claim(3, pipeline=0, tail=tail)
+            if f is None:
+                return
+            claims[rank].append(f)
+
+    threads = [threading.Thread(target=produce, args=(r,)) for r in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    everything = sorted(f for fs in claims.values() for f in fs)
+    assert everything == list(range(fragments))  # each fragment exactly once
+    for rank, fs in claims.items():
+        tail = producers[rank][1]
+        assert fs == (sorted(fs, reverse=True) if tail else sorted(fs))  # each end moves one way
+    # the next iteration is a fresh queue
+    assert producers[1][0].claim(4, pipeline=0) == 0
+
+
+def test_round_robin_claims_follow_the_plan_and_refuse_helpers():
+    store = torch.distributed.HashStore()
+    plan = FragmentPlan(12, 2, 4, "round-robin")
+    stream = _stream(store, 0, plan)
+    for pipeline in range(4):
+        got = []
+        while (f := stream.claim(0, pipeline=pipeline)) is not None:
+            got.append(f)
+        assert tuple(got) == plan.fragments_of(pipeline)
+    with pytest.raises(ValueError, match="round-robin assignment has no shared queue"):
+        stream.claim(1, tail=True)
+
+
+def test_unit_and_sample_shards_cover_the_fragment():
+    from tests.gap.test_gap_unit_sharding import _synthetic  # a random scored fragment
+
+    batch = _synthetic(random.randint(4, 9), 3, 8, shared_steps=True)
+    store = torch.distributed.HashStore()
+    for sharding, expected in (("units", batch.num_units), ("samples", batch.batch_size)):
+        stream = FragmentStream(
+            FragmentPlan(4, 2),
+            ControlPlane(store, 0, "generator"),
+            (0, 1, 2),
+            sharding=sharding,
+            device=torch.device("cpu"),
+            timeout_s=5,
+        )
+        shards = stream.shards(batch)
+        assert len(shards) == 3 and sum(s.batch_size for s in shards) == expected
