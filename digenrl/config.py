@@ -70,6 +70,9 @@ class AlgoConfig:
     adv_std: str = "group"  # group | global
     adv_clamp: float = 5.0
     num_updates_per_batch: int = 1
+    # with CFG, the training gradient flows through: cond = the conditional branch only (unconditional
+    # prediction detached), both = both branches; see digenrl/rollout/sampler.py Sampler.velocity
+    cfg_grad: str = "cond"
 
 
 @dataclass
@@ -407,6 +410,7 @@ def validate_config(cfg: Config, world_size: int | None = None) -> None:
     _one_of("sampler.sde_type", cfg.sampler.sde_type, ("sde", "cps", "dance"))
     _one_of("algo.timestep_selection", cfg.algo.timestep_selection, ("first", "shuffled", "fast-window"))
     _one_of("algo.adv_std", cfg.algo.adv_std, ("group", "global"))
+    _one_of("algo.cfg_grad", cfg.algo.cfg_grad, ("cond", "both"))
     _one_of("trainer.mode", cfg.trainer.mode, ("lora", "full"))
     _one_of("trainer.backend", cfg.trainer.backend, ("auto", "none", "ddp", "fsdp2", "deepspeed"))
     if cfg.runtime.backend is not None:
