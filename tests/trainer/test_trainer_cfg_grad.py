@@ -3,7 +3,8 @@
 ``cond`` detaches the unconditional prediction (yifan123/flow_grpo_refactor scripts/train_sd3.py
 ``compute_log_prob``), ``both`` is the full gradient (yifan123/flow_grpo scripts/train_sd3.py). Checked here
 against an independent float64 objective, for both layouts of ``cond`` (the batched 2B forward with the
-unconditional half detached, and the separate no-graph unconditional pass), with the on-policy ratio of each.
+unconditional half detached, and the separate no-graph unconditional pass), with the on-policy ratio of each,
+and the separate pass under two DDP / FSDP2 trainer ranks against the single-process update.
 """
 
 from __future__ import annotations
@@ -11,13 +12,17 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import os
+from datetime import timedelta
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from digenrl.config import Config, ConfigError, apply_overrides, validate_config
 from digenrl.rollout.sampler import CFG_SPLIT_MIN_BATCH, Sampler
 from digenrl.trainer import PolicyTrainer
+from tests.runtime.spawn import spawn_workers
 
 from .fixtures import (
     build_model,
@@ -28,19 +33,24 @@ from .fixtures import (
     perturb_adapter,
     random_cond,
     rollout_batch,
+    select,
 )
 
 SCALE = 4.5  # tiny-sd3 has true CFG: guidance by a second, unconditional forward
 
 
-def _trainer(cfg_grad: str, *overrides: str, split_min: int | None = None, dtype=torch.float32):
+def _trainer(
+    cfg_grad: str, *overrides: str, split_min: int | None = None, dtype=torch.float32, seed=0, world_size=1
+):
     cfg = make_config(f"sampler.guidance_scale={SCALE}", f"algo.cfg_grad={cfg_grad}", *overrides)
-    model = build_model(0, dtype=dtype)
-    trainer = PolicyTrainer(cfg, model, make_sampler(cfg, model), uncond=empty_cond(), device="cpu")
+    model = build_model(seed, dtype=dtype)
+    trainer = PolicyTrainer(
+        cfg, model, make_sampler(cfg, model), uncond=empty_cond(), device="cpu", world_size=world_size
+    )
     assert trainer.sampler.true_cfg and trainer.sampler.cfg_grad == cfg_grad
     if split_min is not None:
         trainer.sampler = dataclasses.replace(trainer.sampler, cfg_split_min_batch=split_min)
-    if cfg.trainer.mode == "lora":
+    if cfg.trainer.mode == "lora" and world_size == 1:  # trainer ranks load a state instead
         perturb_adapter(model)  # a non-zero adapter: non-zero lora_A gradients and a non-zero KL
     return trainer
 
@@ -293,3 +303,80 @@ def test_bad_cfg_grad_is_rejected_naming_the_key():
         make_sampler(cfg, model)
     with pytest.raises(ValueError, match="cfg_split_min_batch"):
         dataclasses.replace(make_sampler(make_config(), model), cfg_split_min_batch=0)
+
+
+# Two trainer ranks (gloo) with the separate no-graph unconditional pass forced at every micro-batch: each
+# micro-batch then runs up to three forwards (KL reference, unconditional, conditional) before one backward.
+SCENARIOS = {
+    "ddp-lora-kl": ("ddp", "lora", 0.04),
+    "fsdp2-lora-kl": ("fsdp2", "lora", 0.04),
+    "fsdp2-full": ("fsdp2", "full", 0.0),
+}
+SHARES = {0: [[0, 1], [2, 3]], 1: [[4], [5]]}  # rank -> its 2 fragments; rank 1 pads with zero-weight units
+
+
+def _split_trainer(scenario: str, seed: int, world_size: int = 1, single_process: bool = False):
+    backend, mode, kl_beta = SCENARIOS[scenario]
+    overrides = (
+        f"trainer.backend={'none' if single_process else backend}",
+        f"trainer.mode={mode}",
+        f"algo.kl_beta={kl_beta}",
+        "trainer.micro_batch_size=2",
+        "trainer.lr=0.001",
+    )
+    return _trainer("cond", *overrides, split_min=1, seed=seed, world_size=world_size)
+
+
+def _iteration(trainer, batch, fragments):
+    for samples in fragments:
+        trainer.accumulate(select(batch, samples), 1.0 / batch.num_units)
+    return trainer.step()
+
+
+def _split_worker(rank, world, tmp):
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=world, timeout=timedelta(seconds=60)
+    )
+    try:
+        reference = torch.load(os.path.join(tmp, "reference.pt"), weights_only=False)
+        out = {}
+        for scenario, ref in reference.items():
+            trainer = _split_trainer(scenario, seed=rank, world_size=world)
+            trainer.load_trainable_state_dict(ref["init"])
+            out[scenario] = {
+                "backend": trainer.backend.name,
+                "step": _iteration(trainer, ref["batch"], SHARES[rank]),
+                "state": trainer.state_dict(),
+            }
+        torch.save(out, os.path.join(tmp, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.distributed
+def test_separate_uncond_pass_under_ddp_and_fsdp2_equals_the_single_process_update(tmp_path):
+    reference = {}
+    for scenario in SCENARIOS:
+        trainer = _split_trainer(scenario, seed=0, single_process=True)
+        batch = rollout_batch(
+            trainer.flow_model,
+            trainer.sampler,
+            batch_size=6,
+            num_train_steps=2,
+            seed=21,
+            uncond=trainer.uncond,
+        )
+        init = trainer.trainable_state_dict()
+        step = _iteration(trainer, batch, [f for r in SHARES for f in SHARES[r]])
+        reference[scenario] = {"init": init, "batch": batch, "step": step, "state": trainer.state_dict()}
+    torch.save(reference, tmp_path / "reference.pt")
+    spawn_workers(_split_worker, 2, (str(tmp_path),))
+    got = torch.load(tmp_path / "rank0.pt", weights_only=False)
+    for scenario, ref in reference.items():
+        assert got[scenario]["backend"] == SCENARIOS[scenario][0]
+        for key in ("grad_norm", "update_norm"):
+            assert got[scenario]["step"][key] == pytest.approx(ref["step"][key], rel=1e-5), (scenario, key)
+        assert ref["state"]["model"].keys() == got[scenario]["state"]["model"].keys()
+        for name, value in ref["state"]["model"].items():
+            torch.testing.assert_close(got[scenario]["state"]["model"][name], value, rtol=0, atol=1e-6)
