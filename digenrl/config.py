@@ -75,6 +75,9 @@ class AlgoConfig:
     adv_std: str = "group"  # group | global
     adv_clamp: float = 5.0
     num_updates_per_batch: int = 1
+    # with CFG, the training gradient flows through: cond = the conditional branch only (unconditional
+    # prediction detached), both = both branches; see digenrl/rollout/sampler.py Sampler.velocity
+    cfg_grad: str = "cond"
 
 
 @dataclass

@@ -107,6 +107,7 @@ def validate_config(cfg: Config, world_size: int | None = None) -> None:
     one_of("sampler.sde_type", cfg.sampler.sde_type, ("sde", "cps", "dance"))
     one_of("algo.timestep_selection", cfg.algo.timestep_selection, ("first", "shuffled", "fast-window"))
     one_of("algo.adv_std", cfg.algo.adv_std, ("group", "global"))
+    one_of("algo.cfg_grad", cfg.algo.cfg_grad, ("cond", "both"))
     one_of("trainer.mode", cfg.trainer.mode, ("lora", "full"))
     one_of("trainer.backend", cfg.trainer.backend, ("auto", "none", "ddp", "fsdp2", "deepspeed"))
     if cfg.trainer.deepspeed_stage not in (0, 1, 2):

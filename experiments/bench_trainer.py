@@ -6,6 +6,8 @@ check.
     python experiments/bench_trainer.py --model sd3.5-medium --modes lora --micro-batch-sizes 1,2,4 \
         --samples 4 --train-steps 1 --paths optimized,eager --out out/perf
     python experiments/bench_trainer.py --regression-only --regression-model flux.1-dev --out out/perf
+    python experiments/bench_trainer.py --model sd3.5-medium --modes lora --micro-batch-sizes 4,8,16 \
+        --samples 16 --train-steps 1 --cfg on --cfg-grad cond,both --paths optimized --out out/perf
 
 For each training mode (LoRA / full), path, guidance setting and micro-batch size it times one logical batch
 of ``samples × train-steps`` units: the FlowGRPO training forward (velocity with the rollout's CFG, flow-SDE
@@ -15,6 +17,13 @@ weights before each configuration, so the first accumulate's ratio spread max |r
 training forward drifts from the rollout forward; that first pass is never timed (with --compile it compiles:
 ``first_accumulate_s``). FLOPs of the accumulate (forward + backward) are counted by
 FlopCounterMode, and compared with an n³ matmul ceiling measured in the same run.
+
+With CFG, ``--cfg-grad cond,both`` times both training gradients (``algo.cfg_grad``,
+digenrl/rollout/sampler.py) side by side, in the same rows and a cond-vs-both table: ``cond`` detaches the
+unconditional prediction and, from ``--cfg-split-min-batch`` samples per micro-batch on (default the library's
+CFG_SPLIT_MIN_BATCH), runs it as a separate no-graph pass; ``--cfg-split-min-batch 1`` splits at every size,
+which measures where the split starts to pay. Each row records ``cfg_grad`` and ``uncond_pass`` (separate,
+batched, or mixed when the micro-batch plan has sizes on both sides of the threshold).
 
 Paths (``--paths``; run them ``optimized,eager`` on a GPU: a failing fused kernel can poison the process):
 
@@ -43,6 +52,7 @@ import sys
 import time
 import traceback
 from dataclasses import replace
+from itertools import product
 from pathlib import Path
 
 import torch
@@ -59,10 +69,11 @@ from digenrl.models.optimize import COMPILE_MODES, CompileSettings, optimize_flo
 from digenrl.perf import backward_check, bench_cli, roofline
 from digenrl.perf.bench_cli import fmt, int_list, name_list, output_paths
 from digenrl.perf.kernel_profile import format_profile, profile_call
-from digenrl.rollout.sampler import Sampler
+from digenrl.rollout.sampler import CFG_GRAD_MODES, CFG_SPLIT_MIN_BATCH, Sampler
 from digenrl.rollout.trajectory import TrajectoryBatch
 from digenrl.sim.measure import time_helper_switch, wire_bytes
 from digenrl.trainer import PolicyTrainer
+from digenrl.trainer.micro_batches import plan_micro_batches
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PATHS = ("eager", "optimized")
@@ -82,6 +93,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="default",
         choices=["default", "on", "off", "both"],
         help="guidance: the model's default scale, on (>= 1.5), off (1.0), or both on and off",
+    )
+    p.add_argument(
+        "--cfg-grad",
+        default=Config().algo.cfg_grad,
+        help="comma-separated algo.cfg_grad values timed side by side with CFG on: cond (unconditional "
+        "prediction detached), both (full gradient)",
+    )
+    p.add_argument(
+        "--cfg-split-min-batch",
+        type=int,
+        default=CFG_SPLIT_MIN_BATCH,
+        help="cfg_grad=cond: smallest micro-batch that runs the unconditional branch as its own no-graph "
+        "pass (1: always)",
     )
     p.add_argument(
         "--kl-beta", type=float, default=0.0, help="KL weight (LoRA only; adds a reference forward)"
@@ -137,6 +161,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.micro_batch_sizes = int_list(args.micro_batch_sizes, "--micro-batch-sizes", p)
     args.modes = name_list(args.modes, "--modes", ("lora", "full"), p)
     args.paths = name_list(args.paths, "--paths", PATHS, p)
+    args.cfg_grad = name_list(args.cfg_grad, "--cfg-grad", CFG_GRAD_MODES, p)
+    if args.cfg_split_min_batch < 1:
+        p.error("--cfg-split-min-batch must be >= 1")
     args.regression_settings = name_list(
         args.regression_settings, "--regression-settings", backward_check.SETTINGS, p
     )
@@ -157,6 +184,25 @@ def guidance_scale(spec, setting: str) -> float | None:
     if setting == "default" or spec.guidance_embedded:
         return None
     return max(spec.default_guidance_scale, 1.5) if setting == "on" else 1.0
+
+
+def uncond_pass(sampler: Sampler, samples: int, train_steps: int, micro_batch_size: int) -> str | None:
+    """How the training forward runs the unconditional branch (None without CFG): ``separate`` (its own
+    no-graph pass in every micro-batch of the plan), ``batched`` (inside the 2B forward), or ``mixed``."""
+    if not sampler.true_cfg:
+        return None
+    plan = plan_micro_batches(samples, min(train_steps, sampler.num_steps), micro_batch_size)
+    kinds = {sampler.separate_uncond_pass(len(mb)) for mb in plan}
+    return "separate" if kinds == {True} else "batched" if kinds == {False} else "mixed"
+
+
+def training_variants(sampler: Sampler, args: argparse.Namespace) -> list[tuple[str | None, Sampler]]:
+    """(cfg_grad, sampler) per ``--cfg-grad`` value with CFG; one (None, sampler) without."""
+    if not sampler.true_cfg:
+        return [(None, sampler)]
+    return [
+        (g, replace(sampler, cfg_grad=g, cfg_split_min_batch=args.cfg_split_min_batch)) for g in args.cfg_grad
+    ]
 
 
 def make_config(args: argparse.Namespace, mode: str, dtype: str, scale: float | None) -> Config:
@@ -251,6 +297,7 @@ class Bench:
             "dtype": self.dtype_name,
             "environment": roofline.environment(),
             "argv": sys.argv[1:] if args.out else [],
+            "cfg_split_min_batch": args.cfg_split_min_batch,
             "paths": {},
             "costs": {},
             "results": [],
@@ -310,12 +357,19 @@ class Bench:
             trainer.sampler, trainer.uncond = sampler, (uncond if sampler.true_cfg else None)
             batch = synthetic_batch(flow_model, sampler, latent_shape, args, trainer.uncond, device)
             batches[sampler.true_cfg] = (sampler, batch)
-            if not args.no_flops and (mode, sampler.true_cfg) not in self.flops:
-                with contextlib.suppress(torch.OutOfMemoryError):
-                    self.flops[(mode, sampler.true_cfg)] = roofline.count_flops(
-                        lambda b=batch: trainer.accumulate(b, 1.0 / b.num_units)
-                    )
-                trainer.zero_grad()
+            # FLOPs per logical batch depend on the micro-batch size only through the CFG pass layout
+            for grad, variant in training_variants(sampler, args):
+                trainer.sampler = variant
+                for mbs in args.micro_batch_sizes:
+                    key = self.flops_key(mode, variant, grad, mbs)
+                    if args.no_flops or key in self.flops:
+                        continue
+                    trainer.cfg.trainer.micro_batch_size = mbs
+                    with contextlib.suppress(torch.OutOfMemoryError):
+                        self.flops[key] = roofline.count_flops(
+                            lambda b=batch: trainer.accumulate(b, 1.0 / b.num_units)
+                        )
+                    trainer.zero_grad()
         if path == "optimized":
             settings = CompileSettings(mode=args.compile_mode, dynamic=DYNAMIC[args.compile_dynamic])
             applied = optimize_flow_model(
@@ -329,12 +383,16 @@ class Bench:
             self.report["paths"]["optimized"] = applied.to_dict()
         trainable = trainer.backend.trainable_parameters()
         for true_cfg, (sampler, _) in batches.items():
-            trainer.sampler, trainer.uncond = sampler, (uncond if true_cfg else None)
-            for mbs in args.micro_batch_sizes:
+            trainer.uncond = uncond if true_cfg else None
+            # cfg_grad innermost: a time budget that runs out still leaves pairs to compare
+            for mbs, (grad, variant) in product(args.micro_batch_sizes, training_variants(sampler, args)):
+                sampler = trainer.sampler = variant
                 row = {
                     "path": path,
                     "mode": mode,
                     "cfg": true_cfg,
+                    "cfg_grad": grad,
+                    "uncond_pass": uncond_pass(variant, args.samples, args.train_steps, mbs),
                     "micro_batch_size": mbs,
                     "trainable_params": sum(p.numel() for p in trainable),
                     "latent_shape": list(latent_shape),
@@ -354,7 +412,7 @@ class Bench:
                     trainer.zero_grad()
                     self.report["results"].append({**row, "error": f"{type(exc).__name__}: {str(exc)[:500]}"})
                     continue
-                flops = self.flops.get((mode, true_cfg))
+                flops = self.flops.get(self.flops_key(mode, variant, grad, mbs))
                 if flops is not None:
                     row["flops_per_batch"] = flops
                     row["tflops_per_s"] = flops / (row["accumulate_ms"] / 1e3) / 1e12
@@ -364,6 +422,10 @@ class Bench:
                 print(format_row(row), flush=True)
                 self.write()
         self.record_costs(mode, path, trainer, flow_model, batches, device)
+
+    def flops_key(self, mode: str, sampler: Sampler, grad: str | None, mbs: int) -> tuple:
+        layout = uncond_pass(sampler, self.args.samples, self.args.train_steps, mbs)
+        return (mode, sampler.true_cfg, grad, layout)
 
     def time_config(self, trainer, flow_model, sampler, latent_shape, uncond, mbs: int) -> dict:
         args, device = self.args, self.device
@@ -493,14 +555,63 @@ def _regression_detail(result: dict) -> str:
     return ", ".join(f"{r['height']}px finite={r.get('finite')} {r.get('seconds', 0):.2f} s" for r in runs)
 
 
+def cfg_label(r: dict) -> str:
+    """``off``, ``on`` (a row from before cfg_grad existed), ``on, both`` or ``on, cond (separate)``."""
+    if not r.get("cfg"):
+        return "off"
+    grad, layout = r.get("cfg_grad"), r.get("uncond_pass")
+    if grad is None:
+        return "on"
+    return f"on, {grad}" + (f" ({layout})" if grad == "cond" and layout else "")
+
+
 def format_row(r: dict) -> str:
     return (
-        f"{r['path']:>9} {r['mode']:<4} cfg={'on' if r['cfg'] else 'off':<3} mbs={r['micro_batch_size']:<3} "
+        f"{r['path']:>9} {r['mode']:<4} cfg={cfg_label(r):<19} mbs={r['micro_batch_size']:<3} "
         f"{r['ms_per_unit']:9.2f} ms/unit  step {r['optimizer_step_ms']:.2f} ms  "
         f"{fmt(r.get('tflops_per_s'), '.4g'):>7} TFLOP/s  "
         f"{fmt(r.get('fraction_of_ceiling'), '.1%'):>6} of ceil  "
         f"peak {fmt(r.get('peak_mem_gib'), '.2f')} GiB  max|r-1| {r['max_abs_ratio_minus_1']:.2e}"
     )
+
+
+def cfg_grad_table(results: list[dict]) -> list[str]:
+    """cfg_grad=cond next to cfg_grad=both for every (mode, path, micro-batch) that timed both; empty
+    when the run timed one of them only."""
+    pairs: dict[tuple, dict[str, dict]] = {}
+    for r in results:
+        if r.get("cfg") and r.get("cfg_grad") and "micro_batch_size" in r:
+            pairs.setdefault((r["mode"], r["path"], r["micro_batch_size"]), {})[r["cfg_grad"]] = r
+    pairs = {k: v for k, v in pairs.items() if len(v) == 2}
+    if not pairs:
+        return []
+    lines = [
+        "",
+        "CFG training gradient: cond (unconditional prediction detached) vs both (full gradient)",
+        "",
+        "| mode | path | mbs | cond uncond pass | both ms/unit | cond ms/unit | cond/both time | both GiB "
+        "| cond GiB | cond/both memory | both max abs(r-1) | cond max abs(r-1) |",
+        "|:---|:---|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+
+    def cell(row: dict, key: str, spec: str) -> str:
+        return bench_cli.cell(row, key, spec, primary="ms_per_unit")
+
+    def ratio(row: dict, base: dict, key: str) -> str:
+        if row.get(key) is not None and base.get(key):
+            return f"{row[key] / base[key]:.2f}x"
+        return "-"
+
+    for (mode, path, mbs), rows in pairs.items():
+        c, b = rows["cond"], rows["both"]
+        lines.append(
+            f"| {mode} | {path} | {mbs} | {c.get('uncond_pass', '-')} | {cell(b, 'ms_per_unit', '.2f')} "
+            f"| {cell(c, 'ms_per_unit', '.2f')} | {ratio(c, b, 'ms_per_unit')} "
+            f"| {cell(b, 'peak_mem_gib', '.2f')} | {cell(c, 'peak_mem_gib', '.2f')} "
+            f"| {ratio(c, b, 'peak_mem_gib')} | {cell(b, 'max_abs_ratio_minus_1', '.2e')} "
+            f"| {cell(c, 'max_abs_ratio_minus_1', '.2e')} |"
+        )
+    return lines
 
 
 def format_markdown(report: dict) -> str:
@@ -530,7 +641,8 @@ def format_markdown(report: dict) -> str:
         by_key: dict[tuple, dict[str, dict]] = {}
         for r in report["results"]:
             if "micro_batch_size" in r:
-                by_key.setdefault((r["mode"], r["cfg"], r["micro_batch_size"]), {})[r["path"]] = r
+                key = (r["mode"], cfg_label(r), r["micro_batch_size"])
+                by_key.setdefault(key, {})[r["path"]] = r
         for (mode, cfg, mbs), rows in by_key.items():
             e, o = rows.get("eager", {}), rows.get("optimized", {})
 
@@ -539,17 +651,18 @@ def format_markdown(report: dict) -> str:
 
             speed = bench_cli.speedup(e, o, "ms_per_unit")
             lines.append(
-                f"| {mode} | {'on' if cfg else 'off'} | {mbs} | {cell(e, 'ms_per_unit', '.2f')} "
+                f"| {mode} | {cfg} | {mbs} | {cell(e, 'ms_per_unit', '.2f')} "
                 f"| {cell(o, 'ms_per_unit', '.2f')} | {speed} | {cell(e, 'tflops_per_s', '.4g')} "
                 f"| {cell(o, 'tflops_per_s', '.4g')} | {cell(o, 'fraction_of_ceiling', '.1%')} "
                 f"| {cell(o, 'optimizer_step_ms', '.2f')} | {cell(e, 'peak_mem_gib', '.2f')} "
                 f"| {cell(o, 'peak_mem_gib', '.2f')} | {cell(e, 'max_abs_ratio_minus_1', '.2e')} "
                 f"| {cell(o, 'max_abs_ratio_minus_1', '.2e')} |"
             )
+        lines += cfg_grad_table(report["results"])
     for r in report["results"]:
         if r.get("profile"):
             title = (
-                f"profile {r['path']} {r['mode']} cfg={'on' if r['cfg'] else 'off'} "
+                f"profile {r['path']} {r['mode']} cfg={cfg_label(r)} "
                 f"mbs={r['micro_batch_size']} ({r['units']} units)"
             )
             lines += ["", format_profile(r["profile"], title)]

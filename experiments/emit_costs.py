@@ -9,7 +9,9 @@ Taken from the benchmark JSONs (one ``--path``, the project's ``optimized`` by d
 
 * ``generator_step_points``: bench_generator's ms per step (velocity + SDE transition) per batch and CFG;
 * ``train_points``: bench_trainer's forward + backward time of one micro-batch (``micro_batch_ms``) per
-  micro-batch size and CFG, for ``--mode``; ``optimizer_step_s``: its median optimizer step;
+  micro-batch size and CFG, for ``--mode`` and, with CFG, the training gradient ``--cfg-grad``
+  (``algo.cfg_grad``; rows from before it existed count as ``both``, the only gradient then);
+  ``optimizer_step_s``: its median optimizer step;
 * byte counts and ``helper_switch_s``: bench_trainer's ``costs[<mode>/<path>]``.
 
 Measured here, because neither benchmark builds them: the VAE decode (random weights of the spec's VAE) and
@@ -36,6 +38,7 @@ except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from digenrl.config import Config
+from digenrl.rollout.sampler import CFG_GRAD_MODES
 from digenrl.sim.costs import CFG_KEYS, COSTS_DIR, CostModel, cost_path
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -48,6 +51,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device-name", required=True, help="device part of the file name (h200, cpu, ...)")
     p.add_argument("--path", default="optimized", choices=["optimized", "eager"], help="which path's times")
     p.add_argument("--mode", default="lora", choices=["lora", "full"], help="trainer.mode of train_points")
+    p.add_argument(
+        "--cfg-grad",
+        default=Config().algo.cfg_grad,
+        choices=list(CFG_GRAD_MODES),
+        help="algo.cfg_grad of the CFG train_points",
+    )
     p.add_argument("--reward", default=Config().reward.name, help="reward registry name to time")
     p.add_argument("--device", default="auto", help="where the VAE decode and reward are timed")
     p.add_argument("--warmup", type=int, default=1)
@@ -78,8 +87,17 @@ def generator_points(report: dict, path: str) -> dict[str, dict[int, float]]:
     return points
 
 
-def trainer_points(report: dict, mode: str, path: str) -> tuple[dict[str, dict[int, float]], float]:
+def trainer_points(
+    report: dict, mode: str, path: str, cfg_grad: str
+) -> tuple[dict[str, dict[int, float]], float]:
     rows = [r for r in report["results"] if r.get("mode") == mode]
+    grads = {r.get("cfg_grad", "both") for r in rows if r.get("cfg") and "micro_batch_ms" in r}
+    if grads and cfg_grad not in grads:
+        raise ValueError(
+            f"trainer JSON has CFG rows for cfg_grad {sorted(grads)} only, not {cfg_grad!r}: pass --cfg-grad "
+            f"{sorted(grads)[0]}, or re-run bench_trainer.py with --cfg-grad {cfg_grad}"
+        )
+    rows = [r for r in rows if not r.get("cfg") or r.get("cfg_grad", "both") == cfg_grad]
     points = _points_by_cfg(rows, "micro_batch_size", "micro_batch_ms", path)
     if not points:
         raise ValueError(f"trainer JSON has no timed rows for mode {mode!r}, path {path!r} or eager")
@@ -147,7 +165,7 @@ def build_cost_model(args: argparse.Namespace, command: str = "") -> CostModel:
         raise ValueError(f"generator JSON is {generator['model']!r}, trainer JSON {trainer['model']!r}")
     model = generator["model"]
     gen_points = generator_points(generator, args.path)
-    train_points, optimizer_s = trainer_points(trainer, args.mode, args.path)
+    train_points, optimizer_s = trainer_points(trainer, args.mode, args.path, args.cfg_grad)
     counts = trainer_bytes(trainer, args.mode, args.path)
     batches = sorted({b for pts in gen_points.values() for b in pts})
     decode, score, reward_bytes = measure_decode_and_reward(
@@ -185,6 +203,8 @@ def build_cost_model(args: argparse.Namespace, command: str = "") -> CostModel:
             "generator_path_settings": generator.get("paths", {}).get(args.path),
             "trainer_path_settings": trainer.get("paths", {}).get(args.path),
             "trainer_mode": args.mode,
+            "cfg_grad": args.cfg_grad,
+            "cfg_split_min_batch": trainer.get("cfg_split_min_batch"),
             "reward": args.reward,
             "height": generator.get("height"),
             "width": generator.get("width"),

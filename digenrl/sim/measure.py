@@ -212,6 +212,8 @@ def measure_costs(
             "num_steps": samplers[flags[0]].num_steps,
             "train_steps_per_sample": batch.num_train_steps,
             "train_batch_samples": batch.batch_size,
+            "cfg_grad": cfg.algo.cfg_grad,  # which CFG branches the timed training backward went through
+            "cfg_split_min_batch": samplers[flags[0]].cfg_split_min_batch,
             "warmup": warmup,
             "iters": iters,
             "torch": torch.__version__,

@@ -13,6 +13,13 @@ when all micro-batches have equal size, which GAP fragments and uneven rank shar
 
 Loss per unit (docs/algorithm.md "Loss"; flow_grpo scripts/train_sd3.py): ``max(−A·r, −A·clip(r, 1±ε))`` with
 ``r = exp(logp_θ − logp_old)``, plus ``β · mean((μ_θ − μ_ref)² / (2σ_t²))`` when ``algo.kl_beta > 0``.
+
+With classifier-free guidance the training forward applies the rollout's guidance, and ``algo.cfg_grad``
+chooses the gradient (:mod:`digenrl.rollout.sampler`): ``cond`` (default) detaches the unconditional
+prediction, w·∂v_c, as yifan123/flow_grpo_refactor's ``compute_log_prob`` does; ``both`` is the full gradient
+(1 − w)·∂v_u + w·∂v_c, as yifan123/flow_grpo's scripts/train_sd3.py and DanceGRPO's train_grpo_sd35.py
+compute it. With ``cond``, micro-batches of at least ``CFG_SPLIT_MIN_BATCH`` units run the unconditional
+branch as a separate no-graph pass, so backward and saved activations cover B samples, not 2B.
 """
 
 from __future__ import annotations
@@ -152,7 +159,10 @@ class PolicyTrainer:
 
     # ------------------------------------------------------------------ forward / backward
     def unit_losses(self, mb: _MicroBatch) -> tuple[torch.Tensor, Any, torch.Tensor | None]:
-        """Per-unit total loss [n] (with graph), the PolicyLossTerms, and the per-unit KL [n] or None."""
+        """Per-unit total loss [n] (with graph), the PolicyLossTerms, and the per-unit KL [n] or None.
+
+        The reference forward runs without autograd, so it keeps the rollout's batched CFG layout; the
+        training forward follows ``sampler.cfg_grad`` (:meth:`Sampler.velocity`)."""
         sampler, model = self.sampler, self.flow_model
         kl = None
         ref_mean = None

@@ -52,15 +52,11 @@ def bench_outputs(generator, trainer, tmp_path_factory):
     out = tmp_path_factory.mktemp("perf")
     common = ["--device", "cpu", "--iters", "1", "--warmup", "0", "--threads", "1", "--ceiling-size", "64"]
     assert generator.main(["--model", "tiny-sd3", "--batch-sizes", "1,2", *common, "--out", str(out)]) == 0
-    assert (
-        trainer.main(
-            [
-                *("--model", "tiny-sd3", "--modes", "lora", "--micro-batch-sizes", "1,2"),
-                *("--samples", "2", "--train-steps", "1", *common, "--out", str(out)),
-            ]
-        )
-        == 0
-    )
+    trainer_args = [
+        "--model", "tiny-sd3", "--modes", "lora", "--micro-batch-sizes", "1,2", "--samples", "2",
+        "--train-steps", "1", "--cfg-grad", "cond,both", "--cfg-split-min-batch", "2",
+    ]  # fmt: skip
+    assert trainer.main([*trainer_args, *common, "--out", str(out)]) == 0
     return out
 
 
@@ -90,15 +86,23 @@ def test_generator_json_side_by_side(bench_outputs):
 def test_trainer_json_and_cost_file(bench_outputs, tmp_path):
     report = json.loads((bench_outputs / "trainer-tiny-sd3.json").read_text())
     rows = [r for r in report["results"] if "ms_per_unit" in r]
-    assert {(r["path"], r["micro_batch_size"]) for r in rows} == {
-        (p, m) for p in ("eager", "optimized") for m in (1, 2)
+    assert {(r["path"], r["micro_batch_size"], r["cfg_grad"]) for r in rows} == {
+        (p, m, g) for p in ("eager", "optimized") for m in (1, 2) for g in ("cond", "both")
     }
     for r in rows:
-        assert r["units"] == 2 and math.isclose(
-            r["micro_batch_ms"], r["accumulate_ms"] * r["micro_batch_size"] / 2
-        )
+        assert r["cfg"] and r["units"] == 2
+        assert math.isclose(r["micro_batch_ms"], r["accumulate_ms"] * r["micro_batch_size"] / 2)
         assert r["max_abs_ratio_minus_1"] < 1e-4  # on-policy, fp32: the recompute equals the rollout
         assert r["flops_per_batch"] > 0
+        # --cfg-split-min-batch 2: cond splits the unconditional pass off at micro-batch 2, not at 1
+        split = r["cfg_grad"] == "cond" and r["micro_batch_size"] == 2
+        assert r["uncond_pass"] == ("separate" if split else "batched")
+    flops = {(r["micro_batch_size"], r["cfg_grad"]): r["flops_per_batch"] for r in rows}
+    assert flops[(1, "cond")] == flops[(1, "both")] == flops[(2, "both")]  # detaching saves no FLOPs
+    assert flops[(2, "cond")] < 0.8 * flops[(2, "both")]  # no backward through the unconditional half
+    table = (bench_outputs / "trainer-tiny-sd3.md").read_text()
+    assert "| on, cond (separate) | 2 |" in table
+    assert "cond (unconditional prediction detached) vs both" in table
     costs = report["costs"]["lora/optimized"]
     assert costs["weight_sync_bytes"] == costs["grad_bytes"] > 0
     assert costs["fragment_bytes_per_sample"] > costs["cond_bytes_per_sample"] > 0
@@ -114,11 +118,35 @@ def test_trainer_json_and_cost_file(bench_outputs, tmp_path):
     model = CostModel.load(cost_path("cpu-test", "tiny-sd3", tmp_path))
     gen = {(r["batch_size"], r["cfg"]): r["ms_per_step"] for r in rows_of(bench_outputs, "optimized")}
     assert model.generator_step_points["cfg"][2] == pytest.approx(gen[(2, True)] / 1e3)
+    assert model.meta["cfg_grad"] == "cond" and model.meta["cfg_split_min_batch"] == 2
     assert model.train_points["cfg"][2] == pytest.approx(
-        next(r["micro_batch_ms"] for r in rows if r["path"] == "optimized" and r["micro_batch_size"] == 2)
+        next(
+            r["micro_batch_ms"]
+            for r in rows
+            if r["path"] == "optimized" and r["micro_batch_size"] == 2 and r["cfg_grad"] == "cond"
+        )
         / 1e3
     )
     assert model.weight_sync_bytes == costs["weight_sync_bytes"] and model.meta["path"] == "optimized"
+
+
+def test_emit_costs_takes_the_train_points_of_one_cfg_grad():
+    emit = _load("emit_costs")
+
+    def row(ms, mbs=1, **extra):
+        return {"path": "optimized", "mode": "lora", "cfg": True, "micro_batch_size": mbs,
+                "micro_batch_ms": ms, "optimizer_step_ms": 1.0, **extra}  # fmt: skip
+
+    report = {"results": [row(10.0, cfg_grad="both"), row(7.0, cfg_grad="cond"), {**row(3.0), "cfg": False}]}
+    assert emit.trainer_points(report, "lora", "optimized", "cond")[0] == {
+        "cfg": {1: 0.007},
+        "no_cfg": {1: 0.003},
+    }
+    assert emit.trainer_points(report, "lora", "optimized", "both")[0]["cfg"] == {1: 0.01}
+    legacy = {"results": [row(10.0)]}  # a benchmark from before cfg_grad: the full gradient
+    assert emit.trainer_points(legacy, "lora", "optimized", "both")[0] == {"cfg": {1: 0.01}}
+    with pytest.raises(ValueError, match="--cfg-grad both"):
+        emit.trainer_points(legacy, "lora", "optimized", "cond")
 
 
 def test_regression_verdicts_read_the_known_bad_table(trainer):

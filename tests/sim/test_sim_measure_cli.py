@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from digenrl.rollout.sampler import CFG_SPLIT_MIN_BATCH
 from digenrl.sim.costs import CostModel
 
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
@@ -38,6 +39,7 @@ def test_profile_cli_writes_a_complete_measured_cost_model(measured, capsys):
     assert set(costs.generator_step_points) == {"cfg", "no_cfg"}
     assert sorted(costs.vae_decode_points) == [1, 2] and sorted(costs.reward_points) == [1, 2]
     assert costs.optimizer_step_s > 0 and costs.helper_switch_s > 0
+    assert costs.meta["cfg_grad"] == "cond" and costs.meta["cfg_split_min_batch"] == CFG_SPLIT_MIN_BATCH
     # tiny-sd3 latents are [4, 8, 8] float32; a trajectory record holds latents and next latents for every
     # trained step, so it is at least 2 * K latents; LoRA is a strict subset of the transformer.
     assert costs.latent_bytes_per_sample == 4 * 8 * 8 * 4
