@@ -21,10 +21,13 @@ SIMULATED_HATCH = "///"
 BUBBLE_COLOR = "#d9d9d9"
 BUBBLE_HATCH = "xx"
 
+#: legend entry of a trainer rank's TAG generation (a ``generate`` span with ``extra.helper``)
+HELPER_GENERATE = "generate (TAG helper)"
+
 # Colours of the phases the runtime writes (digenrl/systems/*.py); others get a stable palette slot.
 PHASE_COLORS = {
     "generate": "#1f77b4",
-    "tag_generate": "#6baed6",
+    "generate (TAG helper)": "#6baed6",
     "decode": "#9ecae1",
     "score": "#ff7f0e",
     "reward": "#ff7f0e",

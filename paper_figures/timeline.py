@@ -34,6 +34,7 @@ from paper_figures.style import (
     BUBBLE_COLOR,
     BUBBLE_HATCH,
     DEFAULT_DPI,
+    HELPER_GENERATE,
     IDLE_COLOR,
     PHASE_COLORS,
     bottom_legend,
@@ -166,6 +167,14 @@ def timeline_rows(
     return rows, t0, t1
 
 
+def legend_phase(span: dict[str, Any]) -> str:
+    """The legend entry of a span: its phase, with a TAG helper's generation (a trainer rank generating,
+    ``extra.helper``) shown apart from the generator pool's."""
+    if span["phase"] == "generate" and (span.get("extra") or {}).get("helper"):
+        return HELPER_GENERATE
+    return str(span["phase"])
+
+
 def plot_timeline(
     run: RunLog | str | Path,
     out_path: str | Path,
@@ -191,7 +200,7 @@ def plot_timeline(
     width = max(t1 - t0, 1e-9)
     # Legend order = order of first appearance (generate, score, train, ... reads like the schedule).
     drawn = sorted((s for row in rows for s in row.spans), key=lambda s: float(s["t_start"]))
-    phases = list(dict.fromkeys(s["phase"] for s in drawn))
+    phases = list(dict.fromkeys(legend_phase(s) for s in drawn))
     colors = color_map([p for p in phases if not is_idle_phase(p)], PHASE_COLORS, palette=_PHASE_PALETTE)
 
     figure = new_figure(figsize or (11.0, max(2.4, 0.55 * len(rows) + 1.6)), dpi)
@@ -205,7 +214,7 @@ def plot_timeline(
         lane_height = 0.84 / row.lane_count
         for span, (start, end), lane in zip(row.spans, row.clipped, row.lanes, strict=True):
             idle = is_idle_phase(span["phase"])
-            color = IDLE_COLOR if idle else colors[span["phase"]]
+            color = IDLE_COLOR if idle else colors[legend_phase(span)]
             bottom = y - 0.42 + lane * lane_height
             axes.broken_barh(
                 [(start - t0, end - start)], (bottom, lane_height),

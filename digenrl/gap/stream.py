@@ -112,11 +112,13 @@ class FragmentStream:
             return self.num_fragments - 1 - self.plane.ticket(f"claims/it{iteration}/tail")
         return self.plane.ticket(f"claims/it{iteration}/head")
 
-    def shards(self, batch: TrajectoryBatch) -> list[TrajectoryBatch]:
-        """One shard per trainer rank, in trainer order (see the module docstring)."""
+    def shards(self, batch: TrajectoryBatch, fragment: int = 0) -> list[TrajectoryBatch]:
+        """One shard per trainer rank, in trainer order (see the module docstring). Unit shards of the
+        fragments of one iteration rotate the larger shares over the ranks (all fragments are equal), so
+        no rank trains more than one unit above another over the iteration."""
         n = len(self.trainer_ranks)
         if self.sharding == "units":
-            return shard_units(batch, n)
+            return shard_units(batch, n, offset=fragment * batch.num_units)
         batch.final_latents = None  # the trainer never reads the clean latent
         return [batch.select(idx) for idx in torch.arange(batch.batch_size).tensor_split(n)]
 
@@ -127,7 +129,7 @@ class FragmentStream:
         fragment keeps its own shard. Returns the sends in flight and the bytes shipped."""
         pending, sent = [], 0
         tags = {**tags, "iteration": iteration, "fragment": fragment}
-        for trainer, shard in zip(self.trainer_ranks, self.shards(batch), strict=True):
+        for trainer, shard in zip(self.trainer_ranks, self.shards(batch, fragment), strict=True):
             key = self.key(iteration, fragment, trainer)
             if trainer == self.plane.rank:
                 self._local[(iteration, fragment)] = (shard, TransferStats(0, 0.0, 0, src=trainer, tags=tags))

@@ -47,33 +47,45 @@ def timestep_major_units(step_indices: torch.Tensor) -> list[tuple[int, int]]:
 
 def balanced_sizes(total: int, parts: int) -> list[int]:
     """``parts`` sizes summing to ``total`` that differ by at most one (larger ones first)."""
+    return shard_sizes(total, parts, 0)
+
+
+def shard_sizes(total: int, parts: int, offset: int) -> list[int]:
+    """``parts`` sizes summing to ``total``, differing by at most one; the larger ones go to the parts
+    from ``offset`` on (cyclically). Passing the units of all earlier fragments as ``offset`` deals an
+    iteration's units evenly: over the whole batch no trainer rank gets more than one unit above another
+    (the simulator cuts shards the same way, :func:`digenrl.sim.schedules.disaggregated.unit_shares`)."""
     if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
         raise ValueError(f"num_shards must be an int >= 1, got {parts!r}")
     if isinstance(total, bool) or not isinstance(total, int) or total < 0:
         raise ValueError(f"total must be an int >= 0, got {total!r}")
     base, extra = divmod(total, parts)
-    return [base + (1 if i < extra else 0) for i in range(parts)]
+    return [base + (1 if (i - offset) % parts < extra else 0) for i in range(parts)]
 
 
-def plan_unit_shards(step_indices: torch.Tensor, num_shards: int) -> list[list[tuple[int, int]]]:
-    """The (b, k) units of each shard: contiguous runs of the timestep-major order, balanced to ±1."""
+def plan_unit_shards(
+    step_indices: torch.Tensor, num_shards: int, offset: int = 0
+) -> list[list[tuple[int, int]]]:
+    """The (b, k) units of each shard: contiguous runs of the timestep-major order, balanced to ±1 (the
+    larger runs from shard ``offset`` on, see :func:`shard_sizes`)."""
     units = timestep_major_units(step_indices)
     shards, start = [], 0
-    for size in balanced_sizes(len(units), num_shards):
+    for size in shard_sizes(len(units), num_shards, offset):
         shards.append(units[start : start + size])
         start += size
     return shards
 
 
 def shard_units(
-    batch: TrajectoryBatch, num_shards: int, *, keep_final_latents: bool = False
+    batch: TrajectoryBatch, num_shards: int, *, offset: int = 0, keep_final_latents: bool = False
 ) -> list[TrajectoryBatch]:
-    """``batch``'s units split over ``num_shards`` trainer ranks (shard r goes to trainer rank r).
+    """``batch``'s units split over ``num_shards`` trainer ranks (shard r goes to trainer rank r; the
+    larger shards from rank ``offset`` on).
 
     Each shard is a K = 1 TrajectoryBatch (possibly empty when the batch has fewer units than shards).
     """
     shards = []
-    for units in plan_unit_shards(batch.step_indices, num_shards):
+    for units in plan_unit_shards(batch.step_indices, num_shards, offset):
         part = batch.select_units([u[0] for u in units], [u[1] for u in units])
         shards.append(part if keep_final_latents else replace(part, final_latents=None))
     return shards

@@ -1,8 +1,11 @@
 """Cost model, discrete-event simulator and planner (docs/design.md §5, "Simulator and planner").
 
-Import-light on purpose (no torch): the planner runs before any model is built, and the TSP runtime
-imports :mod:`digenrl.sim.stage_plan`. Measuring a cost model imports torch lazily
-(:func:`digenrl.sim.costs.measure_costs` → :mod:`digenrl.sim.measure`).
+The simulator shares the runtime's plans — :class:`~digenrl.gap.fragments.FragmentPlan`,
+:class:`~digenrl.tsp.pipeline.TspLayout`, :func:`~digenrl.tsp.stage_plan.plan_stages`, the unit shard
+sizes of :mod:`digenrl.gap.unit_sharding` — so a simulated schedule maps fragments, stages and units
+exactly as a real run does (``tests/sim/test_sim_runtime_contract.py``). No model is built: measuring a
+cost model imports the model code lazily (:func:`digenrl.sim.costs.measure_costs` →
+:mod:`digenrl.sim.measure`).
 """
 
 from digenrl.sim.costs import CostModel, cost_path, load_costs, measure_costs

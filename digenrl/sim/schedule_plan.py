@@ -9,12 +9,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from digenrl.sim.workload import Workload, fragment_sizes
+from digenrl.gap.fragments import ASSIGNMENTS, FragmentPlan
+from digenrl.sim.workload import Workload
 
 SYSTEMS = ("colocated-sync", "colocated-overlap", "separate-sync", "separate-async", "digenrl")
 COLOCATED_SYSTEMS = ("colocated-sync", "colocated-overlap")
 TRANSPORTS = ("rendezvous", "buffered")
-FRAGMENT_ASSIGNMENTS = ("round-robin", "contiguous", "dynamic")
+FRAGMENT_ASSIGNMENTS = ASSIGNMENTS  # the runtime's (digenrl/gap/fragments.py)
 TRAIN_ORDERS = ("index", "arrival")
 
 
@@ -23,8 +24,10 @@ class SchedulePlan:
     """A schedule and its knobs. Fields that do not apply to ``system`` are ignored.
 
     Separate systems: ``trainers`` / ``generators`` pool sizes; ``transport`` of trajectories
-    (``rendezvous``: a send returns when the receiver has taken it, as ``runtime.transfer`` does;
-    ``buffered``: fire-and-forget, :mod:`digenrl.sim.channel`).
+    (``rendezvous``: a send returns when the receiver has taken it, as the separate baselines ship —
+    reap before launch; ``buffered``: the sender goes on, as digenrl's ``FragmentStream`` and TSP
+    hand-offs do, :mod:`digenrl.sim.channel`). None = what the runtime does for ``system``
+    (:attr:`transport_mode`).
     ``colocated-*``: ``residency`` (park the optimizer state during generation, onload it before the
     optimizer step; reward weights around scoring), ``overlap_sub_batches`` (``colocated-overlap``: each
     rank's share is generated in this many sub-batches, scoring of one overlapping generation of the
@@ -33,10 +36,10 @@ class SchedulePlan:
     batch may lag before eviction), ``weight_sync_interval`` (optimizer steps between syncs),
     ``reap_before_launch``.
     ``digenrl``: ``gap`` (stream fragments to the trainer), ``fragment_groups`` (F prompt groups per
-    fragment), ``fragment_assignment`` (``round-robin`` / ``contiguous``: fragment → pipeline as
-    ``digenrl.gap.fragments.FragmentPlan``; ``dynamic``: a shared ticket queue, first free pipeline takes
-    the next fragment), ``train_order`` (``index``: trainers receive fragments in index order, as
-    ``digenrl/systems/digenrl_system.py``; ``arrival``: whichever is ready first), ``tsp_stages`` (S stages
+    fragment), ``fragment_assignment`` (``digenrl.gap.fragments.FragmentPlan``: ``dynamic``, the runtime
+    default — a shared ticket queue, the first free pipeline takes the next fragment; ``round-robin`` —
+    fragment f → pipeline f mod D), ``train_order`` (``index``: trainers train fragments in index order,
+    the runtime default; ``arrival``: whichever is ready first), ``tsp_stages`` (S stages
     per generator pipeline; D = generators / S pipelines), ``tag``
     with ``tag_budget`` (fragments each trainer rank may generate per iteration; None = pick the budget
     with the best predicted throughput, 0 included, so TAG is only inserted where it shortens the
@@ -51,9 +54,9 @@ class SchedulePlan:
     max_staleness: int = 1
     weight_sync_interval: int = 1
     reap_before_launch: bool = True
-    transport: str = "rendezvous"
+    transport: str | None = None
     gap: bool = True
-    fragment_assignment: str = "round-robin"
+    fragment_assignment: str = "dynamic"
     train_order: str = "index"
     fragment_groups: int = 1
     tsp_stages: int = 1
@@ -76,8 +79,12 @@ class SchedulePlan:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"SchedulePlan.{name} must be an int >= 0, got {value!r}")
+        if self.transport is not None and self.transport not in TRANSPORTS:
+            raise ValueError(
+                f"SchedulePlan.transport={self.transport!r} is not allowed; choose one of: "
+                + ", ".join(TRANSPORTS)
+            )
         for name, allowed in (
-            ("transport", TRANSPORTS),
             ("fragment_assignment", FRAGMENT_ASSIGNMENTS),
             ("train_order", TRAIN_ORDERS),
         ):
@@ -88,6 +95,13 @@ class SchedulePlan:
                 )
         if self.tag_budget is not None and self.tag_budget < 0:
             raise ValueError(f"SchedulePlan.tag_budget must be >= 0 or None, got {self.tag_budget}")
+
+    @property
+    def transport_mode(self) -> str:
+        """The trajectory transport: as given, or the runtime's for this system."""
+        if self.transport is not None:
+            return self.transport
+        return "buffered" if self.system == "digenrl" else "rendezvous"
 
     @property
     def colocated(self) -> bool:
@@ -126,13 +140,20 @@ class SchedulePlan:
                     f"tsp_stages ({self.tsp_stages}) must be <= num_steps ({workload.num_steps}): "
                     "every stage owns at least one step"
                 )
+            self.fragment_plan(workload)  # whole groups per fragment, equal fragments (ValueError)
 
     @property
     def pipelines(self) -> int:
         return self.generators // self.tsp_stages
 
+    def fragment_plan(self, workload: Workload) -> FragmentPlan:
+        """The runtime's fragment plan for this schedule (the simulator and the runtime share it)."""
+        return FragmentPlan(
+            workload.prompts_per_iteration, self.fragment_groups, self.pipelines, self.fragment_assignment
+        )
+
     def num_fragments(self, workload: Workload) -> int:
-        return len(fragment_sizes(workload.prompts_per_iteration, self.fragment_groups))
+        return self.fragment_plan(workload).num_fragments
 
     def with_(self, **changes: Any) -> SchedulePlan:
         return replace(self, **changes)
@@ -162,6 +183,6 @@ class SchedulePlan:
                 f"digenrl ({pools}, D={self.pipelines} x S={self.tsp_stages}, F={self.fragment_groups} "
                 f"groups/fragment, GAP={'on' if self.gap else 'off'}, TAG={tag}, "
                 f"TCSS={'on' if self.tcss else 'off'}; {self.fragment_assignment}, "
-                f"{self.train_order} order, {self.transport})"
+                f"{self.train_order} order, {self.transport_mode})"
             )
-        return f"{self.system} ({pools}, {self.transport})"
+        return f"{self.system} ({pools}, {self.transport_mode})"

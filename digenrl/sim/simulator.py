@@ -205,7 +205,7 @@ def _busy(log: SpanLog, start: float, end: float) -> tuple[dict[str, float], flo
 
 
 def compute_seconds(
-    spans: list[dict[str, Any]], phases: tuple[str, ...] = ("generate", "tag_generate", "score", "train")
+    spans: list[dict[str, Any]], phases: tuple[str, ...] = ("generate", "score", "train")
 ) -> float:
     """Summed duration of the given compute phases over all ranks: the work a schedule performed,
     independent of when (the conservation check between schedules of one workload)."""

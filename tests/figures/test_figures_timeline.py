@@ -125,7 +125,9 @@ def _write_disaggregated_log(out_dir):
             loggers[2].record_span(
                 "train", base + f + 1, base + f + 1.8, iteration=k, fragment=f, policy_version=k
             )
-        loggers[2].record_span("tag_generate", base, base + 0.9, iteration=k, fragment=3, policy_version=k)
+        loggers[2].record_span(
+            "generate", base, base + 0.9, iteration=k, fragment=3, policy_version=k, extra={"helper": True}
+        )
         for g in (0, 1):
             loggers[g].record_span("wait_weights", base + 3.0, base + 4.0, iteration=k)
     for logger in loggers:

@@ -128,7 +128,7 @@ def test_tcss_keeps_every_trajectory_at_most_one_version_stale():
         )
         for tcss in (False, True):
             result = simulate(H200_8, costs, w, plan.with_(tcss=tcss))
-            generated = [s for s in result.spans if s["phase"] in ("generate", "tag_generate")]
+            generated = [s for s in result.spans if s["phase"] == "generate"]
             lags = {s["iteration"] - s["policy_version"] for s in generated}
             assert lags == ({0, 1} if tcss else {0})
             versions = defaultdict(set)
@@ -144,6 +144,9 @@ def test_tcss_keeps_every_trajectory_at_most_one_version_stale():
         )
 
 
+_HELPER_PHASES = ("score", "tag_switch", "optimizer", "sync")
+
+
 def _trainer_head_idle(result) -> float:
     """Trainer-pool seconds without work between step k−1's end and k's first training span."""
     total = 0.0
@@ -156,7 +159,7 @@ def _trainer_head_idle(result) -> float:
             busy = sum(
                 min(s["t_end"], first_train) - max(s["t_start"], head_start)
                 for s in spans
-                if s["phase"] in ("tag_generate", "score", "tag_switch", "optimizer", "sync")
+                if ((s["phase"] == "generate" and s["extra"].get("helper")) or s["phase"] in _HELPER_PHASES)
                 and s["t_end"] > head_start
                 and s["t_start"] < first_train
             )
@@ -174,7 +177,7 @@ def test_tag_fills_the_trainer_head_bubble_and_never_lowers_throughput():
     assert on.plan.tag_budget is not None and on.plan.tag_budget > 0
     assert on.samples_per_s > off.samples_per_s
     assert _trainer_head_idle(on) < _trainer_head_idle(off)
-    helpers = [s for s in on.spans if s["phase"] == "tag_generate"]
+    helpers = [s for s in on.spans if s["phase"] == "generate" and s["extra"].get("helper")]
     assert all(on.log.roles[s["rank"]] == "trainer" for s in helpers)
     assert helpers and all(s["policy_version"] == s["iteration"] for s in helpers)  # bound to θ_k
     # when training is the bottleneck the budget search inserts no TAG at all

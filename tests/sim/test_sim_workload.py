@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from digenrl.config import load_config
-from digenrl.sim.schedules.disaggregated import assign_fragments, unit_shares
+from digenrl.sim.schedules.disaggregated import unit_shares
 from digenrl.sim.workload import Workload, fragment_sizes, split_evenly
 from tests.sim.toy_costs import toy_costs
 
@@ -36,10 +36,6 @@ def test_splits_and_fragments_cover_everything_once():
         prompts, groups = rng.randint(1, 30), rng.randint(1, 8)
         sizes = fragment_sizes(prompts, groups)
         assert sum(sizes) == prompts and all(0 < s <= groups for s in sizes)
-        pipelines = rng.randint(1, 5)
-        for assignment in ("round-robin", "contiguous", "dynamic"):
-            order = assign_fragments(len(sizes), pipelines, assignment)
-            assert sorted(f for queue in order for f in queue) == list(range(len(sizes)))
         w = Workload(prompts_per_iteration=prompts, group_size=2, num_steps=4, train_steps=3, cfg=False)
         trainers = rng.randint(1, 5)
         per_rank = [sum(col) for col in zip(*unit_shares(sizes, w, trainers), strict=True)]

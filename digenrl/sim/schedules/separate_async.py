@@ -58,7 +58,7 @@ class _AsyncRun:
         self.plan = plan
         self.trainers = plan.trainer_ranks(world)
         self.generators = plan.generator_ranks(world)
-        self.rendezvous = plan.transport == "rendezvous"
+        self.rendezvous = plan.transport_mode == "rendezvous"
         self.weights = GeneratorWeights(cluster, self.trainers[0], self.generators)
         ranks = (*self.generators, *self.trainers)
         self.commands = {r: Mailbox(cluster.sim, f"rank {r} commands") for r in ranks}

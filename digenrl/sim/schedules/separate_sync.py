@@ -25,7 +25,7 @@ def run_separate_sync(cluster: SimCluster, plan: SchedulePlan) -> None:
     world = cluster.profile.world_size
     trainers, generators = plan.trainer_ranks(world), plan.generator_ranks(world)
     weights = GeneratorWeights(cluster, trainers[0], generators)
-    rendezvous = plan.transport == "rendezvous"
+    rendezvous = plan.transport_mode == "rendezvous"
     groups = split_evenly(cluster.workload.prompts_per_iteration, len(generators))
     for rank, share in zip(generators, groups, strict=True):
         cluster.spawn(_generator(cluster, rank, share, trainers, weights, rendezvous), f"generator {rank}")

@@ -1,0 +1,105 @@
+"""The simulator and the runtime share one contract: the same schedule names, the same fragment plan and
+fragment → pipeline mapping, the same rank placement and stage boundaries, the same unit shards."""
+
+from __future__ import annotations
+
+import random
+
+from digenrl.gap.fragments import FragmentPlan
+from digenrl.gap.unit_sharding import shard_units
+from digenrl.runtime.profiles import load_profile
+from digenrl.sim import SYSTEMS, SchedulePlan, Workload, simulate
+from digenrl.sim.cluster import SimCluster
+from digenrl.sim.device_costs import DeviceCosts
+from digenrl.sim.schedules.disaggregated import stage_plan_for, unit_shares
+from digenrl.systems import available_systems
+from digenrl.tsp.pipeline import TspLayout, plan_tsp
+from tests.gap.test_gap_unit_sharding import _synthetic
+from tests.sim.toy_costs import toy_costs
+
+H200_8 = load_profile("h200-8")
+
+
+def test_schedule_names_match():
+    assert sorted(SYSTEMS) == available_systems()
+
+
+def test_both_map_fragments_to_the_same_pipelines_and_stages():
+    rng = random.Random()
+    for _ in range(8):
+        stages = rng.choice([1, 2])
+        pipelines = rng.randint(1, 3)
+        trainers = rng.randint(1, 8 - stages * pipelines)
+        generators = stages * pipelines
+        groups, fragments = rng.randint(1, 2), rng.randint(1, 6)
+        w = Workload(
+            prompts_per_iteration=groups * fragments,
+            group_size=2,
+            num_steps=4,
+            train_steps=3,
+            cfg=False,
+            iterations=3,
+        )
+        plan = SchedulePlan(
+            "digenrl",
+            trainers=trainers,
+            generators=generators,
+            fragment_groups=groups,
+            tsp_stages=stages,
+            fragment_assignment="round-robin",
+        )
+        result = simulate(H200_8, toy_costs(step=rng.uniform(0.01, 0.1)), w, plan)
+        runtime_plan = FragmentPlan(w.prompts_per_iteration, groups, pipelines, "round-robin")
+        layout = TspLayout(tuple(range(trainers, trainers + generators)), stages)
+        assert plan.fragment_plan(w) == runtime_plan
+        for span in result.spans:
+            if span["phase"] != "generate":
+                continue
+            pipeline = runtime_plan.pipeline_of(span["fragment"])
+            assert span["rank"] == layout.rank_of(pipeline, span["extra"]["stage"]), span
+
+
+def test_both_balance_stages_alike_and_cut_the_same_unit_shards():
+    rng = random.Random()
+    for _ in range(10):
+        steps, stages = rng.randint(2, 9), rng.randint(1, 3)
+        stages = min(stages, steps)
+        costs = toy_costs(step=rng.uniform(0.01, 0.2), decode=rng.uniform(0, 0.3))
+        w = Workload(prompts_per_iteration=4, group_size=2, num_steps=steps, train_steps=1, cfg=False)
+        cluster = SimCluster(H200_8, DeviceCosts(H200_8, costs), w, dict.fromkeys(range(8), "generator"))
+        ranks = tuple(range(stages))
+        sim_plan = stage_plan_for(cluster, ranks, 2)
+        runtime = plan_tsp(
+            TspLayout(ranks, stages),
+            steps,
+            w.step_s(costs, 2),
+            last_stage_extra_s=costs.score_s(2),
+            profile=H200_8,  # relative speed 1: the reference device
+        )
+        assert runtime.plan_of(0).boundaries == sim_plan.boundaries
+    for _ in range(10):
+        fragments, groups, k, trainers = (
+            rng.randint(1, 5),
+            rng.randint(1, 3),
+            rng.randint(1, 4),
+            rng.randint(1, 7),
+        )
+        w = Workload(
+            prompts_per_iteration=fragments * groups, group_size=2, num_steps=8, train_steps=k, cfg=False
+        )
+        expected = unit_shares([groups] * fragments, w, trainers)
+        for f in range(fragments):
+            batch = _synthetic(groups * 2, k, 8, shared_steps=True)
+            shards = shard_units(batch, trainers, offset=f * batch.num_units)
+            assert [s.batch_size for s in shards] == expected[f]
+        per_rank = [sum(col) for col in zip(*expected, strict=True)]
+        assert max(per_rank) - min(per_rank) <= 1
+
+
+def test_a_helper_fragment_is_a_generate_span_marked_helper_in_both():
+    w = Workload(prompts_per_iteration=8, group_size=2, num_steps=6, train_steps=4, cfg=False, iterations=4)
+    plan = SchedulePlan("digenrl", trainers=2, generators=2, tag=True, tag_budget=1)
+    result = simulate(H200_8, toy_costs(step=0.1, unit=0.01), w, plan)
+    helpers = [s for s in result.spans if s["phase"] == "generate" and s["extra"].get("helper")]
+    assert helpers and {result.log.roles[s["rank"]] for s in helpers} == {"trainer"}
+    assert {s["phase"] for s in result.spans} >= {"generate", "score", "train", "optimizer", "tag_switch"}
