@@ -205,13 +205,17 @@ def _requirement_problem(backend: str) -> str | None:
     return None
 
 
+#: ``select_attention_backend(cudnn_version=INSTALLED_CUDNN)``: read the installed cuDNN (None: no cuDNN)
+INSTALLED_CUDNN = -1
+
+
 def select_attention_backend(
     requested: str,
     *,
     needs_backward: bool,
     device: torch.device | str,
     torch_version: str | None = None,
-    cudnn_version: int | None = None,
+    cudnn_version: int | None = INSTALLED_CUDNN,
     known_bad: tuple[KnownBadAttention, ...] = KNOWN_BAD_ATTENTION,
 ) -> AttentionChoice:
     """The diffusers attention backend to use instead of ``requested`` (``model.attention_backend``).
@@ -221,7 +225,8 @@ def select_attention_backend(
     versions. When the final backend dispatches through torch SDPA and a row says cuDNN SDPA fails here,
     ``torch.backends.cuda.enable_cudnn_sdp(False)`` is called (a process-wide switch, so a colocated rank's
     generation also loses the cuDNN forward kernel). ``torch_version`` / ``cudnn_version`` default to the
-    installed ones (tests pass others). Raises ValueError for a name diffusers does not know.
+    installed ones (tests pass others; ``cudnn_version=None`` means "no cuDNN", not "the installed one").
+    Raises ValueError for a name diffusers does not know.
     """
     allowed = available_attention_backends()
     if requested not in allowed:
@@ -232,7 +237,7 @@ def select_attention_backend(
     device_type = torch.device(device).type
     torch_text = torch_version or torch.__version__
     torch_v = parse_torch_version(torch_text)
-    cudnn_number = cudnn_version if cudnn_version is not None else _installed_cudnn()
+    cudnn_number = _installed_cudnn() if cudnn_version == INSTALLED_CUDNN else cudnn_version
     cudnn_v = parse_cudnn_version(cudnn_number)
     reasons: list[str] = []
     backend = requested

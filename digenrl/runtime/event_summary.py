@@ -89,18 +89,24 @@ def summarize_records(records: Iterable[Mapping[str, Any]]) -> dict[int, dict[st
 
 
 def steady_window(out_dir: str | Path, first_iteration: int) -> dict[str, float]:
-    """Busy device-seconds over one window: from the first span of ``first_iteration`` (or later) to the
-    last span of the run. Per-iteration windows overlap when generation runs ahead (TCSS, the async
-    baseline), so a run-level bound must use one window: ``bubble_free_bound_s`` = busy / ranks, and
-    busy / (ranks · window) is the run's mean busy fraction (= achieved / bubble-free throughput)."""
+    """Busy device-seconds over the steady window of a run: from the end of iteration
+    ``first_iteration − 1`` (its last ``optimizer`` span: an iteration ends when its update is committed)
+    to the end of the run's last iteration. Per-iteration windows overlap when generation runs ahead
+    (TCSS, the async baseline), so a run-level number needs one window: ``bubble_free_bound_s`` = busy /
+    ranks, busy / (ranks · window) is the mean busy fraction, and achieved / bubble-free throughput
+    equals it."""
     records = load_events(out_dir)
     ranks = {int(r["rank"]) for r in records}
     spans = [r for r in records if r["type"] == "span" and r.get("iteration") is not None]
-    steady = [s for s in spans if int(s["iteration"]) >= first_iteration]
-    if not steady or not ranks:
+    ends: dict[int, float] = defaultdict(float)
+    for span in spans:
+        if span["phase"] == "optimizer":
+            ends[int(span["iteration"])] = max(ends[int(span["iteration"])], float(span["t_end"]))
+    later = [s for s in spans if int(s["iteration"]) >= first_iteration]
+    if not later or not ranks:
         return {"window_s": 0.0, "busy_gpu_s": 0.0, "ranks": float(len(ranks)), "bubble_free_bound_s": 0.0}
-    start = min(float(s["t_start"]) for s in steady)
-    end = max(float(s["t_end"]) for s in steady)
+    start = ends.get(first_iteration - 1) or min(float(s["t_start"]) for s in later)
+    end = max(ends.values()) if ends else max(float(s["t_end"]) for s in later)
     work: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for span in records:
         if span["type"] == "span" and is_work_phase(span["phase"]):

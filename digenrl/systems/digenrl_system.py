@@ -44,6 +44,7 @@ import torch
 from digenrl.async_policy.tcss import StalenessBound, StalenessStats
 from digenrl.config import Config, ConfigError
 from digenrl.gap.fragments import FragmentPlan
+from digenrl.gap.unit_packer import UnitPacker
 from digenrl.rollout.trajectory import TrajectoryBatch
 from digenrl.runtime.fault_injection import inject_delay
 from digenrl.runtime.profiles import load_profile
@@ -300,6 +301,19 @@ class DigenRL(SeparateSystem):
         stats, staleness, received = TrainStats(), StalenessStats(), []
         pending = list(range(self.stream.num_fragments))
         helped, train_s, t0 = 0, 0.0, time.perf_counter()
+
+        def train(units: TrajectoryBatch) -> None:
+            nonlocal train_s
+            inject_delay(self.ctx.rank, "train")  # robustness tests only: a deliberately slow trainer
+            start = time.perf_counter()
+            with events.span("train", iteration=iteration, policy_version=version, samples=units.batch_size):
+                train_on(self.parts.trainer, units, total_units, stats)
+            train_s += time.perf_counter() - start
+
+        # micro-batches span fragments (not under lockstep backends, whose accumulate is a collective)
+        packer = UnitPacker(
+            train, cfg.trainer.micro_batch_size, enabled=not self.parts.trainer.backend.lockstep
+        )
         switches = (self.helper.switches, self.helper.switch_s) if self.helper is not None else (0, 0.0)
         while pending:
             f = self.next_to_train(iteration, pending)
@@ -321,16 +335,19 @@ class DigenRL(SeparateSystem):
             pending.remove(f)
             received.append((f, shard))
             if cfg.gap.enabled:  # GAP: this fragment's gradient now, while generators make the next
-                train_s += self.train_fragment(shard, total_units, stats, iteration, f, version)
+                packer.add(shard)
         if self.helper is not None:
             self.helper.leave(iteration, version)
         if not cfg.gap.enabled:
-            for f, shard in received:
-                train_s += self.train_fragment(shard, total_units, stats, iteration, f, version)
+            for _, shard in received:
+                packer.add(shard)
+        packer.flush()
         step_stats = self.optimizer_step(iteration, version)
+        trained_s = train_s
         for _ in range(cfg.algo.num_updates_per_batch - 1):  # flow_grpo's inner epochs over the batch
-            for f, shard in received:
-                self.train_fragment(shard, total_units, stats, iteration, f, version)
+            for _, shard in received:
+                packer.add(shard)
+            packer.flush()
             step_stats = self.optimizer_step(iteration, version)
         t1 = time.perf_counter()
         self.shipping = self.drain(
@@ -340,7 +357,7 @@ class DigenRL(SeparateSystem):
             sync = self.push_weights(self.version.advance())
         if self.tag_policy is not None:
             self.tag_policy.observed.sync_bytes = sync.bytes
-            self.tag_policy.observed.train_s += train_s
+            self.tag_policy.observed.train_s += trained_s
             self.tag_policy.observed.train_units += sum(s.batch_size for _, s in received)
         batch = TrajectoryBatch.cat([shard for _, shard in received])
         # Every sample contributes the same number of units, so unit-weighted reward moments are the
@@ -375,23 +392,6 @@ class DigenRL(SeparateSystem):
         if self.helper is None or decision is None:
             return False
         return decision.budget is None or helped < decision.budget
-
-    def train_fragment(
-        self,
-        shard: TrajectoryBatch,
-        total_units: int,
-        stats: TrainStats,
-        iteration: int,
-        f: int,
-        version: int,
-    ) -> float:
-        inject_delay(self.ctx.rank, "train")  # robustness tests only: a deliberately slow trainer
-        start = time.perf_counter()
-        with self.parts.events.span(
-            "train", iteration=iteration, fragment=f, policy_version=version, samples=shard.batch_size
-        ):
-            train_on(self.parts.trainer, shard, total_units, stats)
-        return time.perf_counter() - start
 
     def optimizer_step(self, iteration: int, version: int) -> dict[str, float]:
         start = time.perf_counter()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 
+from digenrl.async_policy.tcss import StalenessStats
 from digenrl.rollout.scoring import ScoreResult
 from digenrl.rollout.trajectory import TrajectoryBatch
 from digenrl.systems.base import IterationReport
@@ -76,6 +77,8 @@ class SeparateSync(SeparateSystem):
         with events.span("wait_transfer", iteration=iteration, policy_version=version):
             batch = self.receive_all(iteration)
         staleness = self.check_staleness(batch, version)
+        stale = StalenessStats()
+        stale.add(batch.batch_size, staleness)  # one generation, one version (separate-async: maybe stale)
         t1 = time.perf_counter()
         stats, step_stats = train_logical_batch(
             self.parts.trainer,
@@ -100,6 +103,7 @@ class SeparateSync(SeparateSystem):
                 "sync_bytes": float(sync.bytes),
                 "sync_s": sync.seconds,
                 "staleness": staleness,
+                **stale.metrics(),
             },
             phase_s={"wait_rollout": t1 - t0, "train": t2 - t1, "sync": time.perf_counter() - t2},
         )

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from digenrl.gap.fragments import FragmentPlan
+from digenrl.gap.unit_packer import UnitPacker
 from digenrl.gap.unit_sharding import plan_unit_shards, shard_units
 from digenrl.models.text_condition import TextCondition
 from digenrl.rollout.trajectory import TrajectoryBatch
@@ -158,10 +159,24 @@ def test_sharded_fragment_gradients_sum_to_the_whole_batch_gradient(
 
     trainer.cfg.trainer.micro_batch_size = micro_batch_size
     units = loss = kl = 0.0
-    for fragment in _fragments(batch, fragment_groups):
-        for shard in shard_units(fragment, num_shards):
-            stats = trainer.accumulate(shard, weight)
-            units, loss, kl = units + stats["units"], loss + stats["loss_sum"], kl + stats["kl_sum"]
+    calls = []
+
+    def train(shard: TrajectoryBatch) -> None:
+        nonlocal units, loss, kl
+        stats = trainer.accumulate(shard, weight)
+        units, loss, kl = units + stats["units"], loss + stats["loss_sum"], kl + stats["kl_sum"]
+        calls.append(shard.batch_size)
+
+    # every rank's shards of every fragment, in whole micro-batches across fragment boundaries (UnitPacker)
+    for rank in range(num_shards):
+        packer = UnitPacker(train, micro_batch_size, enabled=True)
+        for f, fragment in enumerate(_fragments(batch, fragment_groups)):
+            packer.add(shard_units(fragment, num_shards, offset=f * fragment.num_units)[rank])
+        before_flush = len(calls)
+        packer.flush()
+        # whole micro-batches until the iteration's end; only the flush may be partial
+        assert all(size % micro_batch_size == 0 for size in calls[:before_flush])
+        del calls[:]
     sharded = grads_by_name(trainer)
     trainer.zero_grad()
 

@@ -21,7 +21,8 @@ def bench():
 
 def test_bench_writes_json_with_flops_linear_in_batch(bench, tmp_path, capsys):
     out = tmp_path / "bench.json"
-    assert bench.main(["--batch-sizes", "1,2", "--iters", "1", "--warmup", "0", "--out", str(out)]) == 0
+    args = ["--batch-sizes", "1,2", "--iters", "1", "--warmup", "0", "--device", "cpu", "--out", str(out)]
+    assert bench.main(args) == 0  # --device cpu: on a GPU machine "auto" would pick CUDA
     report = json.loads(out.read_text())
     assert report["model"] == "tiny-sd3" and report["device"] == "cpu"
     rows = {(r["batch_size"], r["cfg"]): r for r in report["results"]}
