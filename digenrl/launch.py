@@ -82,9 +82,12 @@ def main(argv: list[str]) -> int:
         return 0
 
     from digenrl.runtime.distributed import init_distributed, shutdown_distributed
+    from digenrl.runtime.profiles import load_profile
     from digenrl.systems import get_system
 
-    ctx = init_distributed(cfg.runtime.backend, timeout_s=cfg.runtime.timeout_s)
+    # the hardware profile says what the devices are: a CPU profile runs gloo on CPUs even where CUDA exists
+    backend = cfg.runtime.backend or load_profile(cfg.profile).backend
+    ctx = init_distributed(backend, timeout_s=cfg.runtime.timeout_s)
     try:
         _require_shared_out_dir(cfg.out_dir, ctx, cfg.runtime.timeout_s)
         system = get_system(cfg.system)(cfg, ctx)

@@ -62,7 +62,8 @@ def init_distributed(backend: str | None = None, timeout_s: float = 300.0) -> Di
     """Initialise the default process group from torchrun's environment, or return a single-process context.
 
     Args:
-        backend: "gloo" or "nccl"; None picks nccl when CUDA is available, gloo otherwise.
+        backend: "gloo" or "nccl"; None picks nccl when CUDA is available, gloo otherwise. gloo means CPU
+            devices (the CPU hardware profiles), also in a single process on a machine with GPUs.
         timeout_s: the process group's collective timeout (also the store's).
 
     If a default process group already exists (e.g. a test initialised one on a ``FileStore``), it is
@@ -81,7 +82,9 @@ def init_distributed(backend: str | None = None, timeout_s: float = 300.0) -> Di
 
     present = [name for name in TORCHRUN_ENV_VARS if name in os.environ]
     if not present:
-        device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+        # gloo asked for (a CPU hardware profile): the CPU, even where CUDA exists
+        on_gpu = torch.cuda.is_available() and backend != "gloo"
+        device = torch.device("cuda", 0) if on_gpu else torch.device("cpu")
         if device.type == "cuda":
             torch.cuda.set_device(device)
         return DistContext(0, 1, 0, device, backend or "none", is_distributed=False)
