@@ -47,6 +47,7 @@ from digenrl.gap.fragments import FragmentPlan
 from digenrl.gap.unit_packer import UnitPacker
 from digenrl.rollout.trajectory import TrajectoryBatch
 from digenrl.runtime.fault_injection import inject_delay
+from digenrl.runtime.memory import free_device_bytes
 from digenrl.runtime.profiles import load_profile
 from digenrl.systems.base import IterationReport
 from digenrl.systems.components import RankComponents
@@ -59,9 +60,9 @@ from digenrl.systems.phases import (
     units_per_sample,
 )
 from digenrl.systems.separate import SeparateSystem, generator_report, separate_layout
-from digenrl.tag.helper import TagHelper, tag_supported
+from digenrl.tag.helper import TagHelper, gathered_weights_fit, tag_supported
 from digenrl.tag.policy import TagDecision, TagPolicy
-from digenrl.trainer.parallel import resolve_backend
+from digenrl.trainer.parallel import ParallelBackend, resolve_backend
 from digenrl.tsp.pipeline import TspLayout, check_boundaries, plan_tsp
 from digenrl.tsp.stage_worker import EndOfIteration, InFlight, StageWorker
 
@@ -150,10 +151,12 @@ class DigenRL(SeparateSystem):
                 self.stream,
                 self.stream.plan,
                 parts.events,
-                trainable=parts.trainer.backend.trainable_parameters(),
+                backend=parts.trainer.backend,
                 park_grads=cfg.tag.park_grads,
                 device=ctx.device,
             )
+            self.check_tag_memory(parts.trainer.backend)
+        if self.helper is not None:
             self.tag_policy = TagPolicy(
                 cfg,
                 profile,
@@ -176,6 +179,22 @@ class DigenRL(SeparateSystem):
             log.info("%s", self.stream.plan.describe(cfg.algo.group_size))
             log.info("%s", self.tsp_plan.describe())
         return parts
+
+    def check_tag_memory(self, backend: ParallelBackend) -> None:
+        """Sharded trainers gather the full weights to generate: every trainer rank must hold them, or
+        ``tag.policy=always`` is rejected and ``auto`` turns TAG off (the same on every trainer rank)."""
+        if not backend.joint_generation:
+            return
+        problem = gathered_weights_fit(backend.full_parameter_bytes(), free_device_bytes(self.ctx.device))
+        short = global_sum(problem is not None, self.groups.trainer_group)
+        if not short:
+            return
+        reason = problem or f"{short:g} trainer rank(s) cannot hold the gathered weights"
+        if self.cfg.tag.policy == "always":
+            raise ConfigError(f"tag.policy=always: {reason}; use tag.policy=auto or tag=false")
+        if self.ctx.rank == self.trainer_ranks[0]:
+            log.warning("TAG off (tag.policy=auto): %s", reason)
+        self.helper = None
 
     def describe_mechanisms(self) -> str:
         """GAP, TSP, TAG and TCSS as this run uses them (rank 0, a trainer, prints it)."""
@@ -315,14 +334,23 @@ class DigenRL(SeparateSystem):
             train, cfg.trainer.micro_batch_size, enabled=not self.parts.trainer.backend.lockstep
         )
         switches = (self.helper.switches, self.helper.switch_s) if self.helper is not None else (0, 0.0)
+        if self.helper is not None and self.helper.joint and decision.budget != 0:
+            # sharded weights: all trainer ranks gather them together, here at the head (the bubble)
+            helped = self.helper.head_round(
+                iteration,
+                version,
+                prompts,
+                decision.budget,
+                next_ready=lambda: self.stream.ready(iteration, pending[0]),
+                finish=self.finish_helper_fragment,
+            )
         while pending:
             f = self.next_to_train(iteration, pending)
             if not self.stream.ready(iteration, f) and self.may_help(decision, helped):
                 # nothing to train yet: a ready training unit would have won
                 made = self.helper.try_help(iteration, version, prompts)
                 if made is not None:
-                    self.finish_fragment(made)
-                    self.tag_policy.observed.helper_steps_s.append(made.tags["steps_s"])
+                    self.finish_helper_fragment(made)
                     helped += 1
                     continue
             if self.helper is not None:
@@ -389,9 +417,15 @@ class DigenRL(SeparateSystem):
         return pending[0]
 
     def may_help(self, decision: TagDecision | None, helped: int) -> bool:
-        if self.helper is None or decision is None:
+        """A helper on replicated weights helps whenever idle, within the iteration's budget (a joint
+        helper only at the head, :meth:`TagHelper.head_round`)."""
+        if self.helper is None or decision is None or self.helper.joint:
             return False
         return decision.budget is None or helped < decision.budget
+
+    def finish_helper_fragment(self, fragment: InFlight) -> None:
+        self.finish_fragment(fragment)
+        self.tag_policy.observed.helper_steps_s.append(fragment.tags["steps_s"])
 
     def optimizer_step(self, iteration: int, version: int) -> dict[str, float]:
         start = time.perf_counter()
