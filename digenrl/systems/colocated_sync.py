@@ -18,15 +18,24 @@ import torch
 from digenrl.config import Config, ConfigError
 from digenrl.rollout.scoring import ScoreResult
 from digenrl.rollout.trajectory import TrajectoryBatch
+from digenrl.runtime.events import EventLogger
 from digenrl.runtime.residency import (
     ResidencyPlanner,
     ResidencyPolicy,
+    TransitionRecord,
     module_transitions,
     optimizer_transitions,
 )
 from digenrl.systems.base import IterationReport, System
 from digenrl.systems.components import RankComponents, build_rank_components
 from digenrl.systems.phases import assign_advantages, global_sum, reward_summary, train_logical_batch
+
+
+def residency_span(events: EventLogger, record: TransitionRecord, iteration: int | None) -> None:
+    """A transition that just returned, as a ``residency`` span (it ended now, lasted its seconds)."""
+    end = events.now()
+    extra = {"role": record.role, "kind": record.kind, "bytes": record.bytes}
+    events.record_span("residency", end - record.seconds, end, iteration=iteration, extra=extra)
 
 
 class ColocatedSync(System):
@@ -81,6 +90,7 @@ class ColocatedSync(System):
             transitions=transitions,
             initial={role: True for role in transitions},
             log=lambda message: events.note(message, kind="residency"),
+            on_transition=lambda record: residency_span(events, record, self.iteration),
         )
 
     def my_prompt_ids(self, iteration: int) -> tuple[list[str], list[int]]:
@@ -103,7 +113,10 @@ class ColocatedSync(System):
             score = self.parts.scorer(batch)
         return batch, score
 
+    iteration: int | None = None  # the iteration running now (tags the residency spans)
+
     def run_iteration(self, iteration: int) -> IterationReport:
+        self.iteration = iteration
         version = self.version.current
         t0 = time.perf_counter()
         batch, score = self.rollout(iteration, version)
