@@ -126,7 +126,9 @@ class PoolConfig:
 
     trainers: int = 0
     generators: int = 0
-    scorers: int = 0  # ranks that only run a heavy reward model (needs a reward with weights)
+    # ranks that only decode and run the reward model (a reward with weights), fed by the generators'
+    # last stage (digenrl/rollout/remote_scoring.py); separate-sync, separate-async and digenrl
+    scorers: int = 0
 
 
 @dataclass

@@ -36,8 +36,13 @@ def build_model_bundle(
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
     text_cache_capacity: int | None = 4096,
+    generation_device: str | torch.device | None = None,
 ) -> ModelBundle:
-    """Build zoo entry `name` with random weights, or load every component from a local directory."""
+    """Build zoo entry `name` with random weights, or load every component from a local directory.
+
+    ``generation_device``: where the transformer and the text encoder go (default ``device``); ``"meta"``
+    gives a rank that only decodes and scores their shapes without their memory."""
+    generation_device = device if generation_device is None else generation_device
     spec = get_model_spec(name)
     if pretrained_path is not None:
         if not os.path.isdir(pretrained_path):
@@ -48,11 +53,14 @@ def build_model_bundle(
                 saved = json.load(f).get("name")
             if saved != name:
                 raise ValueError(f"pretrained_path holds model {saved!r}, but model.name is {name!r}")
-    flow_model = build_flow_model(spec, pretrained_path=pretrained_path, dtype=dtype, device=device)
+    meta = torch.device(generation_device).type == "meta"
+    flow_model = build_flow_model(
+        spec, pretrained_path=None if meta else pretrained_path, dtype=dtype, device=generation_device
+    )
     text_encoder = TextEncoder.build(
         spec.text_encoder,
-        pretrained_path=pretrained_path,
-        device=device,
+        pretrained_path=None if meta else pretrained_path,
+        device=generation_device,
         dtype=dtype,
         cache_capacity=text_cache_capacity,
     )

@@ -166,7 +166,7 @@ class DigenRL(SeparateSystem):
                 fragment_samples=cfg.gap.fragment_groups * cfg.algo.group_size,
                 trainer_type=profile.device_type(ctx.rank).name,
             )
-        if not self.is_trainer:
+        if self.is_generator:
             self.stage = StageWorker(
                 parts.engine,
                 self.tsp_plan,
@@ -209,11 +209,6 @@ class DigenRL(SeparateSystem):
 
     def before_first_iteration(self) -> None:
         self.initial_sync()
-
-    def run_iteration(self, iteration: int) -> IterationReport:
-        if self.is_trainer:
-            return self.train_iteration(iteration)
-        return self.generate_iteration(iteration)
 
     # ------------------------------------------------------------------ generator pool: one TSP stage
     def generate_iteration(self, iteration: int) -> IterationReport:
@@ -290,8 +285,8 @@ class DigenRL(SeparateSystem):
         events, batch = self.parts.events, fragment.batch
         tags = {**fragment.tags, "producer": self.ctx.rank}
         start = time.perf_counter()
-        with events.span("score", iteration=fragment.iteration, fragment=fragment.fragment):
-            score = self.parts.scorer(batch)
+        with events.span(self.score_phase, iteration=fragment.iteration, fragment=fragment.fragment):
+            score = self.score(batch, fragment.iteration, fragment.fragment)
             batch = assign_advantages(batch, score, self.cfg.algo, local=True)
         tags["score_s"] = time.perf_counter() - start
         with events.span("transfer", iteration=fragment.iteration, fragment=fragment.fragment):
@@ -305,7 +300,7 @@ class DigenRL(SeparateSystem):
 
     def after_run(self) -> None:
         super().after_run()
-        if not self.is_trainer:
+        if self.is_generator:
             self.stage.flush(idle=self.service_weight_sync)
         self.shipping = self.drain(self.shipping, what="the trainers to take the last fragments")
 
