@@ -1,7 +1,8 @@
 """Command-line entry: parse config, validate at startup, start the process group, run a system.
 
 Failures are reported once, with the rank that failed, and the process group is torn down so that
-peers blocked in a collective fail by their own timeout instead of hanging (docs/design.md §2).
+peers blocked in a collective fail by their own timeout instead of hanging (docs/design.md §2). A config
+error is printed once (per node), before any worker process or process group exists.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import traceback
 from typing import TYPE_CHECKING
 
 from digenrl.config import ConfigError, load_config
-from digenrl.validation import validate_config
+from digenrl.validation import validate_config, validate_devices
 
 if TYPE_CHECKING:
     from digenrl.runtime.distributed import DistContext
@@ -67,9 +68,12 @@ def main(argv: list[str]) -> int:
         cfg = load_config(args.config, args.overrides)
         world = _world_size_from_env() if under_torchrun else ranks_to_start(cfg)
         validate_config(cfg, world_size=world)
+        validate_devices(cfg, world, distributed=under_torchrun or world > 1)
     except ConfigError as exc:
-        if rank == 0:  # every rank finds the same error: say it once
-            print(f"config error: {exc}", file=sys.stderr)
+        # Every rank of a node finds the same error: say it once. Each node says it (files and devices may
+        # differ between nodes, and a node that stays silent would hide its own error).
+        if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+            print(f"config error{_node_suffix()}: {exc}", file=sys.stderr)
         return 2
     if not under_torchrun and world > 1:
         # One command for a multi-process run: start the workers under torchrun, output streamed here.
@@ -101,6 +105,15 @@ def main(argv: list[str]) -> int:
         return 1
     shutdown_distributed()
     return 0
+
+
+def _node_suffix() -> str:
+    """Where a config error comes from in a run over several nodes, each printing its own: " on <host>"."""
+    if int(os.environ.get("LOCAL_WORLD_SIZE", "1")) >= _world_size_from_env():
+        return ""
+    import socket
+
+    return f" on {socket.gethostname()}"
 
 
 #: Seconds a rank keeps looking for rank 0's marker in ``out_dir`` before it calls ``out_dir`` unshared.
