@@ -1,8 +1,9 @@
 """Command-line entry: parse config, validate at startup, start the process group, run a system.
 
-Failures are reported once, with the rank that failed, and the process group is torn down so that
-peers blocked in a collective fail by their own timeout instead of hanging (docs/design.md §2). A config
-error is printed once (per node), before any worker process or process group exists.
+A failing rank prints its failure once, publishes it on torchrun's store and ends its process at once, so
+peers blocked in a collective do not hang; a heartbeat watchdog names a rank that stops answering, with
+its role and phase, before the backend's timeout (``digenrl/runtime/watchdog.py``, docs/design.md §2).
+A config error is printed once (per node), before any worker process or process group exists.
 """
 
 from __future__ import annotations
@@ -86,23 +87,33 @@ def main(argv: list[str]) -> int:
         return 0
 
     from digenrl.runtime.distributed import init_distributed, shutdown_distributed
+    from digenrl.runtime.fault_injection import inject_delay
+    from digenrl.runtime.watchdog import end_process, start_watchdog
     from digenrl.systems import get_system
 
     ctx = init_distributed(cfg.runtime.backend, timeout_s=cfg.runtime.timeout_s)
+    watchdog = start_watchdog(ctx, cfg.runtime.timeout_s)  # None in a single process
     try:
         _require_shared_out_dir(cfg.out_dir, ctx, cfg.runtime.timeout_s)
         system = get_system(cfg.system)(cfg, ctx)
+        if watchdog is not None:
+            watchdog.follow(system.parts.events)
         system.run()
+        inject_delay(ctx.rank, "exit")  # robustness tests only: a rank that finishes last
     except BaseException as exc:
-        print(f"[rank {ctx.rank}] FAILED: {type(exc).__name__}: {exc}", file=sys.stderr)
+        message = f"[rank {ctx.rank}] FAILED: {type(exc).__name__}: {exc}"
+        if watchdog is not None:
+            # Do not tear the process group down politely: peers may sit in a collective that will never
+            # complete. Publish the reason (peers' watchdogs and store waits end with it), then exit, which
+            # lets torchrun's agent stop every other worker of the job at once.
+            reason = f"{type(exc).__name__}: {exc}"
+            end_process(message, traceback.format_exc(), lambda: watchdog.report_own_failure(reason))
+        print(message, file=sys.stderr)
         traceback.print_exc()
         sys.stderr.flush()
-        sys.stdout.flush()
-        if ctx.is_distributed:
-            # Do not tear the process group down politely: peers may sit in a collective that will never
-            # complete. Exiting lets torchrun's agent stop every other worker of the job at once.
-            os._exit(1)
         return 1
+    if watchdog is not None:
+        watchdog.stop()  # before the process group goes: a finished rank is not a hung one
     shutdown_distributed()
     return 0
 
