@@ -217,6 +217,9 @@ class RuntimeConfig:
 
     backend: str | None = None  # gloo | nccl; None = nccl on CUDA, gloo otherwise
     timeout_s: float = 300.0  # every distributed wait fails after this, naming rank and peer
+    # a real-size model (not tiny-*) on a CPU device is refused at startup with its memory estimate unless
+    # this is true (digenrl/validation.py validate_devices)
+    allow_large_cpu_model: bool = False
 
 
 @dataclass

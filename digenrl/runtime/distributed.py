@@ -95,7 +95,7 @@ def init_distributed(backend: str | None = None, timeout_s: float = 300.0) -> Di
             f"or set all of {list(TORCHRUN_ENV_VARS)}"
         )
 
-    chosen = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    chosen = resolve_backend(backend, cuda_available=torch.cuda.is_available())
     if chosen == "nccl" and not torch.cuda.is_available():
         raise ValueError("backend 'nccl' needs CUDA, which is not available; use backend='gloo'")
     rank = int(os.environ["RANK"])
@@ -107,6 +107,22 @@ def init_distributed(backend: str | None = None, timeout_s: float = 300.0) -> Di
         kwargs["device_id"] = device  # binds the group to this GPU and lets NCCL initialise eagerly
     dist.init_process_group(**kwargs)
     return _context_of_initialised_group()
+
+
+def resolve_backend(backend: str | None, *, cuda_available: bool) -> str:
+    """The backend a process group gets: ``backend`` (``runtime.backend``), else nccl with CUDA, gloo
+    without."""
+    return backend or ("nccl" if cuda_available else "gloo")
+
+
+def planned_device_type(backend: str | None, *, distributed: bool, cuda_available: bool) -> str:
+    """The device type :func:`init_distributed` will give this process: a single process takes the GPU
+    when there is one unless gloo was asked for (a CPU hardware profile); a rank of a process group is on a
+    GPU exactly when its backend is nccl (gloo ranks compute on the CPU). Start-up validation asks this
+    before any process group exists."""
+    if not distributed:
+        return "cuda" if cuda_available and backend != "gloo" else "cpu"
+    return "cuda" if resolve_backend(backend, cuda_available=cuda_available) == "nccl" else "cpu"
 
 
 def disable_nvlink_multicast(env: MutableMapping[str, str] | None = None) -> dict[str, str]:
