@@ -23,6 +23,7 @@ _BUILTIN_MODULES = (
     "digenrl.rewards.image_stats",
     "digenrl.rewards.pickscore",
     "digenrl.rewards.aesthetic",
+    "digenrl.rewards.vlm_judge",
 )
 
 _REGISTRY: dict[str, type[RewardFunction]] = {}
@@ -62,7 +63,8 @@ def available_rewards() -> list[str]:
 
 
 def reward_needs_weights(name: str) -> bool:
-    """Whether reward ``name`` runs a model (and so could live on scorer ranks)."""
+    """Whether reward ``name`` runs a model (and so could live on scorer ranks), whether or not its weights
+    are optional (``RewardFunction.weights_optional``)."""
     _load_builtins()
     if name not in _REGISTRY:
         raise ValueError(f"unknown reward {name!r}; allowed values: {', '.join(sorted(_REGISTRY))}")
@@ -79,14 +81,18 @@ def build_reward(
     """Instantiate the reward registered as ``name``.
 
     ``weights_path`` is the LOCAL directory of a reward that needs weights (``needs_weights``); it is
-    passed to the reward's constructor. Rewards without weights reject a ``weights_path`` so that a
-    misconfigured run fails at start-up rather than silently ignoring the path.
+    passed to the reward's constructor. A reward with ``weights_optional`` also builds without it (random
+    weights at its real size, for cost measurements; the VLM judge), so it receives ``None``. Rewards
+    without weights reject a ``weights_path`` so that a misconfigured run fails at start-up rather than
+    silently ignoring the path.
     """
     _load_builtins()
     cls = _REGISTRY.get(name)
     if cls is None:
         raise ValueError(f"unknown reward {name!r}; allowed values: {', '.join(sorted(_REGISTRY))}")
     if cls.needs_weights:
+        if cls.weights_optional:
+            return cls(weights_path=weights_path or None, device=device, **kwargs)
         if not weights_path:
             raise ValueError(
                 f"reward {name!r} needs weights: set reward.weights_path to a local directory "
