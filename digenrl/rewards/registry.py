@@ -62,13 +62,18 @@ def available_rewards() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def reward_needs_weights(name: str) -> bool:
-    """Whether reward ``name`` runs a model (and so could live on scorer ranks), whether or not its weights
-    are optional (``RewardFunction.weights_optional``)."""
+def reward_class(name: str) -> type[RewardFunction]:
+    """The class registered as ``name`` (its constructor's keyword arguments are the reward's settings)."""
     _load_builtins()
     if name not in _REGISTRY:
         raise ValueError(f"unknown reward {name!r}; allowed values: {', '.join(sorted(_REGISTRY))}")
-    return bool(_REGISTRY[name].needs_weights)
+    return _REGISTRY[name]
+
+
+def reward_needs_weights(name: str) -> bool:
+    """Whether reward ``name`` runs a model (and so could live on scorer ranks), whether or not its weights
+    are optional (``RewardFunction.weights_optional``)."""
+    return bool(reward_class(name).needs_weights)
 
 
 def build_reward(
