@@ -11,7 +11,9 @@ What is timed is what a generator (or scorer) rank's ``score`` phase calls after
 ``reward(images, prompts)`` on ``[B, 3, H, W]`` images in [0, 1] already on the device, with the reward's own
 batch size set to the largest ``--batch-sizes`` entry, so each call is one forward. For the VLM judge that
 includes the tensor preprocessing, the tokenisation and the one forward of vision tower + language model
-(``digenrl/rewards/vlm_judge.py``); its vision tower alone is timed too (``vision_ms``). Rewards build with
+(``digenrl/rewards/vlm_judge.py``); its vision tower alone is timed too (``vision_ms``), and with
+``--vision-attention varlen`` (the default on a GPU) its output is compared with transformers' per-window
+loop (``vision_varlen_vs_loop_rel_l2``). Rewards build with
 random weights unless ``--weights-path`` is given (the registry's rule, ``digenrl/rewards/registry.py``).
 
 Per row: median ms per call over ``--iters`` after ``--warmup`` (CUDA events), the first call, FLOPs counted
@@ -78,6 +80,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="sdpa",
         help="VLM judge: transformers attention (sdpa, flash_attention_2)",
     )
+    p.add_argument(
+        "--vision-attention",
+        default="auto",
+        choices=["auto", "loop", "varlen"],
+        help="VLM judge: vision windows one attention call each (loop) or all in one (varlen; auto: on cuda)",
+    )
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's)")
     p.add_argument("--warmup", type=int, default=2, help="untimed calls per batch size")
     p.add_argument("--iters", type=int, default=5, help="timed calls per batch size (median reported)")
@@ -113,6 +121,7 @@ def reward_kwargs(name: str, args: argparse.Namespace) -> dict:
         kwargs["batch_size"] = max(args.batch_sizes)
     if issubclass(cls, VLMJudge):
         kwargs["attn_implementation"] = args.attn_implementation
+        kwargs["vision_attention"] = args.vision_attention
         if args.dtype != "auto":
             kwargs["dtype"] = DTYPES[args.dtype]
     return kwargs
@@ -171,6 +180,13 @@ def bench_batch(reward, batch: int, device: torch.device, args: argparse.Namespa
                 iters=max(1, args.iters // 2),
             )
             row["vision_ms"] = roofline.summarize_ms(vision_ms)["ms"]
+            if reward.vision_attention == "varlen":  # the packed windows against transformers' own loop
+                packed = torch.cat(vision(inputs["pixel_values"], inputs["image_grid_thw"]).pooler_output)
+                reward.set_vision_attention("loop")
+                looped = torch.cat(vision(inputs["pixel_values"], inputs["image_grid_thw"]).pooler_output)
+                reward.set_vision_attention("varlen")
+                error = (packed.float() - looped.float()).norm() / looped.float().norm()
+                row["vision_varlen_vs_loop_rel_l2"] = float(error)
     if not args.no_flops:
         with contextlib.suppress(torch.OutOfMemoryError), torch.no_grad():
             row["flops_per_call"] = roofline.count_flops(lambda: reward(images, prompts))
@@ -219,7 +235,8 @@ def run(args: argparse.Namespace, command: str = "") -> dict:
     report["weights_gib"] = weights_gib
     if is_vlm_judge(reward):
         report["dtype"] = str(reward.dtype).removeprefix("torch.")
-        report["attn_implementation"] = reward.model.config._attn_implementation
+        report["attn_implementation"] = reward.model.config.text_config._attn_implementation
+        report["vision_attention"] = reward.vision_attention
         report["question"] = reward.question
         report["vision_resize_hw"] = list(reward.transform.output_hw(args.height, args.width))
     print(
@@ -286,6 +303,7 @@ def apply_to_cost_files(report: dict, paths: list[str], out_dir: Path) -> list[d
         "device_name": report["device_name"],
         "dtype": report.get("dtype"),
         "attn_implementation": report.get("attn_implementation"),
+        "vision_attention": report.get("vision_attention"),
         "height": fragment["height"],
         "width": fragment["width"],
         "weights_path": report["weights_path"],
@@ -336,7 +354,12 @@ def format_markdown(report: dict) -> str:
     head = (
         f"### reward: {report['reward']} ({report.get('parameters', 0):,} params, "
         f"{report.get('reward_param_bytes', 0) / 2**30:.2f} GiB), {report['device_name']}"
-        + (f", {report['dtype']}, attention {report['attn_implementation']}" if report.get("dtype") else "")
+        + (
+            f", {report['dtype']}, attention {report['attn_implementation']}, vision windows "
+            f"{report['vision_attention']}"
+            if report.get("dtype")
+            else ""
+        )
         + f", {report['height']}x{report['width']} images"
         + (
             f" (resized to {report['vision_resize_hw'][0]}x{report['vision_resize_hw'][1]})"
@@ -369,6 +392,15 @@ def format_markdown(report: dict) -> str:
             f"| [{r['score_min']:.3f}, {r['score_max']:.3f}]{'' if r['scores_finite'] else ' NON-FINITE'} "
             f"| {fmt(r.get('batch_vs_single_max_abs'), '.2g')} |"
         )
+    agreement = [
+        r["vision_varlen_vs_loop_rel_l2"] for r in report["results"] if "vision_varlen_vs_loop_rel_l2" in r
+    ]
+    if agreement:
+        lines += [
+            "",
+            "vision tower, varlen vs transformers' per-window loop: relative L2 difference up to "
+            f"{max(agreement):.2g}",
+        ]
     fragment = report.get("cost_fragment")
     if fragment and fragment["reward_points"]:
         lines += [

@@ -36,7 +36,18 @@ def test_bench_reports_costs_and_applies_them_where_they_fit(bench, tmp_path: Pa
     gpu_file = COSTS_DIR / "h200-sd3.5-medium.json"  # another device: must be left alone
     out = tmp_path / "out"
     args = ["--device", "cpu", "--threads", "1", "--batch-sizes", "2,1", "--height", "32", "--width", "32"]
-    args += ["--iters", "1", "--warmup", "0", "--ceiling-size", "64", "--out", str(out)]
+    args += [
+        "--iters",
+        "1",
+        "--warmup",
+        "0",
+        "--ceiling-size",
+        "64",
+        "--vision-attention",
+        "varlen",
+        "--out",
+        str(out),
+    ]
     assert bench.main([*args, "--apply-to", str(cpu_file), str(gpu_file)]) == 0
 
     report = json.loads((out / "reward-tiny-vlm-judge.json").read_text())
@@ -49,6 +60,8 @@ def test_bench_reports_costs_and_applies_them_where_they_fit(bench, tmp_path: Pa
     assert rows[1]["batch_vs_single_max_abs"] < 1e-5 and "batch_vs_single_max_abs" not in rows[0]
     assert rows[0]["image_tokens"] == 4  # 32^2 is resized up to 56^2: 4x4 patches, 2x2 merged
     assert report["vision_resize_hw"] == [56, 56] and report["dtype"] == "float32"
+    assert report["vision_attention"] == "varlen"  # on the CPU through the per-window fallback: exact
+    assert all(r["vision_varlen_vs_loop_rel_l2"] < 1e-6 for r in rows)
     assert report["reward_param_bytes"] == 4 * report["parameters"] > 0  # float32 weights
     fragment = report["cost_fragment"]
     assert fragment["reward_points"] == {str(r["batch_size"]): r["ms_per_call"] / 1e3 for r in rows}

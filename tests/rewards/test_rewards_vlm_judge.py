@@ -6,6 +6,7 @@ The real-size configuration is checked on the meta device (shapes only, no weigh
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from digenrl.rewards.vlm_judge import (
     IMAGE_TOKEN,
     NO_WORDS,
     QWEN25_VL_7B,
+    VARLEN_ATTENTION,
     YES_WORDS,
     QwenImageTransform,
     TinyVLMJudge,
@@ -28,6 +30,7 @@ from digenrl.rewards.vlm_judge import (
     chatml_text,
     offline_tokenizer,
     smart_resize,
+    varlen_window_attention,
 )
 
 SIZE = 56  # a multiple of patch 14 x merge 2: no resize, 4 x 4 patches = 4 language-model tokens
@@ -249,3 +252,49 @@ def test_real_size_configuration_is_qwen25_vl_7b() -> None:
     # a 512^2 image is resized to 504^2: 36 x 36 patches, 2 x 2 merged = 324 language-model tokens
     assert QwenImageTransform().output_hw(512, 512) == (504, 504)
     assert QwenImageTransform().tokens_per_image(512, 512) == 324
+
+
+def test_varlen_window_attention_equals_one_sdpa_call_per_window() -> None:
+    generator = torch.Generator().manual_seed(11)
+    heads, dim, bounds = 2, 8, [0, 5, 16, 20, 33]
+    query, key, value = (torch.randn(1, heads, bounds[-1], dim, generator=generator) for _ in range(3))
+    out, weights = varlen_window_attention(
+        None, query, key, value, scaling=0.3, cu_seq_lens_q=torch.tensor(bounds), max_length_q=13
+    )
+    assert weights is None and out.shape == (bounds[-1], heads, dim)  # [T, H, D], as flash kernels return
+    for a, b in itertools.pairwise(bounds):
+        expected = (
+            torch.softmax(query[0, :, a:b] @ key[0, :, a:b].transpose(-1, -2) * 0.3, dim=-1)
+            @ value[0, :, a:b]
+        )
+        torch.testing.assert_close(out[a:b], expected.transpose(0, 1), atol=1e-6, rtol=1e-6)
+    with pytest.raises(ValueError, match="cu_seq_lens_q"):
+        varlen_window_attention(None, query, key, value)
+
+
+def test_vision_attention_modes_score_alike(judge: VLMJudge, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``varlen`` sends all windows of the batch through the registered entry point in one call per block."""
+    from transformers import AttentionInterface
+
+    assert judge.vision_attention == "loop"  # auto on CPU: the varlen kernel needs CUDA and 16 bits
+    packed = build_reward("tiny-vlm-judge", vision_attention="varlen")
+    assert packed.vision_attention == "varlen"
+    assert packed.model.model.visual.config._attn_implementation == VARLEN_ATTENTION
+    assert packed.model.config.text_config._attn_implementation == "sdpa"
+    calls: list[int] = []
+
+    def spy(*args, **kwargs):
+        calls.append(len(kwargs["cu_seq_lens_q"]) - 1)
+        return varlen_window_attention(*args, **kwargs)
+
+    monkeypatch.setitem(AttentionInterface._global_mapping, VARLEN_ATTENTION, spy)
+    images, _ = exact_uint8_images(3, 70, 98, seed=12, smooth=True)  # 56 x 112: two windows per image
+    prompts = ["a cat", "a red car on a street", "a dog"]
+    scores = packed(images, prompts)
+    depth = packed.model.config.vision_config.depth
+    assert len(calls) == depth and max(calls) == 6 and min(calls) == 3  # windowed blocks / full blocks
+    torch.testing.assert_close(scores, judge(images, prompts), atol=1e-6, rtol=0)
+    assert packed.set_vision_attention("loop") == "loop"
+    assert packed.model.model.visual.config._attn_implementation == "sdpa"
+    with pytest.raises(ValueError, match="vision_attention"):
+        build_reward("tiny-vlm-judge", vision_attention="fast")
