@@ -41,8 +41,9 @@ in 4 of its 32 blocks). With SDPA, transformers runs one attention call per wind
 into ONE call of torch's variable-length flash attention (``torch.nn.attention.varlen.varlen_attn``, CUDA,
 16-bit), as FlashAttention-2 deployments of this model do; ``loop`` keeps transformers' per-window calls;
 ``auto`` (default) is ``varlen`` where that kernel runs (CUDA, bf16/fp16, a torch with ``varlen_attn``,
-``attn_implementation="sdpa"``), else ``loop``. Both compute the same function; off CUDA the varlen entry
-point loops over the windows itself, so CPU tests check its packing exactly.
+``attn_implementation="sdpa"``), else ``loop``. Both compute the same function: off CUDA the varlen entry
+point loops over the windows itself, so CPU tests check its packing exactly; on the H200 in bf16 both paths
+are 2.5% (relative L2, random weights, 4 images) from a float32 run of the tower and 2.2% from each other.
 
 Image preprocessing reproduces ``Qwen2VLImageProcessor`` on tensors (as :mod:`clip_backbone` does for CLIP):
 ``smart_resize`` to multiples of patch × merge within ``[min_pixels, max_pixels]``, bicubic antialiased
