@@ -39,12 +39,15 @@ class RewardFunction(ABC):
     """Base class of all rewards: validates input, flattens videos, guards non-finite pixels.
 
     Subclasses implement :meth:`score_images` on a clean ``[N, 3, H, W]`` float32 batch and set the class
-    attributes ``name`` (the registry name) and ``needs_weights`` (True when a local weights directory
-    is required, see :func:`digenrl.rewards.registry.build_reward`).
+    attributes ``name`` (the registry name), ``needs_weights`` (True when the reward runs a model with
+    weights: it takes ``weights_path``, may live on scorer ranks and has bytes to park) and
+    ``weights_optional`` (True when such a reward can also build random weights at its real size without a
+    ``weights_path``, as the generators do; see :func:`digenrl.rewards.registry.build_reward`).
     """
 
     name: str = "reward"
     needs_weights: bool = False
+    weights_optional: bool = False
 
     def __init__(self, device: torch.device | str = "cpu") -> None:
         self.device = torch.device(device)

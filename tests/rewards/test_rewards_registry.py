@@ -17,6 +17,8 @@ BUILTIN = {
     "colorfulness",
     "pickscore",
     "aesthetic",
+    "vlm-judge",
+    "tiny-vlm-judge",
 }
 
 
@@ -69,6 +71,29 @@ def test_register_reward_makes_a_reward_buildable(monkeypatch: pytest.MonkeyPatc
     np.testing.assert_array_equal(scores.numpy(), [2.0, 5.0])
     with pytest.raises(ValueError, match="already registered"):
         register_reward("brightness")(PromptLength)
+
+
+def test_optional_weights_reward_builds_with_and_without_a_path(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    """``weights_optional``: no path → ``weights_path=None`` (random weights); a path is passed through."""
+    monkeypatch.setattr(registry_module, "_REGISTRY", dict(registry_module._REGISTRY))
+
+    @register_reward("test-optional-weights")
+    class OptionalWeights(RewardFunction):
+        needs_weights = True
+        weights_optional = True
+
+        def __init__(self, weights_path: str | None = None, device: str = "cpu") -> None:
+            super().__init__(device)
+            self.weights_path = weights_path
+
+        def score_images(self, images: Tensor, prompts: list[str]) -> Tensor:
+            return torch.zeros(images.shape[0])
+
+    assert build_reward("test-optional-weights").weights_path is None
+    assert build_reward("test-optional-weights", weights_path=str(tmp_path)).weights_path == str(tmp_path)
+    assert registry_module.reward_needs_weights("test-optional-weights") is True
 
 
 def test_composite_from_spec_is_weighted_sum() -> None:
