@@ -61,6 +61,18 @@ class RewardFunction(ABC):
         self.device = torch.device(device)
         return self
 
+    def modules(self) -> list[torch.nn.Module]:
+        """The ``nn.Module`` s this reward holds — its model weights, what a colocated run parks around
+        scoring and a cost model counts — found among its attributes and one level inside the helper
+        objects it keeps (e.g. a CLIP wrapper). Empty for pixel rewards."""
+        found: list[torch.nn.Module] = []
+        for value in vars(self).values():
+            if isinstance(value, torch.nn.Module):
+                found.append(value)
+            elif hasattr(value, "__dict__") and not isinstance(value, type):
+                found.extend(v for v in vars(value).values() if isinstance(v, torch.nn.Module))
+        return list({id(m): m for m in found}.values())
+
     def __call__(self, images: Tensor, prompts: list[str]) -> Tensor:
         frames, frame_prompts, batch, num_frames = flatten_frames(images, prompts)
         finite = torch.isfinite(frames).flatten(1).all(dim=1)

@@ -109,6 +109,23 @@ def build_reward(
     return cls(device=device, **kwargs)
 
 
+def build_configured_reward(
+    name: str, weights: Mapping[str, float] | None, weights_path: str | None, device: torch.device | str
+) -> RewardFunction:
+    """The reward of a run's ``reward.*`` config: ``reward.name``, or the weighted sum ``reward.weights``
+    (whose one part with a model gets ``reward.weights_path``)."""
+    if not weights:
+        return build_reward(name, weights_path=weights_path, device=device)
+    with_models = [n for n in weights if reward_needs_weights(n)]
+    if len(with_models) > 1 and weights_path:
+        raise ValueError(
+            f"reward.weights has several rewards with models ({', '.join(with_models)}) but one "
+            "reward.weights_path: a weighted sum can take the weights of one of them"
+        )
+    paths = {with_models[0]: weights_path} if with_models and weights_path else {}
+    return CompositeReward.from_spec(weights, weights_paths=paths, device=device)
+
+
 class CompositeReward(RewardFunction):
     """Weighted sum ``Σ_k w_k · r_k`` of rewards (FlowGRPO ``multi_score``, flow_grpo/rewards.py).
 
@@ -133,6 +150,10 @@ class CompositeReward(RewardFunction):
         self.parts = [(reward, float(weight)) for reward, weight in parts]
         self.needs_weights = any(reward.needs_weights for reward, _ in self.parts)
         self.name = "+".join(f"{weight:g}*{reward.name}" for reward, weight in self.parts)
+
+    def modules(self) -> list[torch.nn.Module]:
+        """Every part's models (a weighted sum parks and counts all of them)."""
+        return [m for reward, _ in self.parts for m in reward.modules()]
 
     @classmethod
     def from_spec(

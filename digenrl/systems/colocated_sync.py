@@ -68,13 +68,9 @@ class ColocatedSync(System):
         weights, so those never move), ``reward`` = the reward model's weights, if it has any."""
         res = self.cfg.residency
         transitions = {"train": optimizer_transitions(parts.trainer.optimizer, self.ctx.device)}
-        reward_model = parts.scorer.reward if isinstance(parts.scorer.reward, torch.nn.Module) else None
-        if (
-            self.track_reward_residency
-            and reward_model is not None
-            and any(True for _ in reward_model.parameters())
-        ):
-            transitions["reward"] = module_transitions(reward_model, self.ctx.device)
+        reward_models = parts.scorer.reward.modules()
+        if self.track_reward_residency and any(True for m in reward_models for _ in m.parameters()):
+            transitions["reward"] = module_transitions(torch.nn.ModuleList(reward_models), self.ctx.device)
         elif not res.reward_resident:
             raise ConfigError(
                 f"residency.reward_resident=false: reward {self.cfg.reward.name!r} has no weights to park "

@@ -16,7 +16,7 @@ from digenrl.config import Config
 from digenrl.data.prompts import PromptSource
 from digenrl.models import ModelBundle, build_model_bundle
 from digenrl.models.optimize import optimize_flow_model
-from digenrl.rewards.registry import build_reward
+from digenrl.rewards.registry import build_configured_reward
 from digenrl.rollout.engine import RolloutEngine
 from digenrl.rollout.sampler import Sampler
 from digenrl.rollout.scoring import Scorer
@@ -108,8 +108,9 @@ def build_rank_components(
         )
     engine = scorer = None
     if score:
-        reward_spec = cfg.reward.weights or cfg.reward.name
-        reward = build_reward(reward_spec, weights_path=cfg.reward.weights_path, device=ctx.device)
+        reward = build_configured_reward(
+            cfg.reward.name, cfg.reward.weights, cfg.reward.weights_path, device=ctx.device
+        )
         scorer = Scorer(bundle.decoder, reward, cfg.reward.nonfinite_policy)
     if generate:
         engine = RolloutEngine(

@@ -142,3 +142,20 @@ def test_composite_nan_part_propagates() -> None:
 def test_composite_spec_errors(spec: dict, kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         CompositeReward.from_spec(spec, **kwargs)
+
+
+def test_a_run_config_builds_its_reward_and_the_models_it_holds(tmp_path):
+    """``reward.weights`` (a weighted sum) builds from a run's config, its one part with a model taking
+    ``reward.weights_path``; ``modules()`` finds the model weights a colocated run parks."""
+    from digenrl.rewards.registry import build_configured_reward
+    from tests.rewards.tiny_clip import save_tiny_clip
+
+    clip = save_tiny_clip(tmp_path / "clip")
+    composite = build_configured_reward("brightness", {"pickscore": 1.0, "brightness": 0.5}, str(clip), "cpu")
+    assert [type(m).__name__ for m in composite.modules()] == ["CLIPModel"]
+    assert build_configured_reward("brightness", None, None, "cpu").modules() == []
+    images = torch.rand(2, 3, 32, 32)
+    parts = composite.score_parts(images, ["a", "b"])
+    assert torch.allclose(composite(images, ["a", "b"]), parts["pickscore"] + 0.5 * parts["brightness"])
+    with pytest.raises(ValueError, match="several rewards with models"):
+        build_configured_reward("x", {"pickscore": 1.0, "aesthetic": 1.0}, str(clip), "cpu")

@@ -59,3 +59,20 @@ def test_the_scorer_rank_scores_every_fragment_and_the_generators_do_not(runs, s
     assert all(s["role"] == "scorer" for s in spans[3])
     assert not any(s["phase"] == "score" for rank in (1, 2) for s in spans[rank])  # generators only wait
     assert len(read_metrics(out)) == 2
+
+
+def test_a_colocated_run_parks_the_reward_model_around_scoring_and_measures_each_swap(tmp_path):
+    clip = save_tiny_clip(tmp_path / "clip")
+    out = tmp_path / "parked"
+    overrides = ["system=colocated-sync", "profile=cpu-1", "iterations=2", "residency.reward_resident=false"]
+    run_train([*overrides, "reward=pickscore", f"reward.weights_path={clip}", f"out_dir={out}"])
+    lines = (out / "events" / "rank0.jsonl").read_text().splitlines()
+    swaps = [
+        s for s in map(json.loads, lines) if s.get("phase") == "residency" and s["extra"]["role"] == "reward"
+    ]
+    # built on the device, parked for the first generation, then onloaded for scoring and parked when
+    # scoring ends, every iteration; each transition moves the CLIP weights
+    assert [(s["iteration"], s["extra"]["kind"]) for s in swaps] == [
+        (0, "offload"), (0, "onload"), (0, "offload"), (1, "onload"), (1, "offload")
+    ]  # fmt: skip
+    assert all(s["extra"]["bytes"] > 0 for s in swaps)
