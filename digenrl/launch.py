@@ -67,6 +67,10 @@ def main(argv: list[str]) -> int:
         cfg = load_config(args.config, args.overrides)
         world = _world_size_from_env() if under_torchrun else ranks_to_start(cfg)
         validate_config(cfg, world_size=world)
+        if not under_torchrun and world > 1:
+            from digenrl.runtime.run_dir import plan_run_start
+
+            plan_run_start(cfg)  # refuse before any worker starts (read-only: the workers' rank 0 decides)
     except ConfigError as exc:
         if rank == 0:  # every rank finds the same error: say it once
             print(f"config error: {exc}", file=sys.stderr)
@@ -82,12 +86,20 @@ def main(argv: list[str]) -> int:
         return 0
 
     from digenrl.runtime.distributed import init_distributed, shutdown_distributed
+    from digenrl.runtime.run_dir import agree_run_start
     from digenrl.systems import get_system
 
     ctx = init_distributed(cfg.runtime.backend, timeout_s=cfg.runtime.timeout_s)
     try:
+        try:  # rank 0 decides how the run uses out_dir before anything is written (run_dir.py)
+            run = agree_run_start(cfg, ctx)
+        except ConfigError as exc:
+            if ctx.rank == 0:
+                print(f"config error: {exc}", file=sys.stderr)
+            shutdown_distributed()
+            return 2
         _require_shared_out_dir(cfg.out_dir, ctx, cfg.runtime.timeout_s)
-        system = get_system(cfg.system)(cfg, ctx)
+        system = get_system(cfg.system)(cfg, ctx, run)
         system.run()
     except BaseException as exc:
         print(f"[rank {ctx.rank}] FAILED: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -22,7 +22,8 @@ from digenrl.rollout.sampler import Sampler
 from digenrl.rollout.scoring import Scorer
 from digenrl.runtime.distributed import DistContext
 from digenrl.runtime.events import EventLogger
-from digenrl.runtime.metrics import MetricsWriter
+from digenrl.runtime.metrics import MetricsWriter, open_tensorboard
+from digenrl.runtime.run_dir import RunStart
 from digenrl.trainer.trainer import PolicyTrainer
 
 log = logging.getLogger(__name__)
@@ -61,10 +62,13 @@ def build_rank_components(
     generate: bool,
     train: bool,
     clock_origin: float,
+    run: RunStart,
     process_group: torch.distributed.ProcessGroup | None = None,
 ) -> RankComponents:
     """Build this rank's parts. The same seed gives every rank the same initial weights, so the
-    policy is identical everywhere before the first update (checked by the weight checksum tests)."""
+    policy is identical everywhere before the first update (checked by the weight checksum tests).
+    ``run``: how the run starts in out_dir — a resumed run appends to its event logs and cuts
+    ``metrics.jsonl`` back to its checkpoint's iteration (digenrl/runtime/run_dir.py)."""
     torch.manual_seed(cfg.seed)
     bundle = build_model_bundle(
         cfg.model.name,
@@ -117,8 +121,23 @@ def build_rank_components(
         reward = build_reward(reward_spec, weights_path=cfg.reward.weights_path, device=ctx.device)
         scorer = Scorer(bundle.decoder, reward, cfg.reward.nonfinite_policy)
     out = Path(cfg.out_dir)
-    events = EventLogger(out, ctx.rank, role, clock_origin)
-    metrics = MetricsWriter(out, is_writer=ctx.rank == 0, resume=cfg.resume)
+    events = EventLogger(
+        out,
+        ctx.rank,
+        role,
+        clock_origin,
+        append=run.resumed,
+        run_id=run.run_id,
+        start_iteration=run.start_iteration,
+    )
+    writer = ctx.rank == 0
+    metrics = MetricsWriter(
+        out,
+        is_writer=writer,
+        start_iteration=run.start_iteration,
+        run_id=run.run_id,
+        tensorboard=open_tensorboard(out, run.start_iteration) if writer else None,
+    )
     return RankComponents(
         cfg=cfg,
         ctx=ctx,

@@ -129,6 +129,7 @@ class SeparateSystem(System):
             generate=not self.is_trainer or self.trainer_generates(),
             train=self.is_trainer,
             clock_origin=self.clock_origin,
+            run=self.run_start,
             process_group=self.groups.trainer_group,
         )
         if not self.is_trainer:
