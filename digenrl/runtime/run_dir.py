@@ -89,7 +89,7 @@ def plan_run_start(cfg: Config) -> RunStart:
                 "mix with it. Continue it with resume=true, delete it with overwrite=true, or choose "
                 "another out_dir"
             )
-        note = f"overwrite=true: deleting the previous run in {out}" if held else ""
+        note = f"overwrite=true: deleted the previous run in {out} ({'; '.join(held)})" if held else ""
         return RunStart(run_id=new_run_id(), note=note)
     checkpoint = latest_checkpoint_dir(out)
     if checkpoint is None:
