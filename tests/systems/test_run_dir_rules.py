@@ -62,7 +62,7 @@ def test_a_new_run_into_a_used_out_dir_is_refused_once_and_overwrite_replaces_it
         assert said.count("already holds a run") == 1, said
         assert "overwrite=true" in said and "resume=true" in said
         assert (out / "metrics.jsonl").read_bytes() == old_metrics and _run_id(out) == old_id
-    run_train([*two, "overwrite=true", f"out_dir={out}"], nproc=2)
+    run_train([*BASE, "iterations=1", "overwrite=true", f"out_dir={out}"])
     new_id = _run_id(out)
     assert new_id != old_id and [r["run_id"] for r in read_metrics(out)] == [new_id]
     assert load_latest_checkpoint(out)["run_id"] == new_id
