@@ -97,6 +97,9 @@ class TrainerConfig:
     backend: str = "auto"  # auto | none | ddp | fsdp2 | deepspeed
     deepspeed_stage: int = 2
     activation_checkpointing: bool = False
+    # a step whose gradient or resulting parameters are not finite is never committed; "stop" raises naming
+    # the iteration, "skip" drops the step (weights and optimizer state stay, counted in the metrics)
+    nonfinite: str = "stop"
 
 
 @dataclass
@@ -231,8 +234,10 @@ class Config:
     iterations: int = 10
     seed: int = 0
     out_dir: str = "runs/tiny"
-    checkpoint_every: int = 0  # iterations between checkpoints; 0 = only at the end
-    resume: bool = False  # continue from the latest checkpoint in out_dir
+    checkpoint_every: int = 10  # iterations between checkpoints (and always one at the end); 0 = end only
+    checkpoint_keep: int = 2  # newest complete checkpoints kept; older ones go once a new one is published
+    resume: bool = False  # continue the run in out_dir from its latest checkpoint (README: "Runs")
+    overwrite: bool = False  # a fresh run into an out_dir that holds a run deletes that run's files first
     model: ModelConfig = field(default_factory=ModelConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
@@ -419,5 +424,66 @@ def load_config(
     return cfg
 
 
-def save_config(cfg: Config, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+def save_config(cfg: Config, path: str | Path, *, run_id: str | None = None) -> None:
+    """Write ``cfg`` as YAML (atomically: a crash leaves the old file or the new one). ``run_id`` goes into
+    a leading comment, so the file still loads as a config (``--config out_dir/config.yaml``)."""
+    path = Path(path)
+    header = f"# run_id: {run_id}\n" if run_id else ""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(header + yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    tmp.replace(path)
+
+
+# --------------------------------------------------------------------------- run identity
+
+RESUMABLE_KEYS = (
+    "iterations",
+    "resume",
+    "overwrite",
+    "out_dir",
+    "checkpoint_every",
+    "checkpoint_keep",
+    "runtime.timeout_s",
+)
+"""Keys a resumed run may set differently from the checkpoint it continues (README, "Runs"): how long the
+run goes on, where and how often it saves, how long a wait may take. Everything else defines what the
+run computes (the system, the model, the algorithm, the layout), so a resume that changes it is refused
+instead of mixing two runs' data in one out_dir."""
+
+
+def dotted_items(tree: dict[str, Any]) -> dict[str, Any]:
+    """A ``Config.to_dict()`` as the dotted keys a user types: ``{"trainer": {"lr": 1}}`` →
+    ``{"trainer.lr": 1}`` (mapping-valued fields such as ``reward.weights`` stay one value)."""
+    sections = {name for name, tp in _field_types(Config).items() if dataclasses.is_dataclass(tp)}
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if key in sections and isinstance(value, dict):
+            out.update({f"{key}.{sub}": item for sub, item in value.items()})
+        else:
+            out[key] = value
+    return out
+
+
+class _Absent:
+    """A key one of two configs does not have (written by another version of the package)."""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Absent)
+
+    def __hash__(self) -> int:
+        return 0
+
+    def __repr__(self) -> str:
+        return "(absent)"
+
+
+def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Every key outside :data:`RESUMABLE_KEYS` whose value differs between two ``Config.to_dict()``s,
+    as ``"key: <saved> in the checkpoint, <current> now"`` lines (empty: the run may resume)."""
+    old, new = dotted_items(saved), dotted_items(current)
+    absent = _Absent()
+    return [
+        f"{key}: {old.get(key, absent)!r} in the checkpoint, {new.get(key, absent)!r} now"
+        for key in sorted(old.keys() | new.keys())
+        if key not in RESUMABLE_KEYS and old.get(key, absent) != new.get(key, absent)
+    ]

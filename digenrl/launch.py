@@ -70,6 +70,10 @@ def main(argv: list[str]) -> int:
         world = _world_size_from_env() if under_torchrun else ranks_to_start(cfg)
         validate_config(cfg, world_size=world)
         validate_devices(cfg, world, distributed=under_torchrun or world > 1)
+        if not under_torchrun and world > 1:
+            from digenrl.runtime.run_dir import plan_run_start
+
+            plan_run_start(cfg)  # refuse before any worker starts (read-only: the workers' rank 0 decides)
     except ConfigError as exc:
         # Every rank of a node finds the same error: say it once. Each node says it (files and devices may
         # differ between nodes, and a node that stays silent would hide its own error).
@@ -89,6 +93,7 @@ def main(argv: list[str]) -> int:
     from digenrl.runtime.distributed import init_distributed, shutdown_distributed
     from digenrl.runtime.fault_injection import inject_delay
     from digenrl.runtime.profiles import load_profile
+    from digenrl.runtime.run_dir import agree_run_start
     from digenrl.runtime.watchdog import end_process, start_watchdog
     from digenrl.systems import get_system
 
@@ -97,8 +102,15 @@ def main(argv: list[str]) -> int:
     ctx = init_distributed(backend, timeout_s=cfg.runtime.timeout_s)
     watchdog = start_watchdog(ctx, cfg.runtime.timeout_s)  # None in a single process
     try:
+        try:  # rank 0 decides how the run uses out_dir before anything is written (run_dir.py)
+            run = agree_run_start(cfg, ctx)
+        except ConfigError as exc:
+            if ctx.rank == 0:
+                print(f"config error: {exc}", file=sys.stderr)
+            shutdown_distributed()
+            return 2
         _require_shared_out_dir(cfg.out_dir, ctx, cfg.runtime.timeout_s)
-        system = get_system(cfg.system)(cfg, ctx)
+        system = get_system(cfg.system)(cfg, ctx, run)
         if watchdog is not None:
             watchdog.follow(system.parts.events)
         system.run()

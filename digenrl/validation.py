@@ -33,6 +33,7 @@ from digenrl.config import Config, ConfigError, explicit_keys
 SYSTEM_SPECIFIC = ("pools", "sync", "asynchrony", "residency", "gap", "tsp", "tag", "tcss")
 
 _DTYPE_NAMES = ("float32", "bfloat16", "float16")
+_FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max
 
 
 def one_of(key: str, value: str, allowed: list[str] | tuple[str, ...]) -> None:
@@ -120,6 +121,12 @@ def validate_config(cfg: Config, world_size: int | None = None) -> None:
     one_of("algo.cfg_grad", cfg.algo.cfg_grad, ("cond", "both"))
     one_of("trainer.mode", cfg.trainer.mode, ("lora", "full"))
     one_of("trainer.backend", cfg.trainer.backend, ("auto", "none", "ddp", "fsdp2", "deepspeed"))
+    one_of("trainer.nonfinite", cfg.trainer.nonfinite, ("stop", "skip"))
+    if cfg.trainer.nonfinite == "skip" and cfg.trainer.backend == "deepspeed":
+        raise ConfigError(
+            "trainer.nonfinite=skip cannot restore the optimizer state DeepSpeed owns; use "
+            "trainer.nonfinite=stop with trainer.backend=deepspeed (or another backend)"
+        )
     if cfg.trainer.deepspeed_stage not in (0, 1, 2):
         raise ConfigError(
             f"trainer.deepspeed_stage={cfg.trainer.deepspeed_stage} is not supported; choose 0, 1 or 2 "
@@ -170,6 +177,12 @@ def validate_config(cfg: Config, world_size: int | None = None) -> None:
     positive("trainer.grad_clip", cfg.trainer.grad_clip)
     if len(cfg.trainer.betas) != 2 or not all(0 <= b < 1 for b in cfg.trainer.betas):
         raise ConfigError(f"trainer.betas must be two numbers in [0, 1), got {cfg.trainer.betas}")
+    first_step = cfg.trainer.lr / (1 - cfg.trainer.betas[0])  # AdamW's bias-corrected step size
+    if first_step > _FLOAT32_MAX:
+        raise ConfigError(
+            f"trainer.lr={cfg.trainer.lr:g} overflows the optimizer: AdamW's first step size lr / (1 - "
+            f"trainer.betas[0]) = {first_step:.3g} exceeds the largest float32 ({_FLOAT32_MAX:.3g})"
+        )
     positive("runtime.timeout_s", cfg.runtime.timeout_s)
     positive("gap.fragment_groups", cfg.gap.fragment_groups)
     positive("tsp.stages", cfg.tsp.stages)
@@ -177,6 +190,15 @@ def validate_config(cfg: Config, world_size: int | None = None) -> None:
         raise ConfigError(f"tag.max_fragments must be >= 0 (0 = no limit), got {cfg.tag.max_fragments}")
     if cfg.checkpoint_every < 0:
         raise ConfigError(f"checkpoint_every must be >= 0, got {cfg.checkpoint_every}")
+    if cfg.checkpoint_keep < 0:
+        raise ConfigError(
+            f"checkpoint_keep must be >= 0 (0 = keep every checkpoint), got {cfg.checkpoint_keep}"
+        )
+    if cfg.resume and cfg.overwrite:
+        raise ConfigError(
+            "resume=true and overwrite=true contradict each other: resume continues the run in out_dir, "
+            "overwrite deletes it; set one of them"
+        )
     for key in ("height", "width", "frames"):
         positive(f"model.{key}", getattr(cfg.model, key))
     check_model(cfg)

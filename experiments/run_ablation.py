@@ -71,6 +71,7 @@ def run_variant(
             f"iterations={args.iterations}",
             f"seed={args.seed}",
             f"out_dir={run_dir}",
+            "overwrite=true",  # a re-run replaces this script's own run
             *pools,
             *args.overrides,
             *overrides,

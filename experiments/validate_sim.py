@@ -117,6 +117,7 @@ def run_real(conf: Configuration, args: argparse.Namespace, run_dir: Path) -> fl
         f"iterations={args.iterations}",
         f"seed={args.seed}",
         f"out_dir={run_dir}",
+        "overwrite=true",  # a re-run replaces this script's own run
         *WORKLOAD_OVERRIDES,
         *args.overrides,
         *conf.overrides,

@@ -38,7 +38,8 @@ class StalenessError(RuntimeError):
 
 @dataclass(frozen=True)
 class StalenessBound:
-    """How far generation may run ahead of the trainer: ``lag`` = 1 with TCSS, 0 without."""
+    """How far generation may run ahead of the trainer: ``lag`` = 1 with TCSS, 0 without (``separate-async``
+    uses it with ``lag`` = ``asynchrony.max_staleness``); none at all right after a checkpoint."""
 
     lag: int
     checkpoint_every: int = 0

@@ -9,6 +9,10 @@ counter events ``ph: "C"`` carry numeric ``args``, metadata events ``ph: "M"`` n
 Mapping: one process per rank (``pid = rank``, named "rank r (role)"), one thread per phase *category*
 (iteration markers, compute, communication, wait) so nested or concurrent spans of different kinds sit on
 separate tracks; span args carry iteration / fragment / policy version / samples / extra.
+
+A resumed run's logs hold several processes per rank, one after the other; the trace shows them all on
+the run's one clock (``event_records.load_events``), including the spans a crash made the resumed run
+redo, with ``superseded: true`` in their args.
 """
 
 from __future__ import annotations
@@ -52,10 +56,10 @@ def merge_chrome_trace(out_dir: str | Path, path: str | Path | None = None) -> P
 
     Call on one rank (rank 0) after every rank closed its ``EventLogger``.
     """
-    records = load_events(out_dir)
+    records = load_events(out_dir, superseded=True)
     events: list[dict[str, Any]] = []
     roles: dict[int, str] = {}
-    origins: dict[int, float] = {}
+    origins: list[float] = []
     tracks: dict[str, int] = dict(CATEGORY_TRACKS)
     used_tracks: set[tuple[int, int]] = set()
 
@@ -64,7 +68,7 @@ def merge_chrome_trace(out_dir: str | Path, path: str | Path | None = None) -> P
         roles.setdefault(rank, str(record.get("role", "?")))
         kind = record["type"]
         if kind == "meta":
-            origins[rank] = float(record["clock_origin"])
+            origins.append(float(record["clock_origin"]))
         elif kind == "span":
             category = record.get("category") or phase_category(record["phase"])
             tid = tracks.setdefault(category, len(tracks))
@@ -75,6 +79,8 @@ def merge_chrome_trace(out_dir: str | Path, path: str | Path | None = None) -> P
                 if record.get(key) is not None
             }
             args.update(record.get("extra") or {})
+            if record.get("superseded"):
+                args["superseded"] = True
             events.append(
                 {
                     "name": record["phase"],
@@ -127,7 +133,7 @@ def merge_chrome_trace(out_dir: str | Path, path: str | Path | None = None) -> P
         "traceEvents": metadata + sorted(events, key=lambda event: (event["pid"], event["ts"])),
         "displayTimeUnit": "ms",
         "otherData": {
-            "clock_origin_unix_s": min(origins.values()) if origins else None,
+            "clock_origin_unix_s": min(origins) if origins else None,
             "time_unit_note": "ts/dur are microseconds since the shared clock origin",
         },
     }

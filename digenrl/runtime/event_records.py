@@ -2,7 +2,8 @@
 
 Each rank writes ``<out_dir>/events/rank<r>.jsonl``, one JSON object per line, with a ``type``:
 
-- ``meta``    — first line: ``rank, role, clock_origin`` (unix seconds all ranks agreed on), ``host, pid``.
+- ``meta``    — starts the records of one process: ``rank, role, clock_origin`` (unix seconds all ranks
+  agreed on), ``host, pid``, ``run_id`` and ``start_iteration`` (the iteration it started at).
 - ``span``    — ``rank, role, phase, iteration, fragment, policy_version, t_start, t_end`` (seconds since
   ``clock_origin``), optional ``samples``, ``category`` and ``extra`` (a dict).
 - ``counter`` — ``rank, role, name, t, values`` (a dict of numbers), e.g. NVML utilisation samples.
@@ -11,6 +12,13 @@ Each rank writes ``<out_dir>/events/rank<r>.jsonl``, one JSON object per line, w
 Phase names are free-form strings, with two conventions the summaries rely on: phases named ``idle`` or
 starting with ``wait`` / ``idle`` are idle time (a bubble), and ``iteration`` marks the extent of one
 iteration on a rank (it is not work either).
+
+Resumed runs (README, "Runs"). A resumed process appends to its rank's log, starting with a new ``meta``
+record: one file then holds several *segments*, each timed against its own clock origin. ``load_events``
+puts every record on one clock — seconds since the earliest origin of the run — and gives each ``meta``
+record ``t``, the time its segment starts on that clock. A span of a segment whose iteration a later
+segment ran again (it started at or before that iteration, from a checkpoint) was lost with the crash:
+it is *superseded*, left out by default and marked ``superseded: true`` when asked for.
 """
 
 from __future__ import annotations
@@ -80,34 +88,76 @@ def is_work_phase(phase: str) -> bool:
     return phase != ITERATION_PHASE and not is_idle_phase(phase)
 
 
-def load_events(out_dir: str | Path) -> list[dict[str, Any]]:
-    """All records of all ranks under ``out_dir/events``, ordered by (rank, file order).
+def load_events(out_dir: str | Path, *, superseded: bool = False) -> list[dict[str, Any]]:
+    """All records of all ranks under ``out_dir/events``, ordered by (rank, file order), on one clock.
 
-    A malformed *last* line is dropped (a rank killed mid-write); a malformed line anywhere else is an
-    error, since it means the file is not an event log.
+    Times are seconds since the run's first clock origin (see the module docstring); spans superseded by
+    a resume are left out unless ``superseded`` (then they carry ``superseded: true``). A malformed *last*
+    line is dropped (a rank killed mid-write); a malformed line anywhere else is an error, since it means
+    the file is not an event log.
     """
     events_dir = Path(out_dir) / EVENTS_SUBDIR
     paths = sorted(events_dir.glob("rank*.jsonl"), key=_rank_of_path)
     if not paths:
         raise ValueError(f"out_dir '{out_dir}' holds no event logs ({events_dir}/rank<r>.jsonl)")
+    segments_by_file = [_read_segments(path) for path in paths]
+    origins = [seg[0]["clock_origin"] for segs in segments_by_file for seg in segs if seg[0] is not None]
+    run_origin = min(origins) if origins else 0.0
     records: list[dict[str, Any]] = []
-    for path in paths:
-        lines = path.read_text().splitlines()
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                if number == len(lines):
-                    break
-                raise ValueError(f"{path}:{number} is not valid JSON: {error}") from error
-            if record.get("type") not in RECORD_TYPES:
-                raise ValueError(
-                    f"{path}:{number} has type {record.get('type')!r}; allowed: {list(RECORD_TYPES)}"
-                )
-            records.append(record)
+    for segments in segments_by_file:
+        restarts = [int(meta.get("start_iteration") or 0) for meta, _ in segments[1:] if meta is not None]
+        for index, (meta, body) in enumerate(segments):
+            shift = float(meta["clock_origin"]) - run_origin if meta is not None else 0.0
+            redone = min(restarts[index:], default=None)  # earliest iteration a later segment started at
+            if meta is not None:
+                records.append({**meta, "t": shift})
+            for record in body:
+                lost = redone is not None and record["type"] == "span" and _at_or_after(record, redone)
+                if lost and not superseded:
+                    continue
+                record = _shifted(record, shift)
+                if lost:
+                    record["superseded"] = True
+                records.append(record)
     return records
+
+
+def _read_segments(path: Path) -> list[tuple[dict[str, Any] | None, list[dict[str, Any]]]]:
+    """The file's records split at each ``meta`` record: [(meta or None before the first, records)]."""
+    lines = path.read_text().splitlines()
+    segments: list[tuple[dict[str, Any] | None, list[dict[str, Any]]]] = [(None, [])]
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            if number == len(lines):
+                break
+            raise ValueError(f"{path}:{number} is not valid JSON: {error}") from error
+        if record.get("type") not in RECORD_TYPES:
+            raise ValueError(
+                f"{path}:{number} has type {record.get('type')!r}; allowed: {list(RECORD_TYPES)}"
+            )
+        if record["type"] == "meta":
+            segments.append((record, []))
+        else:
+            segments[-1][1].append(record)
+    return segments if segments[0][1] else segments[1:]
+
+
+def _at_or_after(span: dict[str, Any], iteration: int) -> bool:
+    return span.get("iteration") is not None and int(span["iteration"]) >= iteration
+
+
+def _shifted(record: dict[str, Any], shift: float) -> dict[str, Any]:
+    if not shift:
+        return record
+    out = dict(record)
+    for key in ("t_start", "t_end", "t"):
+        if key in out:
+            out[key] = float(out[key]) + shift
+    return out
 
 
 def _rank_of_path(path: Path) -> int:

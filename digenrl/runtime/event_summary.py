@@ -94,7 +94,8 @@ def steady_window(out_dir: str | Path, first_iteration: int) -> dict[str, float]
     to the end of the run's last iteration. Per-iteration windows overlap when generation runs ahead
     (TCSS, the async baseline), so a run-level number needs one window: ``bubble_free_bound_s`` = busy /
     ranks, busy / (ranks · window) is the mean busy fraction, and achieved / bubble-free throughput
-    equals it."""
+    equals it. After a resume the window never reaches back into the process before it: the time
+    between a crash and the restart is no one's work."""
     records = load_events(out_dir)
     ranks = {int(r["rank"]) for r in records}
     spans = [r for r in records if r["type"] == "span" and r.get("iteration") is not None]
@@ -105,7 +106,12 @@ def steady_window(out_dir: str | Path, first_iteration: int) -> dict[str, float]
     later = [s for s in spans if int(s["iteration"]) >= first_iteration]
     if not later or not ranks:
         return {"window_s": 0.0, "busy_gpu_s": 0.0, "ranks": float(len(ranks)), "bubble_free_bound_s": 0.0}
-    start = ends.get(first_iteration - 1) or min(float(s["t_start"]) for s in later)
+    first_start = min(float(s["t_start"]) for s in later)
+    segment_start = max(
+        (float(r["t"]) for r in records if r["type"] == "meta" and r["t"] <= first_start), default=0.0
+    )
+    previous_end = ends.get(first_iteration - 1)
+    start = previous_end if previous_end is not None and previous_end >= segment_start else first_start
     end = max(ends.values()) if ends else max(float(s["t_end"]) for s in later)
     work: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for span in records:

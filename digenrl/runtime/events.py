@@ -55,10 +55,15 @@ class EventLogger:
     (``digenrl/runtime/watchdog.py``) publishes that as the rank's phase in its heartbeat.
 
     Args:
-        out_dir: run output folder; the log goes to ``out_dir/events/rank<rank>.jsonl`` (truncated).
+        out_dir: run output folder; the log goes to ``out_dir/events/rank<rank>.jsonl``.
         rank, role: identity written into every record.
         clock_origin: unix time all ranks agreed on (``agree_clock_origin``); times are stored relative to it.
         flush_interval_s: buffered lines reach the file at least this often (so a crash loses little).
+        append: keep what the file holds (a resumed run: the log covers the whole run) instead of
+            truncating it. Either way this process starts with its own ``meta`` record, so a reader knows
+            which clock origin the following records use (``event_records.load_events``).
+        run_id, start_iteration: the run this process belongs to and the iteration it starts at (its
+            checkpoint's; 0 for a fresh run), written into the ``meta`` record.
     """
 
     def __init__(
@@ -69,6 +74,9 @@ class EventLogger:
         clock_origin: float,
         *,
         flush_interval_s: float = 2.0,
+        append: bool = False,
+        run_id: str | None = None,
+        start_iteration: int = 0,
     ) -> None:
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
             raise ValueError(f"rank must be a non-negative int, got {rank!r}")
@@ -81,7 +89,9 @@ class EventLogger:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._flush_interval_s = flush_interval_s
         self._lock = threading.Lock()
-        self._file = self.path.open("w")
+        if append:
+            _drop_torn_tail(self.path)
+        self._file = self.path.open("a" if append else "w")
         self._last_flush = time.perf_counter()
         self._open_spans: dict[int, tuple[str, int | None]] = {}  # span id -> (phase, iteration)
         self._span_ids = itertools.count()
@@ -97,6 +107,8 @@ class EventLogger:
                 "clock_origin": self.clock_origin,
                 "host": socket.gethostname(),
                 "pid": os.getpid(),
+                "run_id": run_id,
+                "start_iteration": int(start_iteration),
             }
         )
 
@@ -243,3 +255,26 @@ class EventLogger:
             if time.perf_counter() - self._last_flush >= self._flush_interval_s:
                 self._file.flush()
                 self._last_flush = time.perf_counter()
+
+
+def _drop_torn_tail(path: Path) -> None:
+    """Cut a partial last line (a process killed mid-write) so appended records start on their own line."""
+    if not path.is_file():
+        return
+    with path.open("rb+") as f:
+        end = f.seek(0, os.SEEK_END)
+        if end == 0:
+            return
+        f.seek(end - 1)
+        if f.read(1) == b"\n":
+            return
+        pos = end
+        while pos > 0:  # backwards in chunks: the log may be large, the torn line is short
+            size = min(1 << 16, pos)
+            pos -= size
+            f.seek(pos)
+            cut = f.read(size).rfind(b"\n")
+            if cut >= 0:
+                f.truncate(pos + cut + 1)
+                return
+        f.truncate(0)

@@ -1,12 +1,25 @@
-"""Per-iteration metrics: ``out_dir/metrics.jsonl`` (rank 0) and one progress line per iteration."""
+"""Per-iteration metrics: ``out_dir/metrics.jsonl`` (rank 0), one progress line per iteration, and the same
+numbers in TensorBoard when it is installed.
+
+One line per iteration, always: a resumed run first cuts the file back to the iterations before its
+checkpoint (atomically: a temporary file replaces it), so the iterations a crash made it redo are not
+written twice. Iterations are numbered as in the metrics everywhere (0-based): the progress line of
+iteration 0 of 20 reads ``[digenrl] iteration 0 (1/20) …``.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import sys
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
+
+log = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
 
 REQUIRED_KEYS = (
     "iteration",
@@ -21,19 +34,61 @@ REQUIRED_KEYS = (
 )
 
 
+class ScalarWriter(Protocol):
+    """What :class:`MetricsWriter` needs of a TensorBoard ``SummaryWriter``."""
+
+    def add_scalar(self, tag: str, scalar_value: float, global_step: int) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def open_tensorboard(out_dir: str | Path, start_iteration: int = 0) -> ScalarWriter | None:
+    """A ``SummaryWriter`` on ``out_dir/tensorboard`` when TensorBoard is installed, else None (said once).
+
+    TensorBoard is optional (not a dependency of the package): ``torch.utils.tensorboard`` imports the
+    ``tensorboard`` package and raises ImportError without it. ``purge_step`` makes TensorBoard drop what
+    an earlier process logged at or after the resumed iteration, as ``metrics.jsonl`` is cut back."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as error:
+        log.info("TensorBoard not installed (%s): metrics go to metrics.jsonl only", error)
+        return None
+    return SummaryWriter(str(Path(out_dir) / TENSORBOARD_DIR), purge_step=start_iteration or None)
+
+
 class MetricsWriter:
-    """Appends one JSON object per iteration; only the writer rank touches the file."""
+    """Appends one JSON object per iteration; only the writer rank touches the file.
+
+    ``start_iteration``: the iteration this process starts at; lines of that iteration and later are cut
+    from an existing file (0: the file starts empty). ``run_id`` is added to every record. ``tensorboard``:
+    a writer the records' numbers also go to (:func:`open_tensorboard`), or None.
+    """
 
     def __init__(
-        self, out_dir: str | Path, *, is_writer: bool, stream: TextIO | None = None, resume: bool = False
+        self,
+        out_dir: str | Path,
+        *,
+        is_writer: bool,
+        stream: TextIO | None = None,
+        start_iteration: int = 0,
+        run_id: str | None = None,
+        tensorboard: ScalarWriter | None = None,
     ):
-        self.path = Path(out_dir) / "metrics.jsonl"
+        self.path = Path(out_dir) / METRICS_FILE
         self.is_writer = is_writer
         self.stream = stream if stream is not None else sys.stdout
+        self.run_id = run_id
+        self.tensorboard = tensorboard if is_writer else None
         if is_writer:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            if not resume:
-                self.path.write_text("")
+            kept = (
+                [r for r in read_metrics(out_dir) if r["iteration"] < start_iteration]
+                if start_iteration
+                else []
+            )
+            _replace(self.path, kept)
 
     def log(self, record: dict[str, Any]) -> None:
         if not self.is_writer:
@@ -41,26 +96,63 @@ class MetricsWriter:
         missing = [k for k in REQUIRED_KEYS if k not in record]
         if missing:
             raise KeyError(f"metrics record lacks {missing}")
+        record = {**record, "run_id": self.run_id} if self.run_id is not None else record
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
         with self.path.open("a") as f:
             f.write(json.dumps(clean) + "\n")
+        if self.tensorboard is not None:
+            for key, value in clean.items():
+                if key != "iteration" and isinstance(value, int | float) and not isinstance(value, bool):
+                    self.tensorboard.add_scalar(key, value, record["iteration"])
+            self.tensorboard.flush()
         self.stream.write(progress_line(record) + "\n")
         self.stream.flush()
 
+    def close(self) -> None:
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+            self.tensorboard = None
+
 
 def progress_line(r: dict[str, Any]) -> str:
+    """``[digenrl] iteration 3 (4/20) …``: the metrics' 0-based iteration, then how far the run is."""
     total = r.get("iterations")
-    it = f"iter {r['iteration'] + 1}/{total}" if total else f"iter {r['iteration'] + 1}"
+    it = (
+        f"iteration {r['iteration']} ({r['iteration'] + 1}/{total})"
+        if total
+        else f"iteration {r['iteration']}"
+    )
+    skipped = " NON-FINITE STEP SKIPPED" if r.get("nonfinite_skipped") else ""
     return (
         f"[digenrl] {it} v{r['policy_version']} reward {r['reward_mean']:+.4f}±{r['reward_std']:.4f} "
         f"loss {r['loss']:+.3e} ratio {r['ratio_mean']:.6f} |Δθ| {r['update_norm']:.3e} "
-        f"{r['samples_per_s']:.2f} samples/s {r['wall_s']:.2f}s"
+        f"{r['samples_per_s']:.2f} samples/s {r['wall_s']:.2f}s{skipped}"
     )
 
 
 def read_metrics(out_dir: str | Path) -> list[dict[str, Any]]:
-    path = Path(out_dir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The records of ``out_dir/metrics.jsonl`` ([] when there is none). A malformed *last* line (the
+    writer killed mid-line) is dropped; a malformed line anywhere else is an error."""
+    path = Path(out_dir) / METRICS_FILE
+    if not path.is_file():
+        return []
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    records = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as error:
+            if number == len(lines):
+                break
+            raise ValueError(f"{path}:{number} is not valid JSON: {error}") from error
+    return records
+
+
+def _replace(path: Path, records: list[dict[str, Any]]) -> None:
+    """Write ``records`` as the whole file, atomically."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
+    tmp.replace(path)
 
 
 def add_event_summary(out_dir: str | Path) -> None:
@@ -69,7 +161,7 @@ def add_event_summary(out_dir: str | Path) -> None:
     rank 0, after every rank has flushed its events; the file is replaced atomically."""
     from digenrl.runtime.event_summary import summarize_events
 
-    path = Path(out_dir) / "metrics.jsonl"
+    path = Path(out_dir) / METRICS_FILE
     if not path.is_file():
         return
     summary = summarize_events(out_dir)
@@ -80,6 +172,4 @@ def add_event_summary(out_dir: str | Path) -> None:
             record["busy_fraction"] = per_iteration["busy_fraction"]
             record["phase_seconds"] = per_iteration["phase_seconds"]
             record["bubble_free_bound_s"] = per_iteration["bubble_free_bound_s"]
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
-    tmp.replace(path)
+    _replace(path, records)

@@ -1,24 +1,31 @@
 """What a user reads at the start and at the end of a run (rank 0 prints both).
 
-The start banner says what is about to run (system, model, profile, world, pools, mechanisms, out_dir);
+The start banner says what is about to run (system, model, profile, world, pools, mechanisms, out_dir,
+and the run: new, or resumed at which iteration);
 the closing summary says what happened, from ``metrics.jsonl`` after the per-rank event logs were folded
 in (:func:`digenrl.runtime.metrics.add_event_summary`): reward first → last, steady-state samples/s
 (the first iteration — compilation, pipeline fill — excluded when there are later ones), each pool's busy
 fraction, and the bubble-free bound — the samples/s a perfect schedule of the same busy device-seconds
-would reach (docs/design.md §5) — plus where the metrics, the trace and the checkpoints are.
+would reach (docs/design.md §5) — plus where the metrics, the trace and the checkpoints are. Iterations
+are named as in ``metrics.jsonl`` (0-based), like the progress lines.
 """
 
 from __future__ import annotations
 
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from digenrl.config import Config
 from digenrl.runtime.event_summary import steady_window
 
+if TYPE_CHECKING:
+    from digenrl.runtime.run_dir import RunStart
 
-def start_banner(cfg: Config, world_size: int, pools: str, mechanisms: str = "") -> str:
+
+def start_banner(
+    cfg: Config, world_size: int, pools: str, mechanisms: str = "", run: RunStart | None = None
+) -> str:
     lines = [
         f"[digenrl] system {cfg.system} | model {cfg.model.name} | profile {cfg.profile} | "
         f"{world_size} rank(s): {pools}",
@@ -27,6 +34,11 @@ def start_banner(cfg: Config, world_size: int, pools: str, mechanisms: str = "")
     ]
     if mechanisms:
         lines.insert(1, f"[digenrl] {mechanisms}")
+    if run is not None:
+        if run.note:
+            lines.append(f"[digenrl] {run.note}")
+        what = f"resumed at iteration {run.start_iteration}" if run.resumed else "new run"
+        lines.append(f"[digenrl] run {run.run_id} ({what})")
     return "\n".join(lines)
 
 
@@ -48,15 +60,20 @@ def closing_summary(records: list[dict[str, Any]], out_dir: str | Path) -> str:
     window = steady_window(out_dir, steady[0]["iteration"])
     first, last = records[0], records[-1]
     lines = [
-        f"[digenrl] done: {len(records)} iteration(s) (iterations {first['iteration'] + 1}-"
-        f"{last['iteration'] + 1}), reward {first['reward_mean']:+.4f} -> {last['reward_mean']:+.4f}",
-        f"[digenrl] {rate:.2f} samples/s over iterations {steady[0]['iteration'] + 1}-{last['iteration'] + 1}"
-        + _bound(window, samples),
+        f"[digenrl] done: {len(records)} iteration(s) ({_span(first, last)}), "
+        f"reward {first['reward_mean']:+.4f} -> {last['reward_mean']:+.4f}",
+        f"[digenrl] {rate:.2f} samples/s over {_span(steady[0], last)}" + _bound(window, samples),
     ]
     busy = _busy(steady)
     if busy:
         pools = ", ".join(f"{role} {100 * f:.0f}%" for role, f in busy.items())
         lines.append(f"[digenrl] busy fraction: {pools}")
+    skipped = [r["iteration"] for r in records if r.get("nonfinite_skipped")]
+    if skipped:
+        lines.append(
+            f"[digenrl] non-finite updates skipped (trainer.nonfinite=skip) at iterations "
+            f"{', '.join(map(str, skipped))}"
+        )
     stale = [r.get("stale_fraction") for r in steady if r.get("stale_fraction") is not None]
     if stale and max(stale) > 0:
         lines.append(f"[digenrl] one-version-stale samples (TCSS): {100 * statistics.mean(stale):.0f}%")
@@ -66,6 +83,11 @@ def closing_summary(records: list[dict[str, Any]], out_dir: str | Path) -> str:
         f"checkpoints {out / 'checkpoints'}"
     )
     return "\n".join(lines)
+
+
+def _span(first: dict[str, Any], last: dict[str, Any]) -> str:
+    a, b = first["iteration"], last["iteration"]
+    return f"iteration {a}" if a == b else f"iterations {a}-{b}"
 
 
 def _bound(window: dict[str, float], samples: int) -> str:

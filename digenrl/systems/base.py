@@ -2,9 +2,11 @@
 
 Like torchtitan's ``train.py`` the loop is one readable function: resume → for each iteration
 (schedule-specific work, metrics, checkpoint) → merge the profile trace. Checkpoints store the
-trainer state and the next iteration index; every random draw of the run is keyed by
-``(seed, iteration, …)``, so resuming from iteration k replays exactly what an uninterrupted run
-would have done.
+trainer state, the next iteration index and the run's identity (its ``run_id`` and resolved config,
+digenrl/runtime/run_dir.py); every random draw of the run is keyed by ``(seed, iteration, …)``, so
+resuming from iteration k replays exactly what an uninterrupted run would have done. Schedules that
+generate ahead of the trainer (TCSS, ``separate-async``) generate the iteration after a checkpoint
+on-policy, so nothing is in flight when it is written (:class:`digenrl.async_policy.tcss.StalenessBound`).
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ from digenrl.runtime.events import agree_clock_origin, merge_chrome_trace
 from digenrl.runtime.fault_injection import inject_fault
 from digenrl.runtime.metrics import add_event_summary, read_metrics
 from digenrl.runtime.policy_version import PolicyVersion
+from digenrl.runtime.run_dir import RunStart
 from digenrl.runtime.run_report import closing_summary, start_banner
 from digenrl.runtime.telemetry import GpuTelemetry
 from digenrl.systems.components import RankComponents
-from digenrl.trainer.checkpoint import load_latest_checkpoint, save_checkpoint
+from digenrl.trainer.checkpoint import load_checkpoint, save_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +65,10 @@ class System:
                 f"{cls.name!r}, so every rank generates whole prompt groups"
             )
 
-    def __init__(self, cfg: Config, ctx: DistContext):
+    def __init__(self, cfg: Config, ctx: DistContext, run: RunStart):
         self.cfg = cfg
         self.ctx = ctx
+        self.run_start = run  # agreed at startup (digenrl/runtime/run_dir.py agree_run_start)
         self.clock_origin = agree_clock_origin(ctx)
         self.version = PolicyVersion()  # the one owner of this rank's policy version
         self.parts: RankComponents = self.setup()
@@ -96,6 +100,8 @@ class System:
             "next_iteration": next_iteration,
             "policy_version": self.version.current,
             "trainer": trainer.state_dict() if trainer is not None else None,
+            "run_id": self.run_start.run_id,
+            "config": self.cfg.to_dict(),
         }
 
     def restore(self, payload: dict) -> int:
@@ -119,22 +125,25 @@ class System:
             rank=self.ctx.rank,
             is_writer=self.ctx.rank == 0,
             group=group,
+            keep=self.cfg.checkpoint_keep,
         )
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> list[dict]:
-        cfg, ctx = self.cfg, self.ctx
+        cfg, ctx, run = self.cfg, self.ctx, self.run_start
         start = 0
-        if cfg.resume:
-            payload = load_latest_checkpoint(cfg.out_dir)
-            if payload is not None:
-                start = self.restore(payload)
-                if ctx.rank == 0:
-                    log.info("resumed from %s at iteration %d", cfg.out_dir, start)
+        if run.checkpoint is not None:
+            payload = load_checkpoint(run.checkpoint, rank=ctx.rank)
+            if payload.get("run_id") != run.run_id:  # the directory changed under us since startup
+                raise RuntimeError(
+                    f"rank {ctx.rank}: checkpoint {run.checkpoint} belongs to run {payload.get('run_id')}, "
+                    f"not to run {run.run_id} that startup agreed to resume"
+                )
+            start = self.restore(payload)
         if ctx.rank == 0:
-            save_config(cfg, f"{cfg.out_dir}/config.yaml")
+            save_config(cfg, f"{cfg.out_dir}/config.yaml", run_id=run.run_id)
             print(
-                start_banner(cfg, ctx.world_size, self.describe_pools(), self.describe_mechanisms()),
+                start_banner(cfg, ctx.world_size, self.describe_pools(), self.describe_mechanisms(), run),
                 flush=True,
             )
         self.before_first_iteration()
@@ -169,6 +178,7 @@ class System:
         self.after_run()
         if telemetry is not None:
             telemetry.stop()
+        self.parts.metrics.close()
         self.parts.events.close()
         ctx.barrier("events flushed before trace merge", cfg.runtime.timeout_s)
         if ctx.rank == 0:

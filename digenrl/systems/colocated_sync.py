@@ -58,7 +58,13 @@ class ColocatedSync(System):
 
     def setup(self) -> RankComponents:
         parts = build_rank_components(
-            self.cfg, self.ctx, role="colocated", generate=True, train=True, clock_origin=self.clock_origin
+            self.cfg,
+            self.ctx,
+            role="colocated",
+            generate=True,
+            train=True,
+            clock_origin=self.clock_origin,
+            run=self.run_start,
         )
         self.residency = self.build_residency(parts)
         return parts

@@ -22,7 +22,8 @@ from digenrl.rollout.sampler import Sampler
 from digenrl.rollout.scoring import Scorer
 from digenrl.runtime.distributed import DistContext
 from digenrl.runtime.events import EventLogger
-from digenrl.runtime.metrics import MetricsWriter
+from digenrl.runtime.metrics import MetricsWriter, open_tensorboard
+from digenrl.runtime.run_dir import RunStart
 from digenrl.trainer.trainer import PolicyTrainer
 
 log = logging.getLogger(__name__)
@@ -61,15 +62,20 @@ def build_rank_components(
     generate: bool,
     train: bool,
     clock_origin: float,
+    run: RunStart,
     process_group: torch.distributed.ProcessGroup | None = None,
     score: bool | None = None,
 ) -> RankComponents:
     """Build this rank's parts. The same seed gives every rank the same initial weights, so the
     policy is identical everywhere before the first update (checked by the weight checksum tests).
 
+
     ``score``: whether this rank decodes and scores (default: when it generates). A scorer rank of a
     separate layout scores without generating or training: its transformer and text encoder are built
     on the ``meta`` device (shapes only, no memory), only the VAE and the reward model are real.
+
+    ``run``: how the run starts in out_dir — a resumed run appends to its event logs and cuts
+    ``metrics.jsonl`` back to its checkpoint's iteration (digenrl/runtime/run_dir.py).
     """
     score = generate if score is None else score
     torch.manual_seed(cfg.seed)
@@ -127,8 +133,23 @@ def build_rank_components(
             device=ctx.device,
         )
     out = Path(cfg.out_dir)
-    events = EventLogger(out, ctx.rank, role, clock_origin)
-    metrics = MetricsWriter(out, is_writer=ctx.rank == 0, resume=cfg.resume)
+    events = EventLogger(
+        out,
+        ctx.rank,
+        role,
+        clock_origin,
+        append=run.resumed,
+        run_id=run.run_id,
+        start_iteration=run.start_iteration,
+    )
+    writer = ctx.rank == 0
+    metrics = MetricsWriter(
+        out,
+        is_writer=writer,
+        start_iteration=run.start_iteration,
+        run_id=run.run_id,
+        tensorboard=open_tensorboard(out, run.start_iteration) if writer else None,
+    )
     return RankComponents(
         cfg=cfg,
         ctx=ctx,

@@ -425,7 +425,7 @@ class DigenRL(SeparateSystem):
     def optimizer_step(self, iteration: int, version: int) -> dict[str, float]:
         start = time.perf_counter()
         with self.parts.events.span("optimizer", iteration=iteration, policy_version=version):
-            step_stats = self.parts.trainer.step()
+            step_stats = self.parts.trainer.step(iteration)
         if self.tag_policy is not None:
             self.tag_policy.observed.optimizer_s.append(time.perf_counter() - start)
         return step_stats

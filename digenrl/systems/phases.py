@@ -48,6 +48,12 @@ def assign_advantages(
         all_rewards, all_ids = gather_rewards(local_rewards.to(device), masked_ids.to(device), group=group)
         all_rewards, all_ids = all_rewards.cpu(), all_ids.cpu()
     all_keep = all_ids >= 0
+    if not bool(all_keep.any()):
+        raise FloatingPointError(
+            f"every reward of iteration {batch.iteration} is non-finite, so no prompt group is left to train "
+            "on: the policy's samples are not finite. The last update was likely too large (see update_norm "
+            "in metrics.jsonl and lower trainer.lr)"
+        )
     result = group_advantages(
         all_rewards[all_keep], all_ids[all_keep], std_mode=algo.adv_std, clamp=algo.adv_clamp
     )
@@ -152,7 +158,7 @@ def train_logical_batch(
             with events.span("train", iteration=iteration, policy_version=version, samples=part.batch_size):
                 train_on(trainer, part, total_units, stats)
         with events.span("optimizer", iteration=iteration, policy_version=version):
-            step_stats = trainer.step()
+            step_stats = trainer.step(iteration)
     return stats, step_stats
 
 

@@ -139,6 +139,7 @@ class SeparateSystem(System):
             train=self.is_trainer,
             score=self.role == "scorer" or (generate and self.scorer_pool is None),
             clock_origin=self.clock_origin,
+            run=self.run_start,
             process_group=self.groups.trainer_group,
         )
         if self.is_generator:

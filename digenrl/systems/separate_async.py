@@ -17,12 +17,19 @@ Order of the matched operations (deadlock-free by construction): the trainer doe
 ``recv j, train j, push θ_{j+1}`` for every j; a generator does ``pull`` of every version ≤ j before
 ``ship j`` and of every version ≤ j − max_staleness before ``generate j``. With one generation in
 flight a generator can never be more than one version ahead, so ``max_staleness`` is 0 or 1.
+
+Checkpoints: the iteration after a checkpoint is generated on-policy, as TCSS does
+(:class:`~digenrl.async_policy.tcss.StalenessBound`): batch k waits for θ_k when a checkpoint is written
+between k − 1 and k, so no stale batch is in flight when the trainer saves, and a run resumed from the
+checkpoint — whose generators start from θ_k — replays the uninterrupted run exactly. The price is one
+on-policy iteration per ``checkpoint_every``.
 """
 
 from __future__ import annotations
 
 import time
 
+from digenrl.async_policy.tcss import StalenessBound
 from digenrl.config import Config, ConfigError
 from digenrl.systems.base import IterationReport
 from digenrl.systems.separate import generator_report
@@ -52,9 +59,14 @@ class SeparateAsync(SeparateSync):
     def max_staleness(self) -> int:  # type: ignore[override]
         return self.cfg.asynchrony.max_staleness
 
+    @property
+    def bound(self) -> StalenessBound:
+        cfg = self.cfg
+        return StalenessBound(cfg.asynchrony.max_staleness, cfg.checkpoint_every, cfg.iterations)
+
     def generate_iteration(self, iteration: int) -> IterationReport:
         t0 = time.perf_counter()
-        self.wait_for_version(iteration - self.cfg.asynchrony.max_staleness, iteration)
+        self.wait_for_version(self.bound.oldest_version(iteration), iteration)
         batch, score = self.rollout(iteration)
         t1 = time.perf_counter()
         self.wait_for_version(iteration, iteration)  # the trainer publishes θ_j before it receives batch j

@@ -5,7 +5,8 @@ Layout of one checkpoint::
     step_<n>/trainer.pt        payload from the writer rank (trainer state, iteration, config, …)
     step_<n>/rng/rank_<r>.pt   RNG states of every participating rank (python, numpy, torch, cuda)
     step_<n>/config.yaml       the resolved config, for humans (when the payload carries one)
-    step_<n>/meta.json         step, world size, file list — written last inside the temporary dir
+    step_<n>/meta.json         step, file list and the run's identity (``run_id``, ``config``: read at
+                               startup without loading the tensors) — written last inside the temporary dir
     latest                     text file naming the newest complete step directory
 
 Atomicity: everything is written into ``.step_<n>.tmp`` beside the final directory, every file and the
@@ -17,6 +18,11 @@ leftover ``.tmp`` directories are ignored by the loader and removed by the next 
 Trainer state is stored as full (unsharded) tensors keyed by parameter name (see
 :meth:`PolicyTrainer.state_dict`), so a run can resume under another process layout (e.g. 4 → 2 FSDP2
 ranks). RNG states are per rank: a resumed rank r restores ``rank_r.pt`` when it exists.
+
+Retention: ``keep`` > 0 deletes all but the newest ``keep`` step directories, after the new one is
+published, so a crash during a save never leaves fewer complete checkpoints than before. A payload holding
+a non-finite floating-point tensor is refused before anything is written: a NaN checkpoint would make
+``resume=true`` continue from garbage.
 """
 
 from __future__ import annotations
@@ -89,6 +95,20 @@ def step_dir_name(step: int) -> str:
     return f"step_{step}"
 
 
+def nonfinite_entries(tree: Any, prefix: str = "") -> list[str]:
+    """Dotted paths of the floating-point tensors in a nested payload that hold NaN or ±inf."""
+    if isinstance(tree, torch.Tensor):
+        bad = tree.is_floating_point() and not bool(torch.isfinite(tree).all())
+        return [prefix or "<payload>"] if bad else []
+    if isinstance(tree, dict):
+        items = tree.items()
+    elif isinstance(tree, list | tuple):
+        items = enumerate(tree)
+    else:
+        return []
+    return [path for key, value in items for path in nonfinite_entries(value, f"{prefix}.{key}".lstrip("."))]
+
+
 def save_checkpoint(
     out_dir: str | Path,
     step: int,
@@ -97,6 +117,7 @@ def save_checkpoint(
     rank: int,
     is_writer: bool,
     group: Any = None,
+    keep: int = 0,
 ) -> Path:
     """Write checkpoint ``step`` atomically; returns the final directory.
 
@@ -105,9 +126,17 @@ def save_checkpoint(
     storage is assumed for multi-node runs. ``payload`` is whatever the caller needs to resume, typically
     ``{"trainer": trainer.state_dict(), "iteration": i, "policy_version": v, "config": cfg.to_dict()}``;
     ``PolicyTrainer.state_dict`` is complete only on the trainer group's first rank, so that rank writes.
+    ``keep`` > 0: keep only the newest ``keep`` complete checkpoints (see the module docstring).
     """
     if step < 0:
         raise ValueError(f"checkpoint step must be >= 0, got {step}")
+    if is_writer:
+        bad = nonfinite_entries(payload)
+        if bad:
+            raise FloatingPointError(
+                f"refusing to write checkpoint {step_dir_name(step)}: non-finite values in "
+                f"{', '.join(bad[:5])}{' …' if len(bad) > 5 else ''}"
+            )
     root = Path(out_dir) / CHECKPOINT_DIR
     final = root / step_dir_name(step)
     tmp = root / f".{step_dir_name(step)}.tmp"
@@ -125,8 +154,31 @@ def save_checkpoint(
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
+        if keep > 0:
+            _prune(root, keep, newest=step)
     _barrier(group)
     return final
+
+
+def checkpoint_steps(out_dir: str | Path) -> list[int]:
+    """Steps of the complete checkpoint directories in ``out_dir`` (a ``meta.json`` marks one), ascending."""
+    root = Path(out_dir) / CHECKPOINT_DIR
+    if not root.is_dir():
+        return []
+    steps = []
+    for path in root.glob("step_*"):
+        digits = path.name.removeprefix("step_")
+        if digits.isdigit() and (path / "meta.json").is_file():
+            steps.append(int(digits))
+    return sorted(steps)
+
+
+def _prune(root: Path, keep: int, *, newest: int) -> None:
+    """Delete complete checkpoints older than the newest ``keep`` up to ``newest`` (just published).
+    Newer ones (left by an attempt that a resume superseded) are overwritten when the run gets there."""
+    older = [step for step in checkpoint_steps(root.parent) if step <= newest]
+    for step in older[:-keep]:
+        shutil.rmtree(root / step_dir_name(step))
 
 
 def _publish(root: Path, tmp: Path, final: Path, step: int, payload: dict[str, Any]) -> None:
@@ -136,6 +188,7 @@ def _publish(root: Path, tmp: Path, final: Path, step: int, payload: dict[str, A
         _fsync_file(tmp / "config.yaml")
     rng_files = sorted(p.name for p in (tmp / "rng").iterdir())
     meta = {"step": step, "rng_files": rng_files, "payload_keys": sorted(payload)}
+    meta.update({key: payload[key] for key in ("run_id", "config") if key in payload})
     (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
     _fsync_file(tmp / "meta.json")
     _fsync_dir(tmp / "rng")
@@ -169,18 +222,27 @@ def latest_checkpoint_dir(out_dir: str | Path) -> Path | None:
     return path
 
 
+def read_meta(path: str | Path) -> dict[str, Any]:
+    """``meta.json`` of the checkpoint directory ``path``: step, files, and the run identity when saved."""
+    return json.loads((Path(path) / "meta.json").read_text())
+
+
 def load_latest_checkpoint(
     out_dir: str | Path, *, rank: int = 0, map_location: str | torch.device = "cpu"
 ) -> dict[str, Any] | None:
-    """The newest complete checkpoint, or ``None`` when there is none.
-
-    Returns the writer's payload plus ``step``, ``path`` and ``rng`` (this rank's RNG state, or ``None``
-    when the checkpoint was written by fewer ranks); restore it with :func:`restore_rng_state`.
-    """
+    """The newest complete checkpoint (:func:`load_checkpoint`), or ``None`` when there is none."""
     path = latest_checkpoint_dir(out_dir)
-    if path is None:
-        return None
-    meta = json.loads((path / "meta.json").read_text())
+    return None if path is None else load_checkpoint(path, rank=rank, map_location=map_location)
+
+
+def load_checkpoint(
+    path: str | Path, *, rank: int = 0, map_location: str | torch.device = "cpu"
+) -> dict[str, Any]:
+    """The checkpoint in directory ``path``: the writer's payload plus ``step``, ``path`` and ``rng`` (this
+    rank's RNG state, or ``None`` when the checkpoint was written by fewer ranks); restore it with
+    :func:`restore_rng_state`."""
+    path = Path(path)
+    meta = read_meta(path)
     payload = torch.load(path / "trainer.pt", map_location=map_location, weights_only=False)
     rng_path = path / "rng" / f"rank_{rank}.pt"
     rng = torch.load(rng_path, weights_only=False) if rng_path.is_file() else None

@@ -245,35 +245,93 @@ class PolicyTrainer:
         }
 
     # ------------------------------------------------------------------ optimizer step
-    def step(self) -> dict[str, float]:
+    def step(self, iteration: int | None = None) -> dict[str, float]:
         """Reduce, clip (trainer.grad_clip), AdamW step, zero the gradient; ``steps += 1``.
 
         ``grad_norm`` is the global norm before clipping; ``update_norm`` = ‖θ_{k+1} − θ_k‖₂ over all
         trainable parameters (global across shards).
+
+        A non-finite update is never committed (``trainer.nonfinite``). The gradient norm is checked before
+        the optimizer runs and the parameters after it (a finite gradient still overflows with a huge lr);
+        both checks are reduced over the trainer ranks, so every rank decides alike. After a bad step the
+        parameters are copied back from the flat copy the update norm needs anyway; with ``skip`` the
+        optimizer state is too, from a copy taken before the step (its moments: twice the trainable
+        parameters for AdamW — small for LoRA; for full fine-tuning ``stop`` takes no copy). ``stop`` raises
+        FloatingPointError naming ``iteration`` and the quantity; ``skip`` returns ``nonfinite_skipped``
+        = 1, ``update_norm`` = 0 and leaves ``steps`` as it was.
         """
         self.backend.finish_gradients()
         grad_norm = self.backend.clip_grad_norm(self.cfg.trainer.grad_clip)
-        if not math.isfinite(grad_norm) and self.backend.name != "deepspeed":
-            raise FloatingPointError(
-                f"non-finite gradient norm {grad_norm} at optimizer step {self.steps}; "
-                "the optimizer step was not taken"
-            )
+        deepspeed = self.backend.name == "deepspeed"  # clips inside its own step: norm known only after it
+        if not deepspeed and self._on_any_rank(not math.isfinite(grad_norm)):
+            return self._reject(f"gradient norm ({grad_norm})", iteration, grad_norm)
+        params = [_local(p).detach() for p in self.backend.trainable_parameters()]
         # One flat copy instead of a clone and a norm per tensor: a LoRA has ~10³ small tensors, and
         # per-tensor kernels made the update-norm bookkeeping slower than the AdamW step itself.
-        local = [_local(p).detach().reshape(-1) for p in self.backend.trainable_parameters()]
-        before = torch.cat(local) if local else None
+        before = torch.cat([p.reshape(-1) for p in params]) if params else None
+        saved = self._optimizer_state_copy() if self.cfg.trainer.nonfinite == "skip" else None
         self.backend.optimizer_step(self.optimizer)
-        update_sq = self.backend.global_sq_norm([torch.cat(local) - before] if local else [])
-        del before
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.backend.name == "deepspeed":
+        if deepspeed:
             grad_norm = getattr(self.backend, "last_grad_norm", grad_norm)
+        after = [torch.cat([p.reshape(-1) for p in params]) - before] if params else []
+        update_sq = self.backend.global_sq_norm(after)
+        del after
+        if self._on_any_rank(not math.isfinite(update_sq)):
+            what = f"parameters after the optimizer step ({self._first_nonfinite_parameter()})"
+            _copy_flat_into(before, params)
+            if saved is not None:
+                self.optimizer.state.clear()
+                self.optimizer.state.update(saved)
+            return self._reject(what, iteration, grad_norm)
+        del before, saved
+        self.optimizer.zero_grad(set_to_none=True)
         self.steps += 1
         return {
             "grad_norm": grad_norm,
             "update_norm": math.sqrt(update_sq),
             "lr": float(self.optimizer.param_groups[0]["lr"]),
             "optimizer_steps": float(self.steps),
+            "nonfinite_skipped": 0.0,
+        }
+
+    def _on_any_rank(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on any trainer rank (one tiny all-reduce with several ranks)."""
+        return self.backend.max_over_ranks(int(flag)) > 0
+
+    def _optimizer_state_copy(self) -> dict[Any, dict[str, Any]]:
+        return {
+            param: {
+                key: value.clone() if isinstance(value, torch.Tensor) else value for key, value in st.items()
+            }
+            for param, st in self.optimizer.state.items()
+        }
+
+    def _first_nonfinite_parameter(self) -> str:
+        for name, param in self.backend.named_trainable():
+            if not bool(torch.isfinite(_local(param).detach()).all()):
+                return f"first: {name}"
+        return "in another trainer rank's shard"
+
+    def _reject(self, what: str, iteration: int | None, grad_norm: float) -> dict[str, float]:
+        """Drop the pending gradient; raise (``stop``) or report a skipped step (``skip``)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        where = (
+            f"iteration {iteration} (optimizer step {self.steps})"
+            if iteration is not None
+            else (f"optimizer step {self.steps}")
+        )
+        if self.cfg.trainer.nonfinite == "stop":
+            raise FloatingPointError(
+                f"non-finite {what} at {where}; the update was not applied and the last checkpoint is "
+                "intact. Lower trainer.lr or check the reward, or set trainer.nonfinite=skip to drop such "
+                "steps and go on"
+            )
+        return {
+            "grad_norm": grad_norm,
+            "update_norm": 0.0,
+            "lr": float(self.optimizer.param_groups[0]["lr"]),
+            "optimizer_steps": float(self.steps),
+            "nonfinite_skipped": 1.0,
         }
 
     def zero_grad(self) -> None:
@@ -314,3 +372,12 @@ class PolicyTrainer:
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _copy_flat_into(flat: torch.Tensor | None, tensors: list[torch.Tensor]) -> None:
+    """Write consecutive slices of ``flat`` back into ``tensors`` (the inverse of ``torch.cat`` of them)."""
+    offset = 0
+    with torch.no_grad():
+        for t in tensors:
+            t.copy_(flat[offset : offset + t.numel()].view_as(t))
+            offset += t.numel()

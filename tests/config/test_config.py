@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from digenrl.config import Config, ConfigError, load_config, parse_override
+from digenrl.config import Config, ConfigError, config_differences, load_config, parse_override
 from digenrl.launch import ranks_to_start
 from digenrl.validation import validate_config
 
@@ -104,6 +104,15 @@ def test_parse_errors_name_the_key(overrides, needle):
         (["algo.kl_beta=0.1", "trainer.mode=full"], 1, ["algo.kl_beta", "lora"]),
         (["sampler.num_steps=1"], 1, ["sampler.num_steps"]),
         (["model.dtype=int8"], 1, ["model.dtype", "bfloat16"]),
+        (["trainer.nonfinite=ignore"], 1, ["trainer.nonfinite", "stop, skip"]),
+        (
+            ["trainer.nonfinite=skip", "trainer.backend=deepspeed"],
+            1,
+            ["trainer.nonfinite=skip", "DeepSpeed", "trainer.nonfinite=stop"],
+        ),
+        (["trainer.lr=1e38"], 1, ["trainer.lr=1e+38", "overflows", "float32"]),
+        (["checkpoint_keep=-1"], 1, ["checkpoint_keep", ">= 0"]),
+        (["resume=true", "overwrite=true"], 1, ["resume=true and overwrite=true"]),
     ],
 )
 def test_validation_errors_name_key_and_allowed_values(overrides, world, needles):
@@ -164,3 +173,26 @@ def test_malformed_yaml_names_file_and_line(tmp_path):
     path.write_text("system: digenrl\nalgo:\n  group_size: [4\n")
     with pytest.raises(ConfigError, match=rf"config file {path}, line \d+, column \d+: not valid YAML"):
         load_config(path)
+
+
+def test_config_differences_name_every_changed_key_except_the_resumable_ones():
+    saved = Config().to_dict()
+    now = load_config(
+        None,
+        [
+            "trainer.lr=0.5",
+            "reward.weights={brightness: 1.0}",
+            "iterations=99",
+            "checkpoint_keep=7",
+            "seed=3",
+        ],
+    ).to_dict()
+    assert config_differences(saved, now) == [
+        "reward.weights: None in the checkpoint, {'brightness': 1.0} now",
+        "seed: 0 in the checkpoint, 3 now",
+        "trainer.lr: 0.0003 in the checkpoint, 0.5 now",
+    ]
+    del saved["trainer"]["nonfinite"]  # a checkpoint written before a key existed
+    assert config_differences(saved, Config().to_dict()) == [
+        "trainer.nonfinite: (absent) in the checkpoint, 'stop' now"
+    ]

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from digenrl.runtime.event_records import is_idle_phase, load_events
-from digenrl.runtime.event_summary import union_length
+from digenrl.runtime.event_summary import steady_window, union_length
 from digenrl.runtime.events import EventLogger, merge_chrome_trace, summarize_events
 
 
@@ -188,3 +188,82 @@ def test_union_length_against_reference():
     lo, hi = random.uniform(0, 3), random.uniform(7, 12)
     assert union_length(intervals, lo, hi) == pytest.approx(_coverage_union(intervals, lo, hi), abs=1e-12)
     assert union_length([], 0.0, 1.0) == 0.0
+
+
+def _write_log(path, lines):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+def _meta(rank, origin, start):
+    return {
+        "type": "meta",
+        "rank": rank,
+        "role": "colocated",
+        "clock_origin": origin,
+        "start_iteration": start,
+    }
+
+
+def _span(rank, phase, iteration, t0, t1):
+    return {"type": "span", "rank": rank, "role": "colocated", "phase": phase, "iteration": iteration,
+            "t_start": t0, "t_end": t1}  # fmt: skip
+
+
+def test_a_resumed_log_is_read_on_one_clock_without_the_redone_iterations(tmp_path):
+    """A process ran iterations 0-2 (checkpoint after 1) and crashed in 2; the resumed process appended a
+    new segment 100 s later on its own clock, starting at iteration 2."""
+    first = [_meta(0, 1000.0, 0)]
+    for k in range(3):
+        first += [_span(0, "iteration", k, k, k + 1.0), _span(0, "train", k, k, k + 0.5)]
+    first += [_span(0, "optimizer", k, k + 0.5, k + 1.0) for k in range(2)]
+    second = [_meta(0, 1100.0, 2)]
+    for k in (2, 3):
+        t = k - 2.0
+        second += [_span(0, "iteration", k, t, t + 1.0), _span(0, "train", k, t, t + 0.25)]
+        second += [_span(0, "optimizer", k, t + 0.25, t + 1.0)]
+    _write_log(tmp_path / "events" / "rank0.jsonl", first + second)
+
+    records = load_events(tmp_path)
+    assert [r["t"] for r in records if r["type"] == "meta"] == [0.0, 100.0]
+    train = [(r["iteration"], r["t_start"]) for r in records if r.get("phase") == "train"]
+    assert train == [(0, 0.0), (1, 1.0), (2, 100.0), (3, 101.0)]  # the crashed iteration 2 is gone
+    everything = load_events(tmp_path, superseded=True)
+    lost = [(r["iteration"], r["t_start"]) for r in everything if r.get("superseded")]
+    assert lost == [(2, 2.0), (2, 2.0)]  # its marker and its train span, at their own time
+
+    summary = summarize_events(tmp_path)
+    assert summary[2]["wall_s"] == pytest.approx(1.0) and summary[2]["t_start"] == pytest.approx(100.0)
+    assert summary[2]["phase_seconds"]["colocated"]["train"] == pytest.approx(0.25)
+    # the steady window of the resumed part starts with it, not before the crash
+    window = steady_window(tmp_path, 2)
+    assert window["window_s"] == pytest.approx(2.0) and window["busy_gpu_s"] == pytest.approx(2.0)
+
+    trace = json.loads(merge_chrome_trace(tmp_path).read_text())
+    spans = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e["name"] == "train"]
+    assert [(e["args"]["iteration"], e["ts"], e["args"].get("superseded")) for e in spans] == [
+        (0, 0.0, None),
+        (1, 1e6, None),
+        (2, 2e6, True),
+        (2, 100e6, None),
+        (3, 101e6, None),
+    ]
+    assert trace["otherData"]["clock_origin_unix_s"] == 1000.0
+
+
+def test_an_appending_logger_starts_a_new_segment_after_a_torn_line(tmp_path):
+    first = EventLogger(tmp_path, 0, "trainer", 50.0, run_id="r", start_iteration=0)
+    first.record_span("train", 1.0, 2.0, iteration=0)
+    first.close()
+    with first.path.open("a") as f:
+        f.write('{"type": "span", "rank": 0, "phase": "tr')  # killed mid-write
+    second = EventLogger(tmp_path, 0, "trainer", 60.0, append=True, run_id="r", start_iteration=1)
+    second.record_span("train", 1.0, 2.0, iteration=1)
+    second.close()
+    records = load_events(tmp_path)
+    metas = [r for r in records if r["type"] == "meta"]
+    assert [(m["start_iteration"], m["run_id"], m["t"]) for m in metas] == [(0, "r", 0.0), (1, "r", 10.0)]
+    assert [(r["iteration"], r["t_start"]) for r in records if r["type"] == "span"] == [(0, 1.0), (1, 11.0)]
+    fresh = EventLogger(tmp_path, 0, "trainer", 70.0)  # not appending: a new log
+    fresh.close()
+    assert [r["type"] for r in load_events(tmp_path)] == ["meta"]

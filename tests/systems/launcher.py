@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -11,6 +12,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 RUN_TRAIN = REPO / "experiments" / "run_train.py"
 TINY = REPO / "experiments" / "configs" / "tiny.yaml"
+#: metrics an exactly resumed run reproduces bit for bit
+RESUME_KEYS = (
+    "reward_mean",
+    "reward_std",
+    "loss",
+    "ratio_mean",
+    "update_norm",
+    "grad_norm",
+    "policy_version",
+)
 
 
 def train_env() -> dict[str, str]:
@@ -59,3 +70,50 @@ def run_train(
             f"{' '.join(cmd)} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
         )
     return proc
+
+
+def resume_from_copy(
+    run_dir: Path, dst: Path, step: int, overrides: list[str], *, nproc: int = 0, timeout_s: float = 240
+) -> subprocess.CompletedProcess:
+    """Copy a finished run, roll the copy back to checkpoint ``step`` as if the run had crashed after it
+    (later checkpoints gone; its metrics and event logs still hold the later iterations), then resume it
+    with ``overrides`` (the run's own, plus ``resume=true``)."""
+    shutil.copytree(run_dir, dst)
+    checkpoints = dst / "checkpoints"
+    for path in checkpoints.glob("step_*"):
+        if int(path.name.removeprefix("step_")) > step:
+            shutil.rmtree(path)
+    (checkpoints / "latest").write_text(f"step_{step}\n")
+    return run_train([*overrides, "resume=true", f"out_dir={dst}"], nproc=nproc, timeout_s=timeout_s)
+
+
+def assert_resumed_exactly(
+    full: Path, resumed: Path, keys: tuple[str, ...] = RESUME_KEYS, *, copied: bool = True
+) -> None:
+    """The resumed run equals the uninterrupted one: one metrics line per iteration with the same values,
+    the same final weights and optimizer state, one run id (the copied run's, when ``copied``), and a
+    second process segment in every log."""
+    import torch
+
+    from digenrl.runtime.event_records import load_events
+    from digenrl.runtime.metrics import read_metrics
+    from digenrl.trainer.checkpoint import load_latest_checkpoint
+
+    a, b = read_metrics(full), read_metrics(resumed)
+    assert [r["iteration"] for r in b] == [r["iteration"] for r in a], [r["iteration"] for r in b]
+    for x, y in zip(a, b, strict=True):
+        for key in keys:
+            assert x[key] == y[key], (x["iteration"], key, x[key], y[key])
+    assert len({r["run_id"] for r in b}) == 1 and (b[0]["run_id"] == a[0]["run_id"]) == copied
+    sa, sb = load_latest_checkpoint(full), load_latest_checkpoint(resumed)
+    assert sa["step"] == sb["step"] and len(sa["trainer"]["model"]) > 0
+    for name, tensor in sa["trainer"]["model"].items():
+        assert torch.equal(tensor, sb["trainer"]["model"][name]), name
+    for name, state in sa["trainer"]["optimizer"]["state"].items():
+        for key, value in state.items():
+            assert torch.equal(
+                torch.as_tensor(value), torch.as_tensor(sb["trainer"]["optimizer"]["state"][name][key])
+            )
+    metas = [r for r in load_events(resumed) if r["type"] == "meta"]
+    ranks = {r["rank"] for r in metas}
+    assert len(metas) == 2 * len(ranks), "every rank's log holds the first process and the resumed one"

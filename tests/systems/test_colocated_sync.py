@@ -6,10 +6,9 @@ import json
 import math
 
 import pytest
-import torch
 
 from digenrl.runtime.metrics import REQUIRED_KEYS, read_metrics
-from tests.systems.launcher import run_train
+from tests.systems.launcher import assert_resumed_exactly, resume_from_copy, run_train
 
 # experiments/configs/tiny.yaml runs digenrl on cpu-2 (the main job); these tests run the baseline
 BASE = ["system=colocated-sync", "profile=cpu-1"]
@@ -45,7 +44,7 @@ def test_single_process_learns_the_reward(single):
     assert len(records) == 16
     gain, noise = _learning_margin(records)
     assert gain > 5 * noise, f"reward did not improve clearly: gain {gain:.5f}, noise {noise:.5f}"
-    assert "[digenrl] iter 16/16" in proc.stdout
+    assert "[digenrl] iteration 15 (16/16)" in proc.stdout
 
 
 def test_two_ranks_learn_and_match_the_single_process_run(single, two_ranks):
@@ -74,24 +73,37 @@ def test_outputs_metrics_config_events_trace_and_checkpoint(two_ranks):
     assert (out / "checkpoints" / "latest").is_file()
 
 
-def test_resume_replays_the_uninterrupted_run_exactly(tmp_path):
+def test_resume_replays_the_uninterrupted_run_exactly(tmp_path, monkeypatch):
+    """A run crashes at the start of iteration 3, after checkpoint step_2 and after metrics and events of
+    iteration 2 were written; resuming it gives the uninterrupted run: one metrics line per iteration with
+    the same values, the same weights and optimizer state, and the profile of both processes kept."""
     full, part = tmp_path / "full", tmp_path / "part"
-    run_train([*BASE, "iterations=4", f"out_dir={full}"])
-    run_train([*BASE, "iterations=2", f"out_dir={part}"])
-    run_train([*BASE, "iterations=4", "resume=true", f"out_dir={part}"])
-    a, b = read_metrics(full), read_metrics(part)
-    assert [r["iteration"] for r in b] == [0, 1, 2, 3]
-    for x, y in zip(a, b, strict=True):
-        for key in ("reward_mean", "loss", "update_norm", "grad_norm", "policy_version"):
-            assert x[key] == y[key], (key, x, y)
-    sa = torch.load(full / "checkpoints" / "step_4" / "trainer.pt", weights_only=False)["trainer"]
-    sb = torch.load(part / "checkpoints" / "step_4" / "trainer.pt", weights_only=False)["trainer"]
-    assert sa["model"].keys() == sb["model"].keys() and len(sa["model"]) > 0
-    for name, tensor in sa["model"].items():
-        assert torch.equal(tensor, sb["model"][name]), name
-    for name, state in sa["optimizer"]["state"].items():
-        for key, value in state.items():
-            assert torch.equal(value, sb["optimizer"]["state"][name][key]), (name, key)
+    run = [*BASE, "iterations=4", "checkpoint_every=2"]
+    run_train([*run, f"out_dir={full}"])
+    monkeypatch.setenv("DIGENRL_INJECT_FAULT", "rank=0,iteration=3")
+    crashed = run_train([*run, f"out_dir={part}"], check=False)
+    assert crashed.returncode != 0 and [r["iteration"] for r in read_metrics(part)] == [0, 1, 2]
+    monkeypatch.delenv("DIGENRL_INJECT_FAULT")
+    proc = run_train([*run, "resume=true", f"out_dir={part}"])
+    assert "[digenrl] iteration 2 (3/4)" in proc.stdout and "iteration 1 (" not in proc.stdout
+    assert_resumed_exactly(full, part, copied=False)
+    trace = json.loads((part / "trace.json").read_text())
+    optimizer = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e["name"] == "optimizer"]
+    assert [(e["args"]["iteration"], e["args"].get("superseded", False)) for e in optimizer] == [
+        (0, False),
+        (1, False),
+        (2, True),  # the first process's iteration 2, redone after the resume
+        (2, False),
+        (3, False),
+    ]
+    assert [r["iteration"] for r in read_metrics(part) if r.get("busy_fraction")] == [0, 1, 2, 3]
+
+
+def test_colocated_overlap_resumes_exactly(tmp_path):
+    overlap = ["system=colocated-overlap", "profile=cpu-1", "iterations=3", "checkpoint_every=2"]
+    run_train([*overlap, f"out_dir={tmp_path / 'full'}"])
+    resume_from_copy(tmp_path / "full", tmp_path / "resumed", 2, overlap)
+    assert_resumed_exactly(tmp_path / "full", tmp_path / "resumed")
 
 
 @pytest.mark.parametrize(

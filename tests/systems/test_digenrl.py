@@ -16,9 +16,16 @@ import pytest
 from digenrl.config import ConfigError, load_config
 from digenrl.runtime.metrics import read_metrics
 from digenrl.validation import validate_config
-from tests.systems.launcher import TINY, run_train
+from tests.systems.launcher import RESUME_KEYS, TINY, assert_resumed_exactly, resume_from_copy, run_train
 
-COMMON = ["iterations=2", "seed=9", "profile=cpu-4", "pools.trainers=2", "pools.generators=2"]
+COMMON = [
+    "iterations=2",
+    "checkpoint_every=1",
+    "seed=9",
+    "profile=cpu-4",
+    "pools.trainers=2",
+    "pools.generators=2",
+]
 VARIANTS = {
     "separate-sync": ["system=separate-sync", "sampler.samples_per_forward=4"],
     # two one-stage pipelines claiming fragments dynamically, no helper work
@@ -94,6 +101,14 @@ def test_trainer_work_overlaps_generation(runs):
     ]
     assert sorted(made) == [(k, f) for k in range(2) for f in range(4)]
     assert all(any(s["phase"] == "generate" for s in _spans(out, r)) for r in (2, 3))
+
+
+def test_a_resumed_run_with_gap_tsp_and_tag_replays_the_uninterrupted_run_exactly(runs, tmp_path):
+    """TCSS off: nothing runs ahead of the trainer, so checkpoint step_1 holds everything; who generates
+    which fragment after the resume (pipeline or TAG helper) never changes a trajectory."""
+    variant = [*COMMON, *VARIANTS["gap+tsp2+tag"]]
+    resume_from_copy(runs["gap+tsp2+tag"], tmp_path / "resumed", 1, variant, nproc=4)
+    assert_resumed_exactly(runs["gap+tsp2+tag"], tmp_path / "resumed", (*RESUME_KEYS, "stale_fraction"))
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ from digenrl.config import ConfigError, load_config
 from digenrl.runtime.metrics import read_metrics
 from digenrl.trainer.checkpoint import load_latest_checkpoint
 from digenrl.validation import validate_config
-from tests.systems.launcher import TINY, run_train
+from tests.systems.launcher import RESUME_KEYS, TINY, assert_resumed_exactly, resume_from_copy, run_train
 
 COMMON = ["iterations=2", "seed=5", "checkpoint_every=1"]
 SEPARATE = ["profile=cpu-4", "pools.trainers=2", "pools.generators=2"]
@@ -92,25 +92,34 @@ def test_weight_sync_is_measured_and_trace_separates_the_pools(runs):
     assert (0, "train") in phases and (2, "generate") in phases and (2, "sync") in phases
 
 
-def test_async_with_staleness_one_overlaps_and_stays_within_one_version(tmp_path):
+def test_separate_sync_resumes_exactly(runs, tmp_path):
+    system = [*COMMON, *SEPARATE, "system=separate-sync"]
+    resume_from_copy(runs["separate-sync"], tmp_path / "resumed", 1, system, nproc=4)
+    assert_resumed_exactly(runs["separate-sync"], tmp_path / "resumed")
+
+
+def test_async_with_staleness_one_overlaps_stays_within_one_version_and_resumes_exactly(tmp_path):
+    """Batch j is generated with θ_{j-1}, except right after a checkpoint: batch 2 waits for θ_2, so no
+    stale batch is in flight when step_2 is written and a run resumed from it (whose generators start
+    from θ_2) replays the uninterrupted run exactly, its stale batch 3 included."""
     out = tmp_path / "stale1"
-    run_train(
-        [
-            "iterations=3",
-            "seed=5",
-            *SEPARATE,
-            "system=separate-async",
-            "asynchrony.max_staleness=1",
-            f"out_dir={out}",
-        ],
-        nproc=4,
-    )
+    run = [
+        "iterations=4",
+        "checkpoint_every=2",
+        "seed=5",
+        *SEPARATE,
+        "system=separate-async",
+        "asynchrony.max_staleness=1",
+    ]
+    run_train([*run, f"out_dir={out}"], nproc=4)
     records = read_metrics(out)
-    assert [r["staleness"] for r in records] == [0, 1, 1]  # batch j is generated with θ_{j-1}
+    assert [r["staleness"] for r in records] == [0, 1, 0, 1]
     assert all(abs(r["ratio_mean"] - 1.0) < 1e-2 for r in records)
     spans = [json.loads(line) for line in (out / "events" / "rank2.jsonl").read_text().splitlines()]
     versions = {s["iteration"]: s["policy_version"] for s in spans if s.get("phase") == "generate"}
-    assert versions == {0: 0, 1: 0, 2: 1}
+    assert versions == {0: 0, 1: 0, 2: 2, 3: 2}
+    resume_from_copy(out, tmp_path / "resumed", 2, run, nproc=4)
+    assert_resumed_exactly(out, tmp_path / "resumed", (*RESUME_KEYS, "staleness"))
 
 
 @pytest.mark.parametrize("kind", ["raise", "kill"])

@@ -16,6 +16,7 @@ from digenrl.trainer import (
     restore_rng_state,
     save_checkpoint,
 )
+from digenrl.trainer.checkpoint import checkpoint_steps, nonfinite_entries, read_meta
 
 from .fixtures import build_model, make_config, make_sampler, rollout_batch, select
 
@@ -134,3 +135,37 @@ def test_resume_is_bit_exact(tmp_path, mode):
     for name, entry in a["optimizer"]["state"].items():
         for key, value in entry.items():
             assert torch.equal(value, b["optimizer"]["state"][name][key]), (name, key)
+
+
+def test_retention_keeps_the_newest_complete_checkpoints(tmp_path):
+    for step in range(1, 5):
+        save_checkpoint(tmp_path, step, {"x": torch.full((2,), float(step))}, rank=0, is_writer=True, keep=2)
+    assert checkpoint_steps(tmp_path) == [3, 4]
+    assert latest_checkpoint_dir(tmp_path).name == "step_4"
+    save_checkpoint(tmp_path, 5, {"x": torch.ones(1)}, rank=0, is_writer=True, keep=0)  # 0 keeps all
+    assert checkpoint_steps(tmp_path) == [3, 4, 5]
+
+
+def test_a_failed_save_deletes_no_older_checkpoint(tmp_path):
+    for step in (1, 2):
+        _save(tmp_path, step, {"x": torch.ones(1)})
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        save_checkpoint(tmp_path, 3, {"bad": _Unpicklable()}, rank=0, is_writer=True, keep=1)
+    assert checkpoint_steps(tmp_path) == [1, 2] and latest_checkpoint_dir(tmp_path).name == "step_2"
+
+
+def test_a_payload_with_non_finite_weights_is_never_written(tmp_path):
+    _save(tmp_path, 1, {"trainer": {"model": {"w": torch.ones(3)}}})
+    bad = {"trainer": {"model": {"w": torch.tensor([1.0, float("nan")]), "b": torch.ones(1)}}, "step": 2}
+    with pytest.raises(FloatingPointError, match=r"step_2: non-finite values in trainer\.model\.w"):
+        _save(tmp_path, 2, bad)
+    assert checkpoint_steps(tmp_path) == [1] and latest_checkpoint_dir(tmp_path).name == "step_1"
+    assert nonfinite_entries({"a": [torch.tensor([float("inf")])], "n": torch.tensor([1]), "s": "x"}) == [
+        "a.0"
+    ]
+
+
+def test_the_run_identity_is_readable_without_loading_tensors(tmp_path):
+    _save(tmp_path, 3, {"x": torch.ones(1), "run_id": "abc", "config": {"seed": 1}})
+    meta = read_meta(latest_checkpoint_dir(tmp_path))
+    assert meta["run_id"] == "abc" and meta["config"] == {"seed": 1} and meta["step"] == 3

@@ -1,0 +1,172 @@
+"""What an ``out_dir`` holds and the rules for starting a run in it, so a run never loses or mixes data.
+
+A run directory holds one run: ``config.yaml``, ``metrics.jsonl``, ``events/``, ``trace.json``,
+``checkpoints/`` and ``tensorboard/`` (:data:`RUN_FILES`). Every run has an identity, a ``run_id`` (uuid4)
+that its checkpoints, ``config.yaml``, ``metrics.jsonl`` and event logs carry. At startup, before anything
+is written, rank 0 decides how this run uses ``out_dir`` (:func:`plan_run_start`):
+
+* ``resume=false`` into a directory that holds a run → refused, unless ``overwrite=true``, which deletes
+  that run's files (and nothing else) first; a new ``run_id``.
+* ``resume=true`` with a checkpoint → the checkpoint's config must equal this run's in every key but
+  :data:`digenrl.config.RESUMABLE_KEYS`, else refused naming every differing key with both values; the
+  run keeps the checkpoint's ``run_id`` and starts at its iteration.
+* ``resume=true`` without a checkpoint → a new run with a line saying so, if the directory holds no run
+  (a first launch of a job script that always passes ``resume=true``); refused if it holds a run that
+  never reached a checkpoint, since starting over would delete what that run logged.
+
+:func:`agree_run_start` runs the decision on rank 0 and hands it to every rank through torchrun's store,
+so the error is printed once (by ``launch.main``) and every rank stops with it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from digenrl.config import RESUMABLE_KEYS, Config, ConfigError, config_differences
+from digenrl.runtime.event_records import EVENTS_SUBDIR
+from digenrl.runtime.metrics import METRICS_FILE, TENSORBOARD_DIR, read_metrics
+from digenrl.trainer.checkpoint import CHECKPOINT_DIR, checkpoint_steps, latest_checkpoint_dir, read_meta
+
+if TYPE_CHECKING:
+    from digenrl.runtime.distributed import DistContext
+
+CONFIG_FILE = "config.yaml"
+TRACE_FILE = "trace.json"
+RUN_FILES = (CONFIG_FILE, METRICS_FILE, TRACE_FILE, EVENTS_SUBDIR, CHECKPOINT_DIR, TENSORBOARD_DIR)
+"""The files and folders a run writes into ``out_dir``; ``overwrite=true`` deletes exactly these."""
+
+_DECISIONS = itertools.count()
+
+
+@dataclass(frozen=True)
+class RunStart:
+    """How this run starts in ``out_dir`` (decided once, on rank 0, by :func:`plan_run_start`)."""
+
+    run_id: str
+    start_iteration: int = 0  # the checkpoint's next iteration; 0 for a new run
+    checkpoint: str | None = None  # the checkpoint directory a resumed run loads; None = a new run
+    note: str = ""  # what rank 0 prints about it
+
+    @property
+    def resumed(self) -> bool:
+        return self.checkpoint is not None
+
+
+def existing_run(out_dir: str | Path) -> list[str]:
+    """What of a run ``out_dir`` holds, for a message ("metrics.jsonl (12 iterations)", …); [] = none."""
+    out = Path(out_dir)
+    found = []
+    if (out / METRICS_FILE).is_file():
+        found.append(f"{METRICS_FILE} ({len(read_metrics(out))} iterations)")
+    logs = sorted((out / EVENTS_SUBDIR).glob("rank*.jsonl"))
+    if logs:
+        found.append(f"{EVENTS_SUBDIR}/ ({len(logs)} rank logs)")
+    steps = checkpoint_steps(out)
+    if steps:
+        found.append(f"{CHECKPOINT_DIR}/ (steps {', '.join(map(str, steps))})")
+    elif (out / CHECKPOINT_DIR).is_dir() and any((out / CHECKPOINT_DIR).iterdir()):
+        found.append(f"{CHECKPOINT_DIR}/ (incomplete)")
+    found += [name for name in (CONFIG_FILE, TRACE_FILE, TENSORBOARD_DIR) if (out / name).exists()]
+    return found
+
+
+def plan_run_start(cfg: Config) -> RunStart:
+    """Decide how ``cfg`` starts in ``cfg.out_dir`` (see the module docstring); reads only. Raises
+    ConfigError naming what would be lost or mixed and how to proceed."""
+    out = cfg.out_dir
+    if not cfg.resume:
+        held = existing_run(out)
+        if held and not cfg.overwrite:
+            raise ConfigError(
+                f"out_dir={out!r} already holds a run ({'; '.join(held)}); a new run there would destroy or "
+                "mix with it. Continue it with resume=true, delete it with overwrite=true, or choose "
+                "another out_dir"
+            )
+        note = f"overwrite=true: deleted the previous run in {out} ({'; '.join(held)})" if held else ""
+        return RunStart(run_id=new_run_id(), note=note)
+    checkpoint = latest_checkpoint_dir(out)
+    if checkpoint is None:
+        held = existing_run(out)
+        if held:
+            raise ConfigError(
+                f"resume=true but out_dir={out!r} holds a run without a checkpoint to resume from "
+                f"({'; '.join(held)}); start over with resume=false overwrite=true, or choose another out_dir"
+            )
+        return RunStart(
+            run_id=new_run_id(),
+            note=f"resume=true: no checkpoint in {out}, starting a new run at iteration 0",
+        )
+    meta = read_meta(checkpoint)
+    if "config" not in meta or "run_id" not in meta:
+        raise ConfigError(
+            f"resume=true: checkpoint {checkpoint} does not record the config and run_id it was written "
+            "with (an older format), so resuming it cannot be checked; start a new run in another out_dir"
+        )
+    differences = config_differences(meta["config"], cfg.to_dict())
+    if differences:
+        listed = "\n  ".join(differences)
+        raise ConfigError(
+            f"resume=true: this config differs from the one checkpoint {checkpoint} was written with, "
+            f"in keys a resumed run may not change:\n  {listed}\n"
+            "Resume with the checkpoint's values, or start a new run in another out_dir. Keys a resume may "
+            f"change: {', '.join(RESUMABLE_KEYS)}"
+        )
+    step = int(meta["step"])
+    return RunStart(
+        run_id=str(meta["run_id"]),
+        start_iteration=step,
+        checkpoint=str(checkpoint),
+        note=f"resuming run {meta['run_id']} at iteration {step} from {checkpoint}",
+    )
+
+
+def clear_run(out_dir: str | Path) -> None:
+    """Delete the files of the run in ``out_dir`` (``overwrite=true``); other files stay."""
+    out = Path(out_dir)
+    for name in RUN_FILES:
+        path = out / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex
+
+
+def agree_run_start(cfg: Config, ctx: DistContext) -> RunStart:
+    """Every rank: rank 0 plans the start (:func:`plan_run_start`) and, with ``overwrite``, clears the old
+    run; the other ranks read its decision from torchrun's store. A refusal raises ConfigError on every
+    rank (its text travels with the decision), so all stop with it and ``launch.main`` prints it once."""
+    decision: dict
+    if ctx.rank == 0:
+        try:
+            start = plan_run_start(cfg)
+            if cfg.overwrite:
+                clear_run(cfg.out_dir)
+            decision = {"start": asdict(start)}
+        except ConfigError as error:
+            decision = {"error": str(error)}
+    if ctx.is_distributed:
+        from digenrl.runtime.control_plane import ControlPlane
+
+        plane = ControlPlane.from_default_group("startup", cfg.runtime.timeout_s)
+        # one key per torchrun attempt and call: an elastic restart reuses the store and must not read an
+        # old decision (every rank calls this equally often, so the counters agree)
+        key = f"run-start/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{next(_DECISIONS)}"
+        if ctx.rank == 0:
+            plane.publish(key, json.dumps(decision))
+        else:
+            raw = plane.wait_for(key, peer=0, what="rank 0's decision on how the run starts in out_dir")
+            decision = json.loads(raw.decode())
+    if "error" in decision:
+        raise ConfigError(decision["error"])
+    return RunStart(**decision["start"])

@@ -1,0 +1,127 @@
+"""metrics.jsonl: one line per iteration (a resume cuts back first), the progress line and the closing
+summary in the metrics' own 0-based numbering, and the optional TensorBoard mirror."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import logging
+
+import pytest
+
+from digenrl.runtime.events import EventLogger
+from digenrl.runtime.metrics import MetricsWriter, open_tensorboard, progress_line, read_metrics
+from digenrl.runtime.run_report import closing_summary
+
+
+def _record(iteration: int, **extra) -> dict:
+    return {
+        "iteration": iteration,
+        "iterations": 20,
+        "policy_version": iteration + 1,
+        "reward_mean": 0.5,
+        "reward_std": 0.1,
+        "loss": 0.0,
+        "ratio_mean": 1.0,
+        "update_norm": 0.25,
+        "samples": 16,
+        "samples_per_s": 8.0,
+        "wall_s": 2.0,
+        **extra,
+    }
+
+
+class FakeSummaryWriter:
+    """Stands in for ``torch.utils.tensorboard.SummaryWriter``, which needs the ``tensorboard`` package
+    this CPU image does not have: the test checks what MetricsWriter hands to the writer, not TensorBoard."""
+
+    def __init__(self) -> None:
+        self.scalars: list[tuple[str, float, int]] = []
+        self.flushes = 0
+        self.closed = False
+
+    def add_scalar(self, tag: str, scalar_value: float, global_step: int) -> None:
+        self.scalars.append((tag, scalar_value, global_step))
+
+    def flush(self) -> None:
+        self.flushes += 1
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_resumed_writer_cuts_the_file_back_to_its_start_iteration(tmp_path):
+    writer = MetricsWriter(tmp_path, is_writer=True, stream=io.StringIO(), run_id="run-a")
+    for k in range(4):
+        writer.log(_record(k))
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        f.write('{"iteration": 4, "rew')  # the writer was killed mid-line
+    assert [r["iteration"] for r in read_metrics(tmp_path)] == [0, 1, 2, 3]  # a torn last line is dropped
+
+    resumed = MetricsWriter(tmp_path, is_writer=True, stream=io.StringIO(), start_iteration=2, run_id="run-a")
+    assert [r["iteration"] for r in read_metrics(tmp_path)] == [0, 1]
+    resumed.log(_record(2, reward_mean=0.75))
+    records = read_metrics(tmp_path)
+    assert [r["iteration"] for r in records] == [0, 1, 2]
+    assert records[2]["reward_mean"] == 0.75 and {r["run_id"] for r in records} == {"run-a"}
+    assert not list(tmp_path.glob(".*tmp"))  # the cut went through a temporary file that replaced it
+
+
+def test_a_fresh_writer_empties_the_file_and_other_ranks_never_touch_it(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(_record(0)) + "\n")
+    MetricsWriter(tmp_path, is_writer=False, start_iteration=0).log(_record(5))
+    assert len(read_metrics(tmp_path)) == 1
+    MetricsWriter(tmp_path, is_writer=True, stream=io.StringIO())
+    assert read_metrics(tmp_path) == []
+
+
+def test_progress_line_and_summary_use_the_metrics_numbering(tmp_path):
+    assert progress_line(_record(0)).startswith("[digenrl] iteration 0 (1/20) v1 reward +0.5000")
+    assert progress_line({**_record(19), "iterations": None}).startswith("[digenrl] iteration 19 v20")
+    assert progress_line(_record(3, nonfinite_skipped=1.0)).endswith("NON-FINITE STEP SKIPPED")
+    with EventLogger(tmp_path, 0, "colocated", 0.0) as events:  # the summary's bound reads the logs
+        for k in range(3, 8):
+            events.record_span("optimizer", k, k + 1.0, iteration=k)
+    records = [_record(k, busy_fraction={"colocated": 0.5}) for k in range(3, 6)]
+    records[1]["nonfinite_skipped"] = 1.0
+    summary = closing_summary(records, tmp_path)
+    assert "done: 3 iteration(s) (iterations 3-5)" in summary
+    assert "over iterations 4-5" in summary
+    assert "non-finite updates skipped (trainer.nonfinite=skip) at iterations 4" in summary
+    assert "over iteration 7" in closing_summary([_record(7)], tmp_path)
+
+
+def test_records_are_mirrored_to_an_injected_tensorboard_writer(tmp_path):
+    fake = FakeSummaryWriter()
+    writer = MetricsWriter(tmp_path, is_writer=True, stream=io.StringIO(), tensorboard=fake)
+    writer.log(_record(0))
+    writer.log(_record(1, grad_norm=float("nan"), busy_fraction={"x": 1.0}, flag=True))
+    by_tag = {(tag, step): value for tag, value, step in fake.scalars}
+    assert by_tag[("reward_mean", 1)] == 0.5 and by_tag[("update_norm", 0)] == 0.25
+    assert ("grad_norm", 1) not in by_tag  # non-finite values are dropped, as in metrics.jsonl (null)
+    assert not any(tag in ("iteration", "busy_fraction", "flag") for tag, _, _ in fake.scalars)
+    assert fake.flushes == 2
+    writer.close()
+    assert fake.closed
+    assert not MetricsWriter(tmp_path, is_writer=False, tensorboard=FakeSummaryWriter()).tensorboard
+
+
+def test_open_tensorboard_is_a_logged_no_op_without_the_package(tmp_path, caplog):
+    installed = importlib.util.find_spec("tensorboard") is not None
+    with caplog.at_level(logging.INFO, logger="digenrl.runtime.metrics"):
+        writer = open_tensorboard(tmp_path, start_iteration=3)
+    if installed:  # a machine with TensorBoard gets a real writer on out_dir/tensorboard
+        assert writer is not None and (tmp_path / "tensorboard").is_dir()
+        writer.close()
+        return
+    assert writer is None
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "TensorBoard not installed" in lines[0]
+    assert not (tmp_path / "tensorboard").exists()
+
+
+def test_a_malformed_line_inside_the_file_is_an_error(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"iteration": 0}\nnot json\n{"iteration": 1}\n')
+    with pytest.raises(ValueError, match=r"metrics\.jsonl:2"):
+        read_metrics(tmp_path)
