@@ -174,7 +174,7 @@ def measure_costs(
     switch_s = time_helper_switch(trainer, batch, torch_device, warmup, iters)
     trainable = list(trainer.backend.trainable_parameters())
     wire = wire_bytes(batch)
-    reward_params = [p for m in _modules_of(reward_fn) for p in m.parameters()]
+    reward_params = [p for m in reward_fn.modules() for p in m.parameters()]
     return CostModel(
         device=device_name or device_label(torch_device),
         model=model_name,
@@ -334,8 +334,3 @@ def time_helper_switch(
     seconds = median_seconds(round_trip, device, warmup, iters)
     trainer.zero_grad()
     return seconds / 2
-
-
-def _modules_of(reward_fn) -> list[torch.nn.Module]:
-    """nn.Modules a reward holds as attributes (reward models with weights); empty for pixel rewards."""
-    return [v for v in vars(reward_fn).values() if isinstance(v, torch.nn.Module)]

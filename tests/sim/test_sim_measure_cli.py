@@ -25,7 +25,8 @@ def _load(name: str):
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("costs") / "cpu-tiny-sd3.json"
-    args = ["--batches", "1,2", "--micro-batches", "1,2", "--iters", "1", "--warmup", "0", "--out", str(out)]
+    args = ["--batches", "1,2", "--micro-batches", "1,2", "--iters", "1", "--warmup", "0", "--device", "cpu"]
+    args += ["--out", str(out)]  # --device cpu: on a GPU machine "auto" would measure CUDA
     assert _load("run_profile").main(args) == 0
     return out
 
