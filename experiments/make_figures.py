@@ -6,8 +6,9 @@ downsampled to a small PNG, plus (optionally) a trimmed copy of one real run so 
 
 ``--real-run DIR`` copies ``DIR``'s ``config.yaml``, the ``reward``/``wall_s`` fields of its ``metrics.jsonl``
 and the event records of iterations ``--iterations A:B`` (plus each rank's meta line) into
-``experiments/results/runs/<name>/`` (a few KB). Then ``make_all`` renders into ``--out`` at its default dpi
-and every PNG is resampled to ``--dpi`` (default 100) so committed figures stay small.
+``experiments/results/runs/<name>/`` (a few KB; the first ``--logs`` folder's ``runs/``). ``--logs`` takes
+several folders (``make_all`` draws the runs and tables of each). Then ``make_all`` renders into ``--out``
+at its default dpi and every PNG is resampled to ``--dpi`` (default 100) so committed figures stay small.
 """
 
 from __future__ import annotations
@@ -74,7 +75,9 @@ def shrink_pngs(folder: Path, dpi: int) -> list[Path]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--logs", type=Path, default=RESULTS)
+    p.add_argument(
+        "--logs", type=Path, nargs="+", default=[RESULTS], help="folder(s) searched for runs and tables"
+    )
     p.add_argument("--out", type=Path, default=RESULTS / "figures")
     p.add_argument("--real-run", type=Path, default=None, help="a real run directory to copy (trimmed)")
     p.add_argument("--name", default=None, help="folder name under runs/ (default: cpu-2-<run name>)")
@@ -93,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError:
             raise SystemExit(f"--iterations must be A:B, got {args.iterations!r}") from None
         name = args.name or f"cpu-2-{args.real_run.name}"
-        dst = trim_run(args.real_run, args.logs / "runs" / name, first, last)
+        dst = trim_run(args.real_run, args.logs[0] / "runs" / name, first, last)
         print(f"copied {args.real_run} (iterations {first}-{last}) to {dst}")
     report = make_all(args.logs, args.out)
     shrink_pngs(args.out, args.dpi)

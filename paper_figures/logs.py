@@ -6,7 +6,8 @@ A *run directory* is what ``experiments/run_*.py`` writes (README.md, "Outputs i
 
 A *results table* is a CSV or JSON file of rows, one per (model, system[, GPU count / split]) measurement or
 simulation; the columns are documented in ``paper_figures/README.md`` and validated here with errors that
-name the file, the row and the key.
+name the file, the row and the key. The JSON that ``experiments/run_ablation.py`` writes (``meta`` and rows
+keyed by ``variant``) is read as a table of ``experiment=ablation`` rows, one panel per profile.
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ _KNOWN_COLUMNS = {
     "trainers",
     *THROUGHPUT_METRICS,
     *(f"{metric}_std" for metric in THROUGHPUT_METRICS),
+    "samples_per_s_runs",
+    "bubble_free_samples_per_s",
+    "staleness_allowed",
+    "stale_fraction",
 }
 
 
@@ -54,6 +59,7 @@ class RunLog:
     counters: list[dict[str, Any]]
     roles: dict[int, str]
     metrics: list[dict[str, Any]]
+    name: str = ""  # how figures name the run (make_all: its path below --logs); default the folder's name
 
     @property
     def ranks(self) -> list[int]:
@@ -70,9 +76,9 @@ class RunLog:
 
     @property
     def label(self) -> str:
-        """Legend label: the system from config.yaml (if any) and the directory name."""
-        system = self.config.get("system")
-        return f"{system} ({self.path.name})" if system else self.path.name
+        """Legend label and title: the system from config.yaml (if any) and the run's name."""
+        system, name = self.config.get("system"), self.name or self.path.name
+        return f"{system} ({name})" if system else name
 
 
 def has_events(run_dir: str | Path) -> bool:
@@ -126,8 +132,9 @@ def load_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     return [by_iteration[k] for k in sorted(by_iteration)]
 
 
-def load_run(run_dir: str | Path) -> RunLog:
-    """Read a run directory. Raises ValueError if it holds neither event logs nor ``metrics.jsonl``."""
+def load_run(run_dir: str | Path, name: str = "") -> RunLog:
+    """Read a run directory (``name``: how figures call it). Raises ValueError if it holds neither event
+    logs nor ``metrics.jsonl``."""
     path = Path(run_dir)
     if not is_run_dir(path):
         raise ValueError(
@@ -145,6 +152,7 @@ def load_run(run_dir: str | Path) -> RunLog:
         counters=[r for r in records if r["type"] == "counter"],
         roles=roles,
         metrics=load_metrics(path) if has_metrics(path) else [],
+        name=name,
     )
 
 
@@ -165,6 +173,13 @@ class ResultRow:
     gpus: int | None = None
     generators: int | None = None
     trainers: int | None = None
+    # Optional ablation columns (what experiments/run_ablation.py measures, all about samples_per_s): the
+    # samples/s of each repeated run, the bubble-free bound, the staleness the variant allows and the
+    # fraction of trained samples that were stale.
+    runs: tuple[float, ...] = ()
+    bubble_free: float | None = None
+    staleness: int | None = None
+    stale_fraction: float | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
     origin: str = ""
 
@@ -186,6 +201,8 @@ def read_results_table(path: str | Path) -> list[ResultRow]:
             loaded = json.loads(path.read_text())
         except json.JSONDecodeError as error:
             raise ValueError(f"{path} is not valid JSON: {error}") from error
+        if isinstance(loaded, dict) and is_ablation_file(loaded):
+            loaded = ablation_file_rows(loaded, str(path))
         if isinstance(loaded, dict):
             if "rows" not in loaded:
                 raise ValueError(
@@ -200,6 +217,66 @@ def read_results_table(path: str | Path) -> list[ResultRow]:
     if not raw_rows:
         raise ValueError(f"results table '{path}' has no rows")
     return parse_result_rows(raw_rows, origin=str(path))
+
+
+def is_ablation_file(loaded: Mapping[str, Any]) -> bool:
+    """Whether a JSON object is what ``experiments/run_ablation.py`` writes: rows named by ``variant``."""
+    rows = loaded.get("rows")
+    return (
+        isinstance(rows, list)
+        and bool(rows)
+        and all(isinstance(r, Mapping) and "variant" in r and "model" not in r for r in rows)
+    )
+
+
+def ablation_file_rows(loaded: Mapping[str, Any], origin: str) -> list[dict[str, Any]]:
+    """``run_ablation.py``'s rows as results-table rows: ``experiment=ablation``, ``model`` = the profile
+    (one panel per profile), ``system`` = the variant, measured.
+
+    Both formats the script has written are read: the current one (``samples_per_s_runs``,
+    ``bubble_free_samples_per_s``, ``busy`` per pool, ``staleness_allowed``, ``stale_fraction``,
+    ``tag_fragments``) and the first one (one run per variant, ``busy_<pool>`` keys, no staleness column:
+    its variants were synchronous, so the staleness is read from the overrides, which name every knob that
+    allows any)."""
+    meta = loaded.get("meta")
+    if not isinstance(meta, Mapping) or _blank(meta.get("profile")):
+        raise ValueError(f"{origin}: an ablation file (rows keyed by 'variant') needs key 'meta.profile'")
+    nproc, trainers = meta.get("nproc"), meta.get("trainers")
+    rows = []
+    for raw in loaded["rows"]:
+        overrides = [str(o) for o in raw.get("overrides") or []]
+        colocated = any(o.startswith("system=colocated") for o in overrides)
+        busy = raw.get("busy")
+        if busy is None:  # first format: busy_trainer, busy_generator
+            busy = {k.removeprefix("busy_"): v for k, v in raw.items() if k.startswith("busy_")}
+        row = {
+            "experiment": "ablation",
+            "model": str(meta["profile"]),
+            "system": raw["variant"],
+            "source": "measured",
+            "samples_per_s": raw.get("samples_per_s"),
+            "samples_per_s_runs": raw.get("samples_per_s_runs"),
+            "bubble_free_samples_per_s": raw.get("bubble_free_samples_per_s"),
+            "staleness_allowed": raw.get("staleness_allowed", staleness_of_overrides(overrides)),
+            "stale_fraction": raw.get("stale_fraction"),
+            "tag_fragments": raw.get("tag_fragments"),
+            "busy": busy,
+            "date": meta.get("date"),
+            "hardware": meta.get("hardware"),
+        }
+        if not colocated and isinstance(nproc, int) and isinstance(trainers, int) and 0 < trainers < nproc:
+            row["trainers"], row["generators"] = trainers, nproc - trainers
+        rows.append({k: v for k, v in row.items() if v is not None})
+    return rows
+
+
+def staleness_of_overrides(overrides: Sequence[str]) -> int:
+    """Policy versions a variant lets a trained sample lag, from its ``key=value`` overrides (the last value
+    of a key wins, as in digenrl.config): TCSS allows one (docs/design.md §3 "TCSS"),
+    ``asynchrony.max_staleness=N`` allows N, anything else none."""
+    values = dict(override.partition("=")[::2] for override in overrides)
+    tcss = 1 if values.get("tcss", "").strip().lower() == "true" else 0
+    return max(tcss, int(values.get("asynchrony.max_staleness", 0)))
 
 
 def parse_result_rows(rows: Iterable[Any], origin: str = "<rows>") -> list[ResultRow]:
@@ -239,6 +316,16 @@ def _parse_row(raw: Mapping[str, Any], where: str) -> ResultRow:
         raise ValueError(f"{where}: experiment 'scaling' needs key 'gpus'")
     if experiment == "split" and (generators is None or trainers is None):
         raise ValueError(f"{where}: experiment 'split' needs keys 'generators' and 'trainers'")
+    runs = _run_values(values.get("samples_per_s_runs"), where)
+    bubble_free = values.get("bubble_free_samples_per_s")
+    if bubble_free is not None:
+        bubble_free = _non_negative(bubble_free, "bubble_free_samples_per_s", where)
+    staleness = values.get("staleness_allowed")
+    stale_fraction = values.get("stale_fraction")
+    if stale_fraction is not None:
+        stale_fraction = _non_negative(stale_fraction, "stale_fraction", where)
+        if stale_fraction > 1:
+            raise ValueError(f"{where}: stale_fraction={stale_fraction!r} must be in [0, 1]")
     return ResultRow(
         model=str(values["model"]).strip(),
         system=str(values["system"]).strip(),
@@ -249,6 +336,10 @@ def _parse_row(raw: Mapping[str, Any], where: str) -> ResultRow:
         gpus=gpus,
         generators=generators,
         trainers=trainers,
+        runs=runs,
+        bubble_free=bubble_free,
+        staleness=None if staleness is None else _non_negative_int(staleness, "staleness_allowed", where),
+        stale_fraction=stale_fraction,
         extra={k: v for k, v in values.items() if k not in _KNOWN_COLUMNS},
         origin=where,
     )
@@ -303,6 +394,23 @@ def _non_negative(value: Any, key: str, where: str) -> float:
     if not math.isfinite(number) or number < 0:
         raise ValueError(f"{where}: {key}={value!r} must be a finite number >= 0")
     return number
+
+
+def _run_values(value: Any, where: str) -> tuple[float, ...]:
+    """``samples_per_s_runs``: a JSON list, or in a CSV cell the values separated by spaces or ';'."""
+    if _blank(value):
+        return ()
+    items = value.replace(";", " ").split() if isinstance(value, str) else value
+    if not isinstance(items, list | tuple):
+        raise ValueError(f"{where}: samples_per_s_runs={value!r} must be a list of numbers")
+    return tuple(_non_negative(item, "samples_per_s_runs", where) for item in items)
+
+
+def _non_negative_int(value: Any, key: str, where: str) -> int:
+    number = _non_negative(value, key, where)
+    if not number.is_integer():
+        raise ValueError(f"{where}: {key}={value!r} must be an integer >= 0")
+    return int(number)
 
 
 def _positive_int(value: Any, key: str, where: str) -> int | None:

@@ -1,8 +1,35 @@
-"""Test-wide settings: one CPU thread per process (CI has 2 cores; distributed tests start several)."""
+"""Test-wide settings: one CPU thread per process (CI has 2 cores; distributed tests start several), and the
+``slow`` marker on every multi-process test, so ``python -m pytest -q -m "not slow"`` is the fast inner loop
+while ``python -m pytest -q`` still runs everything (README.md, "The two commands")."""
 
 import os
+from pathlib import Path
 
+import pytest
 import torch
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1)
+
+#: Every test here launches whole training runs (run_train.py under torchrun, several processes each).
+SYSTEMS_TESTS = Path(__file__).parent / "systems"
+#: Calls that always start worker processes (tests/runtime/spawn.py, torch.multiprocessing): a test whose
+#: own body makes one is a multi-process test. (launch_torchrun is left out: a unit test fakes its
+#: subprocess; whole runs live in tests/systems.)
+MULTI_PROCESS_CALLS = frozenset({"spawn_workers", "start_processes"})
+
+
+def is_multi_process(item: pytest.Item) -> bool:
+    """Marked ``distributed``, under tests/systems, or spawning workers in its own body (so a multi-process
+    test added without a marker still leaves the inner loop)."""
+    if item.get_closest_marker("distributed") or SYSTEMS_TESTS in item.path.parents:
+        return True
+    code = getattr(getattr(item, "function", None), "__code__", None)
+    return code is not None and not MULTI_PROCESS_CALLS.isdisjoint(code.co_names)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """``slow`` on every multi-process test; single-process tests that are slow carry it themselves."""
+    for item in items:
+        if is_multi_process(item):
+            item.add_marker(pytest.mark.slow)

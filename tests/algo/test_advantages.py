@@ -132,6 +132,7 @@ def _gather_worker(rank, world_size, init_file, payloads, out_dir):
         dist.destroy_process_group()
 
 
+@pytest.mark.distributed
 def test_gather_two_process_gloo_unequal_sizes():
     world_size = 2
     sizes = [random.randint(1, 4), random.randint(5, 9)]

@@ -151,6 +151,7 @@ def test_device_costs_scale_h200_costs_by_relative_speed():
         assert got == pytest.approx(expected, rel=1e-12)
 
 
+@pytest.mark.slow  # counts Wan2.1-14B's and its VAE's FLOPs on the meta device: ~18 s of CPU
 def test_a_measured_cost_file_is_used_only_for_the_shape_and_guidance_it_was_measured_at(tmp_path):
     """A cost file prices one sample at its measured shape: another shape, or a guidance setting without
     points, falls back to the extrapolation (and says why); an explicit file that does not fit is an error."""

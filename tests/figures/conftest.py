@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-DATA_DIR = Path(__file__).parent / "data"
+from .checks import DATA_DIR
+
 SAMPLE_RUN = DATA_DIR / "tiny_cpu2_run"
 SAMPLE_TABLE = DATA_DIR / "results_table.json"
 

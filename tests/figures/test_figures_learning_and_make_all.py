@@ -14,7 +14,8 @@ import pytest
 
 from paper_figures.learning import plot_learning, reward_curve
 from paper_figures.logs import load_run
-from paper_figures.make_all import default_timeline_window, make_all
+from paper_figures.make_all import default_timeline_window, display_name, make_all, root_labels
+from paper_figures.make_all import main as make_all_main
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXPECTED_PNGS = {
@@ -24,6 +25,7 @@ EXPECTED_PNGS = {
     "results_table_ablation.png",
     "results_table_scaling.png",
     "results_table_split.png",
+    "ablation_cpu2_ablation.png",  # the JSON experiments/run_ablation.py writes
 }
 
 
@@ -98,7 +100,8 @@ def test_make_all_command_end_to_end(tmp_path, data_dir, png_ok):
     for name in EXPECTED_PNGS:
         png_ok(tmp_path / name)
         assert f"made     {tmp_path / name}" in result.stdout
-    assert "6 figure(s) made, 0 skipped" in result.stdout
+    # the ablation file has no main/scaling/split rows: three "skipped" lines
+    assert f"{len(EXPECTED_PNGS)} figure(s) made, 3 skipped" in result.stdout
 
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -107,3 +110,38 @@ def test_make_all_command_end_to_end(tmp_path, data_dir, png_ok):
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert nothing.returncode == 1 and "no run directories" in nothing.stdout
+
+
+def test_several_logs_folders_name_each_run_by_its_folder(tmp_path, sample_run, sample_table, png_ok):
+    first, second = tmp_path / "runs" / "a", tmp_path / "runs" / "b"
+    for folder in (first, second):  # the same run name in both folders
+        shutil.copytree(sample_run, folder / "run1")
+    shutil.copy(sample_table, second / "table.json")
+    assert root_labels([first, second]) == ["a", "b"]
+    assert root_labels([first]) == [""]
+    assert display_name(first / "run1", first, "a") == "a/run1"
+    assert display_name(first / "run1", first / "run1", "") == "run1"  # a folder that is itself a run
+    report = make_all([first, second, second / "run1"], tmp_path / "out")  # the last is inside the second
+    made = {path.name for path in report.made}
+    assert {"timeline_a__run1.png", "timeline_b__run1.png", "learning.png"} <= made
+    assert {"b__table_throughput.png", "b__table_ablation.png"} <= made
+    assert sum(name.startswith("timeline_") for name in made) == 2  # b/run1 is drawn once
+    for path in report.made:
+        png_ok(path)
+    system = load_run(sample_run).config["system"]
+    assert load_run(first / "run1", name="a/run1").label == f"{system} (a/run1)"
+
+
+def test_make_all_command_takes_several_folders(tmp_path, sample_run, capsys):
+    folders = [tmp_path / "x", tmp_path / "y"]
+    for folder in folders:
+        shutil.copytree(sample_run, folder / "r")
+    assert make_all_main(["--logs", *map(str, folders), "--out", str(tmp_path / "o")]) == 0
+    made = {p.name for p in (tmp_path / "o").glob("*.png")}
+    assert made == {"timeline_x__r.png", "timeline_y__r.png", "learning.png"}
+    with pytest.raises(SystemExit) as exit_info:
+        make_all_main(["--logs", str(folders[0]), str(tmp_path / "nope"), "--out", str(tmp_path / "o")])
+    assert (
+        exit_info.value.code == 2
+        and f"--logs {tmp_path / 'nope'} is not a directory" in capsys.readouterr().err
+    )

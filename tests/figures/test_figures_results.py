@@ -3,15 +3,29 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
-from paper_figures.ablation import ABLATION_STEPS, ablation_step, plot_ablation
+from paper_figures.ablation import plot_ablation
 from paper_figures.logs import parse_result_rows, read_results_table
 from paper_figures.scaling import plot_scaling
 from paper_figures.split import generator_share, plot_split, total_gpus
-from paper_figures.style import ordered_systems
-from paper_figures.throughput import baseline_ratio, plot_throughput, unique_rows
+from paper_figures.style import SIMULATED_HATCH, ordered_systems
+from paper_figures.throughput import (
+    GRID_COLUMNS,
+    baseline_ratio,
+    panel_grid,
+    plot_throughput,
+    throughput_figure,
+    unique_rows,
+)
+
+from .checks import overlapping_texts
+
+THROUGHPUT_TABLE = (
+    Path(__file__).resolve().parents[2] / "experiments" / "results" / "throughput" / "table.csv"
+)
 
 
 @pytest.mark.parametrize("plot", [plot_throughput, plot_ablation, plot_scaling, plot_split])
@@ -25,9 +39,10 @@ def test_each_figure_renders_from_the_sample_table(tmp_path, sample_table, png_o
 
 def test_default_sizes(tmp_path, sample_table, png_ok):
     rows = read_results_table(sample_table)
-    # Two models in the main rows -> two 3.4-inch panels; one model elsewhere -> the minimum widths.
-    png_ok(plot_throughput(rows, tmp_path / "t.png"), (round(150 * 6.8), round(150 * 3.8)))
-    png_ok(plot_ablation(rows, tmp_path / "a.png"), (round(150 * 4.0), round(150 * 3.8)))
+    # Two models in the main rows -> one row of two 3.1-inch panels (5 systems); the ablation's five steps
+    # -> 0.62 inch per bar + 1.4; one model elsewhere -> the minimum widths.
+    png_ok(plot_throughput(rows, tmp_path / "t.png"), (round(150 * 6.6), round(150 * 3.8)))
+    png_ok(plot_ablation(rows, tmp_path / "a.png"), (round(150 * 4.5), round(150 * 4.4)))
     png_ok(plot_scaling(rows, tmp_path / "s.png"), (round(150 * 5.2), round(150 * 4.0)))
 
 
@@ -58,20 +73,6 @@ def test_throughput_without_baseline_still_renders_and_duplicates_are_rejected(t
         unique_rows(parse_result_rows([row, row]), ("model", "system", "source"))
     with pytest.raises(ValueError, match="two rows"):
         plot_throughput(parse_result_rows([row, row]), tmp_path / "t.png")
-
-
-def test_ablation_step_names():
-    assert [ablation_step(s) for s in ("Separate-Sync", "gap", "+tsp", "+TAG", "TCSS")] == list(
-        ABLATION_STEPS
-    )
-    with pytest.raises(ValueError, match=r"system='digenrl'"):
-        ablation_step("digenrl")
-    rows = [
-        {"experiment": "ablation", "model": "m", "system": s, "samples_per_s": 1, "source": "measured"}
-        for s in ("+GAP", "gap")
-    ]
-    with pytest.raises(ValueError, match="two rows"):
-        plot_ablation(parse_result_rows(rows), "unused.png")
 
 
 def test_system_order_and_split_axes():
@@ -110,3 +111,53 @@ def test_scaling_rejects_two_rows_at_one_point(tmp_path):
     }
     with pytest.raises(ValueError, match="x=4"):
         plot_scaling(parse_result_rows([row, row]), tmp_path / "s.png")
+
+
+def test_throughput_grid_of_the_committed_table_is_readable():
+    """experiments/results/throughput/table.csv: a row of panels per profile, a column per model, every
+    system at the same x, simulated bars hatched, system names under the bottom row only, no text overlapping
+    another or the figure's edge at the default size."""
+    rows = read_results_table(THROUGHPUT_TABLE)
+    profiles = list(dict.fromkeys(r.extra["profile"] for r in rows))
+    models = list(dict.fromkeys(r.extra["model_name"] for r in rows))
+    assert panel_grid(rows) == {
+        r.model: (profiles.index(r.extra["profile"]), models.index(r.extra["model_name"])) for r in rows
+    }
+    figure = throughput_figure(rows)
+    panels = figure.axes
+    assert len(panels) == len(profiles) * len(models)
+    systems = ordered_systems(r.system for r in rows)
+    for index, axes in enumerate(panels):
+        profile, model = profiles[index // len(models)], models[index % len(models)]
+        assert axes.get_title() == f"{model}\n{profile} · {rows_of(rows, model, profile)[0].gpus} GPUs"
+        bars = [p for p in axes.patches if p.get_fill()]
+        expected = {r.system: r for r in rows_of(rows, model, profile)}
+        assert [p.get_height() for p in bars] == pytest.approx(
+            [expected[s].throughput["samples_per_s"] for s in systems]
+        )
+        assert [p.get_x() + p.get_width() / 2 for p in bars] == pytest.approx(range(len(systems)))
+        assert all(p.get_hatch() == SIMULATED_HATCH for p in bars)  # the committed table is all simulated
+        labels = [t.get_text() for t in axes.get_xticklabels()]
+        assert labels == (systems if index // len(models) == len(profiles) - 1 else [""] * len(systems))
+    assert overlapping_texts(figure) == []
+
+
+def test_throughput_grid_wraps_tables_without_profiles_and_splits_a_shared_slot():
+    row = {"system": "digenrl", "samples_per_s": 1.0, "source": "measured"}
+    rows = parse_result_rows([dict(row, model=f"m{i}") for i in range(6)])
+    assert panel_grid(rows) == {f"m{i}": divmod(i, GRID_COLUMNS) for i in range(6)}
+    figure = throughput_figure(rows)
+    assert sum(axes.axison for axes in figure.axes) == 6  # the two unused cells of the 2 x 4 grid are off
+    both = parse_result_rows(
+        [dict(row, model="m"), dict(row, model="m", source="simulated", samples_per_s=2.0)]
+    )
+    (axes,) = throughput_figure(both).axes
+    bars = [p for p in axes.patches if p.get_fill()]
+    assert [(p.get_x(), p.get_width(), p.get_hatch()) for p in bars] == pytest.approx(
+        [(-0.4, 0.4, None), (0.0, 0.4, SIMULATED_HATCH)]
+    )
+    assert [t.get_text() for t in axes.get_xticklabels()] == ["digenrl"]
+
+
+def rows_of(rows, model: str, profile: str) -> list:
+    return [r for r in rows if r.extra["model_name"] == model and r.extra["profile"] == profile]

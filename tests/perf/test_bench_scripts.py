@@ -167,6 +167,7 @@ def rows_of(out: Path, path: str) -> list[dict]:
     return [r for r in report["results"] if r["path"] == path and "ms_per_step" in r]
 
 
+@pytest.mark.slow  # a fresh Python process imports torch + diffusers and runs a FLUX slice backward
 def test_backward_check_in_a_subprocess_reports_pass_and_fail():
     ok = backward_check.run_in_subprocess(
         "tiny-flux", setting="safe", double=1, single=1, heights=(32,), device="cpu", dtype="float32",
