@@ -60,6 +60,14 @@ class SimResult:
     info: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def bubble_free_samples_per_s(self) -> float:
+        """Samples/s of a perfect schedule of the same work: the steady window's busy device-seconds spread
+        evenly over every rank (docs/design.md §5, the bubble-free bound)."""
+        ranks = len(self.log.roles)
+        samples = self.workload.samples_per_iteration * len(self.workload.steady_iterations)
+        return samples * ranks / self.busy_gpu_s if self.busy_gpu_s > 0 else math.inf
+
+    @property
     def spans(self) -> list[dict[str, Any]]:
         return self.log.spans
 
@@ -96,7 +104,8 @@ class SimResult:
         lines = [
             f"{self.plan.describe()}",
             f"  {self.samples_per_s:.4g} samples/s steady state, {self.steady_iteration_s:.4g} s/iteration "
-            f"(B = {self.workload.samples_per_iteration}); busy: {busy}",
+            f"(B = {self.workload.samples_per_iteration}, staleness {self.plan.staleness}); busy: {busy}; "
+            f"bubble-free bound {self.bubble_free_samples_per_s:.4g} samples/s",
         ]
         for key, value in self.info.items():
             if isinstance(value, list):
@@ -117,6 +126,7 @@ def simulate(
     where the cost model predicts a shorter makespan)."""
     profile = load_profile(profile) if isinstance(profile, str) else profile
     device_costs = costs if isinstance(costs, DeviceCosts) else DeviceCosts(profile, costs)
+    workload = plan.effective_workload(workload)
     plan.check(profile.world_size, workload)
     if plan.system == "digenrl" and plan.tag and plan.tag_budget is None:
         return _search_tag_budget(profile, device_costs, workload, plan)

@@ -3,7 +3,7 @@ assertions: timings on a shared CPU mean nothing)."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import math
 from pathlib import Path
@@ -14,14 +14,16 @@ import torch
 from digenrl.perf import backward_check, logprob_agreement, roofline
 from digenrl.sim.costs import CostModel, cost_path
 
-EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
+MODULES = {
+    "bench_generator": "digenrl.perf.bench_generator",
+    "bench_trainer": "digenrl.perf.bench_trainer",
+    "emit_costs": "digenrl.sim.emit",
+}
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"perf_{name}", EXPERIMENTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The benchmark modules behind ``experiments/measure.py generator|trainer|emit``."""
+    return importlib.import_module(MODULES[name])
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +129,13 @@ def test_trainer_json_and_cost_file(bench_outputs, tmp_path):
         )
         / 1e3
     )
-    assert model.weight_sync_bytes == costs["weight_sync_bytes"] and model.meta["path"] == "optimized"
+    assert model.weight_sync_bytes == costs["weight_sync_bytes"]
+    assert model.path == "eager" and model.meta["generator_path"] == "eager"  # no --compile: nothing compiled
+    assert model.text_encoder_bytes > 0 and model.vae_param_bytes > 0
+    assert model.meta["grad_park_s"] > 0  # what tag.park_grads=true adds to a switch, kept apart
+    # a path the benchmarks did not run is missing, never filled from another path
+    with pytest.raises(ValueError, match="no timed rows"):
+        emit.generator_points({"results": rows_of(bench_outputs, "eager")}, "optimized")
 
 
 def test_emit_costs_takes_the_train_points_of_one_cfg_grad():
