@@ -543,7 +543,7 @@ def load_costs(device: str, model: str, root: str | Path | None = None) -> CostM
         have = sorted(p.stem for p in folder.glob("*.json")) if folder.is_dir() else []
         raise ValueError(
             f"no cost file for device={device!r} model={model!r} ({path}); available: {have or 'none'} "
-            "(produce one with experiments/run_profile.py)"
+            "(produce one with experiments/measure.py costs)"
         )
     return CostModel.load(path)
 

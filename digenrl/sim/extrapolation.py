@@ -200,10 +200,11 @@ def reshape(costs: CostModel, frames: int) -> CostModel:
     )
 
 
-def carry_to_model(reference: CostModel, model: str) -> CostModel:
-    """``reference`` (another, measured model) carried to ``model`` at its default shape (see above)."""
+def carry_to_model(reference: CostModel, model: str, frames: int | None = None) -> CostModel:
+    """``reference`` (another, measured model) carried to ``model`` at its default resolution and ``frames``
+    (None: its default) (module docstring)."""
     ref = model_facts(reference.model, reference.meta.get("frames"))
-    target = model_facts(model)
+    target = model_facts(model, frames)
     flops = target["forward_flops"] / ref["forward_flops"]
     pixels = target["pixels"] / ref["pixels"]
     tokens = target["tokens"] / ref["tokens"]

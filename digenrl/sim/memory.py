@@ -177,25 +177,30 @@ def _halvings(top: int) -> list[int]:
     return out
 
 
-def _loads(plan: SchedulePlan, w: Workload, world: int, choice: tuple) -> dict[int, RankLoad]:
+def _loads(plan: SchedulePlan, w: Workload, profile: HardwareProfile, choice: tuple) -> dict[int, RankLoad]:
     """Every rank's load under ``choice`` = (micro_batch, checkpointing, samples_per_forward,
     train_resident, reward_resident)."""
+    from digenrl.sim.schedules.colocated import colocated_shares
+
     mb, ckpt, spf, train_res, reward_res = choice
+    world = profile.world_size
 
     def cap(batch: int) -> int:
         return min(batch, spf) if spf else batch
 
     if plan.colocated:
-        per_rank = -(-w.prompts_per_iteration // world) * w.group_size
-        batch = cap(per_rank)
-        if plan.system == "colocated-overlap":
-            batch = cap(
-                max(1, w.samples_per_forward // w.group_size) * w.group_size
-                if w.samples_per_forward
-                else w.group_size
+        loads = {}
+        for rank, groups in enumerate(colocated_shares(profile, w.prompts_per_iteration, plan.work_split)):
+            batch = groups
+            if plan.system == "colocated-overlap":  # one sub-batch at a time (schedules/colocated.py)
+                if plan.overlap_sub_batches is not None:
+                    batch = -(-groups // plan.overlap_sub_batches)
+                else:
+                    batch = max(1, w.samples_per_forward // w.group_size) if w.samples_per_forward else 1
+            loads[rank] = RankLoad(
+                "colocated", True, True, mb, ckpt, cap(batch * w.group_size), world, train_res, reward_res
             )
-        load = RankLoad("colocated", True, True, mb, ckpt, batch, world, train_res, reward_res)
-        return dict.fromkeys(range(world), load)
+        return loads
     trainers, generators = plan.trainer_ranks(world), plan.generator_ranks(world)
     if plan.system == "digenrl":
         gen_batch = cap(plan.fragment_groups * w.group_size)
@@ -228,7 +233,7 @@ def check_plan(
         plan.train_resident,
         plan.reward_resident,
     )
-    loads = _loads(plan, w, profile.world_size, choice)
+    loads = _loads(plan, w, profile, choice)
     return [rank_memory(profile, r, costs.for_rank(r), load, w.cfg) for r, load in sorted(loads.items())]
 
 
@@ -254,7 +259,6 @@ def fit_plan(profile: HardwareProfile, costs: DeviceCosts, workload: Workload, p
     types = list(costs.by_type.values())
     if not all(c.has_memory(w.cfg) for c in types):
         return Fit(plan, ("memory not checked: the cost file has no measured peaks",), checked=False)
-    world = profile.world_size
     # the workload's micro-batch, smaller ones, and larger ones up to the largest measured (each system at
     # its best micro-batch size, docs/design.md §4)
     measured = max(max(c.train_points.get(CFG_KEYS[w.cfg], {1: 0})) for c in types)
@@ -282,7 +286,7 @@ def fit_plan(profile: HardwareProfile, costs: DeviceCosts, workload: Workload, p
                 unit = slowest.train_unit_s(mb, w.cfg, ckpt)
                 for spf in spfs:
                     choice = (mb, ckpt, spf, train_res, reward_res)
-                    loads = _loads(plan, w, world, choice)
+                    loads = _loads(plan, w, profile, choice)
                     if not _all_fit(profile, costs, loads, w.cfg):
                         continue
                     batch = max(load.gen_batch for load in loads.values())

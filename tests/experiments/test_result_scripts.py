@@ -119,7 +119,7 @@ def test_the_committed_throughput_table_never_puts_digenrl_below_a_baseline():
     hetero = {r.system for r in rows if r.extra["profile"] == "hetero-h100-a100-16"}
     assert {"colocated-sync speed-split", "colocated-overlap speed-split"} <= hetero
     scenarios = {r.extra["scenario"] for r in rows}
-    assert {"flux.1-dev full-FT", "flux.1-dev + 7B reward", "wan2.1-14b", "hunyuan-video"} <= scenarios
+    assert {"flux.1-dev full-FT", "flux.1-dev + 7B reward", "wan2.1-14b", "hunyuan-video 33f"} <= scenarios
 
 
 def test_scaling_quick_table(tmp_path):
@@ -255,5 +255,24 @@ def test_committed_tables_keep_their_command_next_to_them():
     for name, stem in (("throughput", "table"), ("scaling", "scaling"), ("split", "split")):
         with (REPO / "experiments" / "results" / name / f"{stem}.csv").open() as f:
             header = [line for line in f if line.startswith("#")]
-        command = next(line for line in header if line.startswith("# command:")).split(":", 1)[1].strip()
-        assert command.startswith(f"python experiments/simulate.py {name}") and command in readme
+        commands = [line.split(":", 1)[1].strip() for line in header if line.startswith("# command:")]
+        assert commands
+        for command in commands:
+            assert command.startswith(f"python experiments/simulate.py {name}") and command in readme
+
+
+def test_the_refresh_script_re_measures_every_stale_point_and_scripts_use_the_entry_points():
+    """experiments/gpu/h200_refresh_costs.sh runs every benchmark the cost audit asks for (same model and
+    flags), and no device script calls a script that no longer exists."""
+    from digenrl.sim.cost_audit import missing_measurements
+
+    gpu = REPO / "experiments" / "gpu"
+    script = (gpu / "h200_refresh_costs.sh").read_text().replace("\\\n", " ")
+    steps = [line.split() for line in script.splitlines() if "experiments/measure.py" in line]
+    for m in missing_measurements():
+        wanted = {"--model", m.model, m.kind, *m.args}
+        assert any(wanted <= set(tokens) for tokens in steps), m.command()
+    for path in gpu.glob("*.sh"):
+        for token in path.read_text().split():
+            if token.startswith("experiments/") and token.endswith(".py"):
+                assert (REPO / token).is_file(), f"{path.name} calls {token}"

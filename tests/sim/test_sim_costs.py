@@ -213,3 +213,37 @@ def test_device_costs_per_type_and_relative_speed():
         DeviceCosts(profile, toy_costs(device="cpu"))
     single = load_profile("cpu-2")
     assert DeviceCosts(single, toy_costs(device="cpu")).for_rank(1).device == "cpu"
+
+
+def test_the_audit_flags_what_does_not_match_what_runs():
+    """A file is stale for a workload when it timed another path, stops short of the workload's
+    micro-batch, timed another CFG gradient, has no memory peaks, or was derived."""
+    from digenrl.sim.cost_audit import GPU_PATH, audit
+    from digenrl.sim.workload import Workload
+
+    work = Workload(
+        prompts_per_iteration=4, group_size=2, num_steps=4, train_steps=2, cfg=True, micro_batch_size=4
+    )
+    costs = replace(
+        toy_costs(),
+        path=GPU_PATH,
+        train_points={"cfg": {1: 0.1, 2: 0.2, 4: 0.3}, "no_cfg": {1: 0.1}},
+        train_peak_bytes={"cfg": {1: 10**9}},
+        generator_peak_bytes={"cfg": {1: 10**9}},
+        meta={"cfg_grad": "cond"},
+    )
+    assert audit(costs, work) == []
+    eager = audit(replace(costs, path="eager"), work)
+    assert len(eager) == 1 and "eager" in eager[0]
+    short = audit(replace(costs, train_points={"cfg": {1: 0.1, 2: 0.2}}), work)
+    assert len(short) == 1 and "micro-batch 1, 2" in short[0] and "trains 4" in short[0]
+    both = audit(replace(costs, meta={"cfg_grad": "both"}), work)
+    assert len(both) == 1 and "cfg_grad=both" in both[0]
+    assert "no measured memory peaks" in audit(replace(costs, train_peak_bytes={}), work)[0]
+    derived = audit(
+        replace(costs, meta={"cfg_grad": "cond", "derivation": ["reshape: 33 -> 81 frames"]}), work
+    )
+    assert derived == ["derived: reshape: 33 -> 81 frames"]
+    mixed = audit(replace(costs, meta={"cfg_grad": "cond", "generator_path": "eager"}), work)
+    assert len(mixed) == 1 and "generator points" in mixed[0]
+    assert audit(replace(costs, meta={"cfg_grad": "cond", "generator_path": "compiled"}), work) == []
