@@ -38,7 +38,7 @@ from digenrl.sim.costs import CostModel
 from digenrl.sim.device_costs import DeviceCosts
 from digenrl.sim.memory import Fit, fit_plan
 from digenrl.sim.schedule_plan import SchedulePlan
-from digenrl.sim.simulator import MAX_TAG_BUDGET, SimResult, simulate
+from digenrl.sim.simulator import SimResult, search_tag_budget, simulate
 from digenrl.sim.workload import Workload
 
 #: The baselines of docs/design.md §4 (labels of :meth:`Planner.baselines`).
@@ -270,21 +270,10 @@ class Planner:
         return Fit(plan.with_(**{k: getattr(fit.plan, k) for k in knobs}), fit.notes, fit.checked)
 
     def _search_tag_budget(self, plan: SchedulePlan) -> PlanScore | None:
-        best = self._score_exact(plan.with_(tag=False, tag_budget=None))
-        if best is None:
-            return self._score_exact(plan.with_(tag_budget=0))
-        fragments = plan.num_fragments(self.workload)
-        limit = min(MAX_TAG_BUDGET, math.ceil(fragments / plan.trainers))
-        worse = 0
-        for budget in range(1, limit + 1):
-            trial = self._score_exact(plan.with_(tag_budget=budget))
-            if trial is not None and trial.samples_per_s > best.samples_per_s * (1 + 1e-12):
-                best, worse = trial, 0
-            else:
-                worse += 1
-                if worse == 2:
-                    break
-        return best
+        def run(trial: SchedulePlan) -> PlanScore | None:  # budget 0 is the TAG-off plan (cached)
+            return self._score_exact(trial if trial.tag_budget else trial.with_(tag=False, tag_budget=None))
+
+        return search_tag_budget(plan, self.workload, run)
 
     # ------------------------------------------------------------------ baselines
     def baseline_plans(
