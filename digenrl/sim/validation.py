@@ -41,14 +41,19 @@ def steady_state(
     for r in records:
         if r.get("type") == "span" and r["phase"] == "optimizer" and r.get("iteration") is not None:
             ends[int(r["iteration"])] = max(ends.get(int(r["iteration"]), 0.0), float(r["t_end"]))
+    # positions, not iteration numbers: a trimmed log (experiments/make_figures.py --real-run) may start
+    # after iteration 0; its first logged iteration then only marks where the window starts
     iterations = sorted(k for k in ends if k >= 0)
-    steady = [k for k in iterations if warmup <= k < len(iterations) - cooldown]
+    first = iterations[0] if iterations else 0
+    skip = max(warmup, 1) if first > 0 else warmup
+    steady = iterations[skip : len(iterations) - cooldown]
     if not steady:
         raise ValueError(
             f"the log has {len(iterations)} finished iteration(s); warmup={warmup} + cooldown={cooldown} "
             "leave no steady state"
         )
-    start = ends[steady[0] - 1] if steady[0] > 0 else 0.0
+    before = iterations.index(steady[0]) - 1
+    start = ends[iterations[before]] if before >= 0 else 0.0
     window = ends[steady[-1]] - start
     summary = summarize_records(records)
     phases: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
@@ -218,15 +223,16 @@ def report_markdown(rows: list[dict[str, Any]], command: str) -> str:
         f"{100 * PHASE_ERROR_GOAL:.0f}% (docs/design.md §5).",
         "",
         "| run | model | profile | system | path (run / costs) | measured s/it | predicted s/it (error) |"
-        " worst phase error |",
+        " worst abs. phase error |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        worst = "—" if r["max_phase_error"] is None else f"{100 * r['max_phase_error']:.1f}%"
         lines.append(
             f"| {Path(r['run_dir']).name} | {r['model']} | {r['profile']} | {r['system']} | "
             f"{r['run_path']} / {r['cost_path']} | {r['measured_iteration_s']:.3f} | "
             f"{r['simulated_iteration_s']:.3f} ({_pct(-r['relative_error'] / (1 + r['relative_error']))}) | "
-            f"{_pct(r['max_phase_error'])} |"
+            f"{worst} |"
         )
     lines += ["", "Per phase, seconds per steady iteration summed over the ranks of a role:", ""]
     lines += [

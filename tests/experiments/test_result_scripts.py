@@ -179,6 +179,12 @@ def test_validate_compares_a_run_with_its_simulation_per_phase(tmp_path):
     assert report["rows"][0]["system"] == system
     assert "predicted s (error)" in (tmp_path / "validation.md").read_text()
 
+    # a trimmed log (iterations 1-4 of a real CPU run): its first iteration only marks the window start
+    trimmed = compare_run(
+        REPO / "experiments" / "results" / "runs" / "cpu-2-digenrl-gap-f4", tables.QUICK_COST_FILE
+    )
+    assert trimmed["measured_iteration_s"] > 0 and trimmed["system"] == "digenrl"
+
     gpu_run = REPO / "experiments" / "results" / "gpu" / "runs" / "h200-1-sd35-colocated-sync"
     eager = compare_run(gpu_run, warmup=1)
     assert eager["run_path"] == "eager" and "compiled+autocast" in eager["path_mismatch"]
