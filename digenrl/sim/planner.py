@@ -34,7 +34,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from digenrl.runtime.profiles import HardwareProfile, load_profile
-from digenrl.sim.costs import CostModel
+from digenrl.sim.costs import CFG_KEYS, CostModel
 from digenrl.sim.device_costs import DeviceCosts
 from digenrl.sim.memory import Fit, fit_plan
 from digenrl.sim.schedule_plan import SchedulePlan
@@ -127,9 +127,12 @@ def _rates(
         cost = costs.for_rank(rank)
         if cost.device not in per_type:
             per_sample = min((workload.generation_s(cost, b) + cost.score_s(b)) / b for b in batches)
+            # every micro-batch the memory fit may choose: up to the largest measured one
+            largest = max(
+                workload.micro_batch_size, max(cost.train_points.get(CFG_KEYS[workload.cfg], {1: 0}))
+            )
             per_unit = min(
-                cost.train_micro_batch_s(m, workload.cfg, False) / m
-                for m in range(1, workload.micro_batch_size + 1)
+                cost.train_micro_batch_s(m, workload.cfg, False) / m for m in range(1, largest + 1)
             )
             per_type[cost.device] = (per_sample, per_unit)
         per_sample, per_unit = per_type[cost.device]
