@@ -406,7 +406,8 @@ def write_table(rows: Sequence[dict[str, Any]], out_dir: Path, stem: str, header
         writer.writeheader()
         for row in rows:
             writer.writerow({k: _fmt(row.get(k, "")) for k in COLUMNS})
-    shown = [c for c in COLUMNS if c not in ("experiment", "model_name", "cost_file", "run", "scenario")]
+    hidden = ("experiment", "model", "model_name", "profile", "cost_file", "run", "scenario")
+    shown = [c for c in COLUMNS if c not in hidden]
     lines = [header.replace("\n", "\n\n"), ""]
     for panel in dict.fromkeys(r["model"] for r in rows):
         lines += [f"### {panel}", "", "| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
