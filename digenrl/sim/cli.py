@@ -178,6 +178,7 @@ def throughput(argv: list[str] | None = None) -> int:
         old_commands, old_rows = tables.read_table(out / "table.csv")
         rows = [r for r in old_rows if (r["scenario"], r["profile"]) not in done] + rows
         commands = [c for c in old_commands if c not in commands] + commands
+        rows = tables.panel_order(rows)
     tables.attach_validation(rows, tables.validation_errors())
     header = tables.header_lines(commands, "Throughput per scenario x profile x system.")
     csv_path, md_path = tables.write_table(rows, out, "table", header)

@@ -433,6 +433,21 @@ def header_lines(commands: Sequence[str], what: str) -> str:
     return "\n".join(lines)
 
 
+def panel_order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows by profile (:data:`PROFILES` order) then scenario (:func:`scenarios` order); stable within a
+    panel, so a merged table reads like one written in a single run."""
+    labels = [s.label for s in scenarios()]
+
+    def key(row: dict[str, Any]) -> tuple[int, int]:
+        profile, scenario = row.get("profile"), row.get("scenario")
+        return (
+            PROFILES.index(profile) if profile in PROFILES else len(PROFILES),
+            labels.index(scenario) if scenario in labels else len(labels),
+        )
+
+    return sorted(rows, key=key)
+
+
 def read_table(path: Path) -> tuple[list[str], list[dict[str, Any]]]:
     """(the ``command:`` lines of its header, its rows as strings) of a table :func:`write_table` wrote."""
     lines = path.read_text().splitlines()
