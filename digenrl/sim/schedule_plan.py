@@ -160,11 +160,16 @@ class SchedulePlan:
     def check(self, world_size: int, workload: Workload) -> None:
         """Raise ValueError if the plan cannot run ``workload`` on ``world_size`` devices (the runtime's
         start-up checks that a plan can violate: ``digenrl/systems/digenrl_system.py`` ``check``)."""
+        p = workload.prompts_per_iteration
         if self.colocated:
-            if workload.prompts_per_iteration < world_size and self.work_split == "equal":
+            if self.work_split == "equal" and p % world_size:
                 raise ValueError(
-                    f"{self.system} gives every rank whole prompt groups: P={workload.prompts_per_iteration} "
-                    f"< {world_size} ranks"
+                    f"{self.system} gives every rank the same whole prompt groups: P={p} is not divisible by "
+                    f"{world_size} ranks (digenrl/systems/base.py)"
+                )
+            if self.work_split == "speed" and p < world_size:
+                raise ValueError(
+                    f"{self.system} gives every rank whole prompt groups: P={p} < {world_size} ranks"
                 )
             return
         if self.trainers < 1 or self.generators < 1:
@@ -177,6 +182,16 @@ class SchedulePlan:
                 f"trainers + generators = {self.trainers + self.generators} exceeds the profile's "
                 f"{world_size} devices"
             )
+        if self.system in ("separate-sync", "separate-async"):  # digenrl/systems/separate.py
+            if p % self.generators:
+                raise ValueError(
+                    f"P={p} is not divisible by {self.generators} generators (whole groups each)"
+                )
+            per_generator = p // self.generators * workload.group_size
+            if per_generator < self.trainers:
+                raise ValueError(
+                    f"each generator produces {per_generator} samples, fewer than {self.trainers} trainers"
+                )
         if self.system == "digenrl":
             if self.generators % self.tsp_stages:
                 raise ValueError(

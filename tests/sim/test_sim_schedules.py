@@ -41,8 +41,9 @@ def test_separate_sync_iteration_is_generate_plus_score_plus_train_exactly():
     for _ in range(10):
         step, decode, reward, unit, opt = (_dyadic(rng) for _ in range(5))
         costs = toy_costs(step=step, decode=decode, reward=reward, unit=unit, optimizer=opt)
-        trainers, generators = rng.randint(1, 3), rng.choice([1, 2, 4])
-        groups_per_gen = rng.randint(1, 3)
+        generators, groups_per_gen = rng.choice([1, 2, 4]), rng.randint(1, 3)
+        # every trainer gets samples of every generator (the runtime's check): at most 2 per group
+        trainers = rng.randint(1, min(3, 2 * groups_per_gen))
         w = _workload(prompts_per_iteration=groups_per_gen * generators, iterations=4)
         samples = groups_per_gen * w.group_size  # per generator
         # every generator gives trainer 0 the largest part, ceil(samples / trainers) samples; the
