@@ -136,7 +136,9 @@ class PoolConfig:
 
     trainers: int = 0
     generators: int = 0
-    scorers: int = 0  # ranks that only run a heavy reward model (needs a reward with weights)
+    # ranks that only decode and run the reward model (a reward with weights), fed by the generators'
+    # last stage (digenrl/rollout/remote_scoring.py); separate-sync, separate-async and digenrl
+    scorers: int = 0
 
 
 @dataclass
@@ -225,6 +227,9 @@ class RuntimeConfig:
 
     backend: str | None = None  # gloo | nccl; None = nccl on CUDA, gloo otherwise
     timeout_s: float = 300.0  # every distributed wait fails after this, naming rank and peer
+    # a real-size model (not tiny-*) on a CPU device is refused at startup with its memory estimate unless
+    # this is true (digenrl/validation.py validate_devices)
+    allow_large_cpu_model: bool = False
 
 
 @dataclass

@@ -1,7 +1,9 @@
 """Command-line entry: parse config, validate at startup, start the process group, run a system.
 
-Failures are reported once, with the rank that failed, and the process group is torn down so that
-peers blocked in a collective fail by their own timeout instead of hanging (docs/design.md §2).
+A failing rank prints its failure once, publishes it on torchrun's store and ends its process at once, so
+peers blocked in a collective do not hang; a heartbeat watchdog names a rank that stops answering, with
+its role and phase, before the backend's timeout (``digenrl/runtime/watchdog.py``, docs/design.md §2).
+A config error is printed once (per node), before any worker process or process group exists.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import traceback
 from typing import TYPE_CHECKING
 
 from digenrl.config import ConfigError, load_config
-from digenrl.validation import validate_config
+from digenrl.validation import validate_config, validate_devices
 
 if TYPE_CHECKING:
     from digenrl.runtime.distributed import DistContext
@@ -67,9 +69,12 @@ def main(argv: list[str]) -> int:
         cfg = load_config(args.config, args.overrides)
         world = _world_size_from_env() if under_torchrun else ranks_to_start(cfg)
         validate_config(cfg, world_size=world)
+        validate_devices(cfg, world, distributed=under_torchrun or world > 1)
     except ConfigError as exc:
-        if rank == 0:  # every rank finds the same error: say it once
-            print(f"config error: {exc}", file=sys.stderr)
+        # Every rank of a node finds the same error: say it once. Each node says it (files and devices may
+        # differ between nodes, and a node that stays silent would hide its own error).
+        if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+            print(f"config error{_node_suffix()}: {exc}", file=sys.stderr)
         return 2
     if not under_torchrun and world > 1:
         # One command for a multi-process run: start the workers under torchrun, output streamed here.
@@ -82,25 +87,47 @@ def main(argv: list[str]) -> int:
         return 0
 
     from digenrl.runtime.distributed import init_distributed, shutdown_distributed
+    from digenrl.runtime.fault_injection import inject_delay
+    from digenrl.runtime.profiles import load_profile
+    from digenrl.runtime.watchdog import end_process, start_watchdog
     from digenrl.systems import get_system
 
-    ctx = init_distributed(cfg.runtime.backend, timeout_s=cfg.runtime.timeout_s)
+    # the hardware profile says what the devices are: a CPU profile runs gloo on CPUs even where CUDA exists
+    backend = cfg.runtime.backend or load_profile(cfg.profile).backend
+    ctx = init_distributed(backend, timeout_s=cfg.runtime.timeout_s)
+    watchdog = start_watchdog(ctx, cfg.runtime.timeout_s)  # None in a single process
     try:
         _require_shared_out_dir(cfg.out_dir, ctx, cfg.runtime.timeout_s)
         system = get_system(cfg.system)(cfg, ctx)
+        if watchdog is not None:
+            watchdog.follow(system.parts.events)
         system.run()
+        inject_delay(ctx.rank, "exit")  # robustness tests only: a rank that finishes last
     except BaseException as exc:
-        print(f"[rank {ctx.rank}] FAILED: {type(exc).__name__}: {exc}", file=sys.stderr)
+        message = f"[rank {ctx.rank}] FAILED: {type(exc).__name__}: {exc}"
+        if watchdog is not None:
+            # Do not tear the process group down politely: peers may sit in a collective that will never
+            # complete. Publish the reason (peers' watchdogs and store waits end with it), then exit, which
+            # lets torchrun's agent stop every other worker of the job at once.
+            reason = f"{type(exc).__name__}: {exc}"
+            end_process(message, traceback.format_exc(), lambda: watchdog.report_own_failure(reason))
+        print(message, file=sys.stderr)
         traceback.print_exc()
         sys.stderr.flush()
-        sys.stdout.flush()
-        if ctx.is_distributed:
-            # Do not tear the process group down politely: peers may sit in a collective that will never
-            # complete. Exiting lets torchrun's agent stop every other worker of the job at once.
-            os._exit(1)
         return 1
+    if watchdog is not None:
+        watchdog.stop()  # before the process group goes: a finished rank is not a hung one
     shutdown_distributed()
     return 0
+
+
+def _node_suffix() -> str:
+    """Where a config error comes from in a run over several nodes, each printing its own: " on <host>"."""
+    if int(os.environ.get("LOCAL_WORLD_SIZE", "1")) >= _world_size_from_env():
+        return ""
+    import socket
+
+    return f" on {socket.gethostname()}"
 
 
 #: Seconds a rank keeps looking for rank 0's marker in ``out_dir`` before it calls ``out_dir`` unshared.

@@ -1,21 +1,31 @@
 """Start-up validation of a :class:`~digenrl.config.Config`: every value that can be checked before any
 process group or model exists, with a :class:`~digenrl.config.ConfigError` naming the key.
 
-Three kinds of checks:
+Four kinds of checks:
 
-* values: names against their registries (models, rewards, profiles, systems), numbers against their
-  ranges (finite, positive, …);
-* consistency between keys (``model.autocast`` needs a 16-bit dtype, ``algo.kl_beta`` needs LoRA, …);
+* values: names against their registries (models, rewards, profiles, systems, attention backends),
+  numbers against their ranges (finite, positive, …);
+* consistency between keys and with the model spec (``model.autocast`` needs a 16-bit dtype,
+  ``model.height`` a multiple of the latent factor, ``trainer.lora_targets`` must match modules of the
+  model — checked on a ``meta``-device transformer, no weights allocated);
+* files: ``data.prompts``, ``model.pretrained_path`` and ``out_dir`` exist / are writable;
 * the system's own contract. Each system declares the knobs it honours (``System.knobs``: the
   system-specific sections and keys it reads) and its own start-up checks (``System.check``). A key of a
   system-specific section that the user set and the chosen system does not honour is rejected, naming
   the key, where it was set and the systems that do honour it — a silently ignored ``tag=true`` on a
   baseline would make an ablation table lie.
+
+:func:`validate_devices` adds what depends on the machine and the launch (``runtime.backend=nccl`` needs
+GPUs and torchrun; a real-size model on a CPU needs ``runtime.allow_large_cpu_model=true``). Everything
+here runs before any process group or model exists, so a bad run fails in seconds, not after the model
+is built.
 """
 
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 
 from digenrl.config import Config, ConfigError, explicit_keys
 
@@ -169,6 +179,8 @@ def validate_config(cfg: Config, world_size: int | None = None) -> None:
         raise ConfigError(f"checkpoint_every must be >= 0, got {cfg.checkpoint_every}")
     for key in ("height", "width", "frames"):
         positive(f"model.{key}", getattr(cfg.model, key))
+    check_model(cfg)
+    check_files(cfg)
 
     check_knobs(cfg)
     profile = load_profile(cfg.profile)
@@ -179,3 +191,141 @@ def validate_config(cfg: Config, world_size: int | None = None) -> None:
         )
     if world_size is not None:
         get_system(cfg.system).check(cfg, world_size)
+
+
+# ------------------------------------------------------------------------------------- model and files
+
+
+def check_model(cfg: Config) -> None:
+    """What the model spec decides: resolution and frames, the attention backend, the pretrained
+    directory's layout, and that ``trainer.lora_targets`` name modules of the transformer."""
+    from digenrl.models.bundle import check_pretrained_dir
+    from digenrl.models.flow_model import latent_shape_for
+    from digenrl.models.specs import get_model_spec
+
+    spec = get_model_spec(cfg.model.name)
+    height, width = cfg.model.height or spec.default_height, cfg.model.width or spec.default_width
+    try:
+        latent_shape_for(spec, height, width, cfg.model.frames, key_prefix="model.")
+        if cfg.model.pretrained_path is not None:
+            check_pretrained_dir(spec, cfg.model.pretrained_path)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if cfg.model.attention_backend != "native":  # diffusers' default always exists: skip importing diffusers
+        from digenrl.models.flow_model import available_attention_backends
+
+        one_of("model.attention_backend", cfg.model.attention_backend, available_attention_backends())
+    targets = cfg.trainer.lora_targets
+    if targets is not None:
+        if cfg.trainer.mode != "lora":
+            raise ConfigError(
+                f"trainer.lora_targets is set but trainer.mode={cfg.trainer.mode!r}; it only applies to "
+                "trainer.mode=lora"
+            )
+        if not targets:
+            raise ConfigError("trainer.lora_targets must be null (the family default) or a non-empty list")
+        from digenrl.models.bundle import meta_transformer
+        from digenrl.trainer.lora import check_lora_targets
+
+        try:
+            check_lora_targets(meta_transformer(spec, cfg.model.pretrained_path), list(targets), each=True)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+
+
+def check_files(cfg: Config) -> None:
+    """``data.prompts`` gives at least one prompt; ``out_dir`` can be created and written."""
+    from digenrl.data.prompts import PromptSource
+
+    try:
+        PromptSource.from_config(cfg.data.prompts, cfg.seed)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    check_writable_dir("out_dir", cfg.out_dir)
+
+
+def check_writable_dir(key: str, directory: str) -> None:
+    """``directory`` exists as a writable folder, or its nearest existing ancestor is one (the run creates
+    the rest); nothing is created here."""
+    probe = Path(directory).absolute()
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(f"{key}={directory!r} cannot be created: {probe} is a file, not a directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(
+            f"{key}={directory!r} is not writable: no write permission on {probe}; choose a directory you "
+            "can write to"
+        )
+
+
+# ------------------------------------------------------------------------------------- devices
+
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+#: LoRA adapters train in fp32: weight + gradient + two AdamW states.
+_LORA_BYTES_PER_PARAM = 4 * 4
+_GIB = 1024**3
+
+
+def validate_devices(
+    cfg: Config, world_size: int, *, distributed: bool, cuda_devices: int | None = None
+) -> None:
+    """Checks that depend on this machine and on how the run is launched.
+
+    ``distributed``: the run uses a process group (under torchrun, or a plain run that starts its
+    workers under torchrun). ``cuda_devices``: the GPUs this process sees (default: torch's count).
+    """
+    import torch
+
+    from digenrl.runtime.distributed import planned_device_type
+
+    gpus = torch.cuda.device_count() if cuda_devices is None else cuda_devices
+    if cfg.runtime.backend == "nccl":
+        if not distributed:
+            raise ConfigError(
+                "runtime.backend=nccl needs a process group, but this is a single process; launch with "
+                "torchrun (or more than one rank), or leave runtime.backend unset"
+            )
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        if gpus < local:
+            raise ConfigError(
+                f"runtime.backend=nccl needs one GPU per rank on a node ({local}), this machine has {gpus}; "
+                "use runtime.backend=gloo (CPU) or a machine with GPUs"
+            )
+    from digenrl.runtime.profiles import load_profile
+
+    backend = cfg.runtime.backend or load_profile(cfg.profile).backend  # as digenrl/launch.py starts it
+    device = planned_device_type(backend, distributed=distributed, cuda_available=gpus > 0)
+    if device == "cpu" and not cfg.model.name.startswith("tiny-") and not cfg.runtime.allow_large_cpu_model:
+        where = "runtime.backend=gloo" if distributed and gpus else "no CUDA device"
+        raise ConfigError(
+            f"model.name={cfg.model.name!r} would run on the CPU ({where}) and needs about "
+            f"{_memory_estimate(cfg)}; a real-size model on a CPU takes hours per iteration. Use GPUs, a "
+            "tiny-* model, or set runtime.allow_large_cpu_model=true to run it anyway"
+        )
+
+
+def _memory_estimate(cfg: Config) -> str:
+    """Memory of one training rank: parameters x dtype bytes, plus gradients and AdamW states."""
+    from digenrl.models.bundle import bundle_parameter_counts, meta_transformer
+    from digenrl.models.specs import get_model_spec
+    from digenrl.trainer.lora import default_lora_targets, lora_parameter_count
+
+    spec = get_model_spec(cfg.model.name)
+    counts = bundle_parameter_counts(spec)
+    dtype_bytes = _DTYPE_BYTES[cfg.model.dtype]
+    weights = sum(counts.values()) * dtype_bytes
+    if cfg.trainer.mode == "lora":
+        targets = cfg.trainer.lora_targets or default_lora_targets(spec.family)
+        adapter = lora_parameter_count(meta_transformer(spec), list(targets), cfg.trainer.lora_rank)
+        trainer = adapter * _LORA_BYTES_PER_PARAM
+        trained = f"LoRA adapter of {adapter / 1e6:.1f} M parameters in fp32 with gradients and AdamW states"
+    else:
+        trainer = 3 * counts["transformer"] * dtype_bytes
+        trained = "gradients and AdamW states of the transformer"
+    parts = ", ".join(f"{name} {n / 1e9:.2f} B" for name, n in counts.items())
+    return (
+        f"{(weights + trainer) / _GIB:.1f} GiB per training rank: weights {weights / _GIB:.1f} GiB ({parts} "
+        f"parameters x {dtype_bytes} bytes of model.dtype={cfg.model.dtype}) + trainer {trainer / _GIB:.1f} "
+        f"GiB ({trained}), activations not counted"
+    )

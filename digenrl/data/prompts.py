@@ -55,7 +55,7 @@ class PromptSource:
 
     def __init__(self, prompts: list[str] | tuple[str, ...], seed: int):
         if not prompts:
-            raise ValueError("data.prompts: the prompt list is empty")
+            raise ValueError("data.prompts: the prompt list is empty; give at least one prompt")
         self.prompts = list(prompts)
         self.seed = seed
 
@@ -66,9 +66,16 @@ class PromptSource:
             return cls(BUILTIN_PROMPTS, seed)
         path = Path(source)
         if not path.is_file():
-            raise ValueError(f"data.prompts={source!r}: not 'builtin' and not an existing prompt file")
-        lines = [line.strip() for line in path.read_text().splitlines()]
-        return cls([line for line in lines if line], seed)
+            raise ValueError(
+                f"data.prompts={source!r} is neither 'builtin' nor an existing file; allowed: builtin or the "
+                "path of a text file with one prompt per line"
+            )
+        prompts = [line.strip() for line in path.read_text().splitlines()]
+        if not any(prompts):
+            raise ValueError(
+                f"data.prompts={source!r}: the file has no prompts (one per line; blank lines are skipped)"
+            )
+        return cls([line for line in prompts if line], seed)
 
     def prompts_for(self, iteration: int, count: int) -> list[str]:
         """The ``count`` prompts of ``iteration``'s logical batch, in prompt-index order."""

@@ -35,6 +35,50 @@ def _patch_size(spec: ModelSpec) -> tuple[int, int]:
     return 1, int(cfg.get("patch_size", 2))
 
 
+def latent_shape_for(
+    spec: ModelSpec, height: int, width: int, frames: int | None = None, *, key_prefix: str = ""
+) -> tuple[int, ...]:
+    """Unpacked per-sample latent shape of ``spec`` at this resolution: (C, h, w) for images, (C, f, h, w)
+    for videos. Pure spec arithmetic, so start-up validation checks a resolution without building a model.
+
+    Height and width must be multiples of VAE factor x patch; video frames must satisfy
+    (frames - 1) % temporal_factor == 0 (causal video VAEs keep the first frame), f = (F - 1) / t + 1.
+    Errors name the keys as ``<key_prefix>height`` etc. (validation passes ``"model."``).
+    """
+    temporal_factor, spatial_factor = latent_compression(spec)
+    patch_t, patch = _patch_size(spec)
+    multiple = spatial_factor * patch
+    for key, value in (("height", height), ("width", width)):
+        if value <= 0 or value % multiple:
+            near = max(multiple, round(value / multiple) * multiple)
+            raise ValueError(
+                f"{key_prefix}{key}={value} must be a positive multiple of {multiple} for {spec.name} "
+                f"(VAE factor {spatial_factor} x patch {patch}), e.g. {near}"
+            )
+    h, w = height // spatial_factor, width // spatial_factor
+    channels = latent_channels(spec)
+    if not spec.is_video:
+        if frames is not None:
+            raise ValueError(
+                f"{key_prefix}frames={frames} given for image model {spec.name}; leave it unset, only video "
+                "models (wan*, hunyuan-video) have frames"
+            )
+        return channels, h, w
+    frames = spec.default_frames if frames is None else frames
+    if frames < 1 or (frames - 1) % temporal_factor:
+        raise ValueError(
+            f"{key_prefix}frames={frames} invalid for {spec.name}: need (frames - 1) % {temporal_factor} "
+            f"== 0, e.g. {spec.default_frames}"
+        )
+    f = (frames - 1) // temporal_factor + 1
+    if f % patch_t:
+        raise ValueError(
+            f"{key_prefix}frames={frames} gives {f} latent frames, not a multiple of patch {patch_t} "
+            f"for {spec.name}"
+        )
+    return channels, f, h, w
+
+
 class FlowModel(nn.Module):
     """Velocity predictor v(x_sigma, sigma, text) ~ noise - x0 for one generator of the zoo."""
 
@@ -105,36 +149,9 @@ class FlowModel(nn.Module):
     # --- shapes ------------------------------------------------------------------------------------------
 
     def latent_shape(self, height: int, width: int, frames: int | None = None) -> tuple[int, ...]:
-        """Unpacked per-sample latent shape: (C, h, w) for images, (C, f, h, w) for videos.
-
-        Height and width must be multiples of VAE factor x patch; video frames must satisfy
-        (frames - 1) % temporal_factor == 0 (causal video VAEs keep the first frame), f = (F - 1) / t + 1.
-        """
-        multiple = self.spatial_factor * self.patch
-        for key, value in (("height", height), ("width", width)):
-            if value <= 0 or value % multiple:
-                raise ValueError(
-                    f"{key}={value} must be a positive multiple of {multiple} for {self.spec.name}"
-                )
-        h, w = height // self.spatial_factor, width // self.spatial_factor
-        if not self.spec.is_video:
-            if frames not in (None, 1):
-                raise ValueError(
-                    f"frames={frames} given for image model {self.spec.name}; allowed: None or 1"
-                )
-            return self.latent_channels, h, w
-        frames = self.spec.default_frames if frames is None else frames
-        if frames < 1 or (frames - 1) % self.temporal_factor:
-            raise ValueError(
-                f"frames={frames} invalid for {self.spec.name}: "
-                f"need (frames - 1) % {self.temporal_factor} == 0"
-            )
-        f = (frames - 1) // self.temporal_factor + 1
-        if f % self.patch_t:
-            raise ValueError(
-                f"frames={frames} gives {f} latent frames, not a multiple of patch {self.patch_t}"
-            )
-        return self.latent_channels, f, h, w
+        """Unpacked per-sample latent shape: (C, h, w) for images, (C, f, h, w) for videos
+        (:func:`latent_shape_for`)."""
+        return latent_shape_for(self.spec, height, width, frames)
 
     def token_count(self, height: int, width: int, frames: int | None = None) -> int:
         """Image/video tokens the transformer sees (the `image_seq_len` of dynamic time shifting)."""

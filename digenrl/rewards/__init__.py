@@ -1,9 +1,10 @@
 """Reward functions for DigenRL: contract, registry, built-in rewards and non-finite handling.
 
 Built-in rewards (``available_rewards()``): ``jpeg-compressibility``, ``jpeg-incompressibility``,
-``brightness``, ``colorfulness`` (no weights) and ``pickscore``, ``aesthetic`` (local CLIP weights via
-``reward.weights_path``). Reward modules are imported on first registry lookup, so importing this package
-does not import transformers.
+``brightness``, ``colorfulness`` (no weights), ``pickscore``, ``aesthetic`` (local CLIP weights via
+``reward.weights_path``) and ``vlm-judge`` / ``tiny-vlm-judge`` (a Qwen2.5-VL yes/no judge: local weights
+via ``reward.weights_path``, or random weights at its size without one). Reward modules are imported on
+first registry lookup, so importing this package does not import transformers.
 """
 
 from digenrl.rewards.base import NonFiniteRewardError, RewardFunction

@@ -39,12 +39,15 @@ class RewardFunction(ABC):
     """Base class of all rewards: validates input, flattens videos, guards non-finite pixels.
 
     Subclasses implement :meth:`score_images` on a clean ``[N, 3, H, W]`` float32 batch and set the class
-    attributes ``name`` (the registry name) and ``needs_weights`` (True when a local weights directory
-    is required, see :func:`digenrl.rewards.registry.build_reward`).
+    attributes ``name`` (the registry name), ``needs_weights`` (True when the reward runs a model with
+    weights: it takes ``weights_path``, may live on scorer ranks and has bytes to park) and
+    ``weights_optional`` (True when such a reward can also build random weights at its real size without a
+    ``weights_path``, as the generators do; see :func:`digenrl.rewards.registry.build_reward`).
     """
 
     name: str = "reward"
     needs_weights: bool = False
+    weights_optional: bool = False
 
     def __init__(self, device: torch.device | str = "cpu") -> None:
         self.device = torch.device(device)
@@ -57,6 +60,18 @@ class RewardFunction(ABC):
         """Move the reward's models (if any) to ``device``; returns ``self`` like ``nn.Module.to``."""
         self.device = torch.device(device)
         return self
+
+    def modules(self) -> list[torch.nn.Module]:
+        """The ``nn.Module`` s this reward holds — its model weights, what a colocated run parks around
+        scoring and a cost model counts — found among its attributes and one level inside the helper
+        objects it keeps (e.g. a CLIP wrapper). Empty for pixel rewards."""
+        found: list[torch.nn.Module] = []
+        for value in vars(self).values():
+            if isinstance(value, torch.nn.Module):
+                found.append(value)
+            elif hasattr(value, "__dict__") and not isinstance(value, type):
+                found.extend(v for v in vars(value).values() if isinstance(v, torch.nn.Module))
+        return list({id(m): m for m in found}.values())
 
     def __call__(self, images: Tensor, prompts: list[str]) -> Tensor:
         frames, frame_prompts, batch, num_frames = flatten_frames(images, prompts)

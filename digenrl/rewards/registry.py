@@ -23,6 +23,7 @@ _BUILTIN_MODULES = (
     "digenrl.rewards.image_stats",
     "digenrl.rewards.pickscore",
     "digenrl.rewards.aesthetic",
+    "digenrl.rewards.vlm_judge",
 )
 
 _REGISTRY: dict[str, type[RewardFunction]] = {}
@@ -61,12 +62,18 @@ def available_rewards() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def reward_needs_weights(name: str) -> bool:
-    """Whether reward ``name`` runs a model (and so could live on scorer ranks)."""
+def reward_class(name: str) -> type[RewardFunction]:
+    """The class registered as ``name`` (its constructor's keyword arguments are the reward's settings)."""
     _load_builtins()
     if name not in _REGISTRY:
         raise ValueError(f"unknown reward {name!r}; allowed values: {', '.join(sorted(_REGISTRY))}")
-    return bool(_REGISTRY[name].needs_weights)
+    return _REGISTRY[name]
+
+
+def reward_needs_weights(name: str) -> bool:
+    """Whether reward ``name`` runs a model (and so could live on scorer ranks), whether or not its weights
+    are optional (``RewardFunction.weights_optional``)."""
+    return bool(reward_class(name).needs_weights)
 
 
 def build_reward(
@@ -79,14 +86,18 @@ def build_reward(
     """Instantiate the reward registered as ``name``.
 
     ``weights_path`` is the LOCAL directory of a reward that needs weights (``needs_weights``); it is
-    passed to the reward's constructor. Rewards without weights reject a ``weights_path`` so that a
-    misconfigured run fails at start-up rather than silently ignoring the path.
+    passed to the reward's constructor. A reward with ``weights_optional`` also builds without it (random
+    weights at its real size, for cost measurements; the VLM judge), so it receives ``None``. Rewards
+    without weights reject a ``weights_path`` so that a misconfigured run fails at start-up rather than
+    silently ignoring the path.
     """
     _load_builtins()
     cls = _REGISTRY.get(name)
     if cls is None:
         raise ValueError(f"unknown reward {name!r}; allowed values: {', '.join(sorted(_REGISTRY))}")
     if cls.needs_weights:
+        if cls.weights_optional:
+            return cls(weights_path=weights_path or None, device=device, **kwargs)
         if not weights_path:
             raise ValueError(
                 f"reward {name!r} needs weights: set reward.weights_path to a local directory "
@@ -96,6 +107,23 @@ def build_reward(
     if weights_path is not None:
         raise ValueError(f"reward {name!r} takes no weights; leave reward.weights_path unset for it")
     return cls(device=device, **kwargs)
+
+
+def build_configured_reward(
+    name: str, weights: Mapping[str, float] | None, weights_path: str | None, device: torch.device | str
+) -> RewardFunction:
+    """The reward of a run's ``reward.*`` config: ``reward.name``, or the weighted sum ``reward.weights``
+    (whose one part with a model gets ``reward.weights_path``)."""
+    if not weights:
+        return build_reward(name, weights_path=weights_path, device=device)
+    with_models = [n for n in weights if reward_needs_weights(n)]
+    if len(with_models) > 1 and weights_path:
+        raise ValueError(
+            f"reward.weights has several rewards with models ({', '.join(with_models)}) but one "
+            "reward.weights_path: a weighted sum can take the weights of one of them"
+        )
+    paths = {with_models[0]: weights_path} if with_models and weights_path else {}
+    return CompositeReward.from_spec(weights, weights_paths=paths, device=device)
 
 
 class CompositeReward(RewardFunction):
@@ -122,6 +150,10 @@ class CompositeReward(RewardFunction):
         self.parts = [(reward, float(weight)) for reward, weight in parts]
         self.needs_weights = any(reward.needs_weights for reward, _ in self.parts)
         self.name = "+".join(f"{weight:g}*{reward.name}" for reward, weight in self.parts)
+
+    def modules(self) -> list[torch.nn.Module]:
+        """Every part's models (a weighted sum parks and counts all of them)."""
+        return [m for reward, _ in self.parts for m in reward.modules()]
 
     @classmethod
     def from_spec(

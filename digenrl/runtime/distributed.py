@@ -62,7 +62,8 @@ def init_distributed(backend: str | None = None, timeout_s: float = 300.0) -> Di
     """Initialise the default process group from torchrun's environment, or return a single-process context.
 
     Args:
-        backend: "gloo" or "nccl"; None picks nccl when CUDA is available, gloo otherwise.
+        backend: "gloo" or "nccl"; None picks nccl when CUDA is available, gloo otherwise. gloo means CPU
+            devices (the CPU hardware profiles), also in a single process on a machine with GPUs.
         timeout_s: the process group's collective timeout (also the store's).
 
     If a default process group already exists (e.g. a test initialised one on a ``FileStore``), it is
@@ -81,7 +82,9 @@ def init_distributed(backend: str | None = None, timeout_s: float = 300.0) -> Di
 
     present = [name for name in TORCHRUN_ENV_VARS if name in os.environ]
     if not present:
-        device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+        # gloo asked for (a CPU hardware profile): the CPU, even where CUDA exists
+        on_gpu = torch.cuda.is_available() and backend != "gloo"
+        device = torch.device("cuda", 0) if on_gpu else torch.device("cpu")
         if device.type == "cuda":
             torch.cuda.set_device(device)
         return DistContext(0, 1, 0, device, backend or "none", is_distributed=False)
@@ -92,7 +95,7 @@ def init_distributed(backend: str | None = None, timeout_s: float = 300.0) -> Di
             f"or set all of {list(TORCHRUN_ENV_VARS)}"
         )
 
-    chosen = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    chosen = resolve_backend(backend, cuda_available=torch.cuda.is_available())
     if chosen == "nccl" and not torch.cuda.is_available():
         raise ValueError("backend 'nccl' needs CUDA, which is not available; use backend='gloo'")
     rank = int(os.environ["RANK"])
@@ -104,6 +107,22 @@ def init_distributed(backend: str | None = None, timeout_s: float = 300.0) -> Di
         kwargs["device_id"] = device  # binds the group to this GPU and lets NCCL initialise eagerly
     dist.init_process_group(**kwargs)
     return _context_of_initialised_group()
+
+
+def resolve_backend(backend: str | None, *, cuda_available: bool) -> str:
+    """The backend a process group gets: ``backend`` (``runtime.backend``), else nccl with CUDA, gloo
+    without."""
+    return backend or ("nccl" if cuda_available else "gloo")
+
+
+def planned_device_type(backend: str | None, *, distributed: bool, cuda_available: bool) -> str:
+    """The device type :func:`init_distributed` will give this process: a single process takes the GPU
+    when there is one unless gloo was asked for (a CPU hardware profile); a rank of a process group is on a
+    GPU exactly when its backend is nccl (gloo ranks compute on the CPU). Start-up validation asks this
+    before any process group exists."""
+    if not distributed:
+        return "cuda" if cuda_available and backend != "gloo" else "cpu"
+    return "cuda" if resolve_backend(backend, cuda_available=cuda_available) == "nccl" else "cpu"
 
 
 def disable_nvlink_multicast(env: MutableMapping[str, str] | None = None) -> dict[str, str]:

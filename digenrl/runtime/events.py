@@ -13,6 +13,7 @@ and ``summarize_events`` (per-iteration phase times, busy fractions, samples/s).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import socket
@@ -30,6 +31,7 @@ from digenrl.runtime.chrome_trace import merge_chrome_trace
 from digenrl.runtime.distributed import DistContext
 from digenrl.runtime.event_records import load_events, rank_log_path, span_record
 from digenrl.runtime.event_summary import summarize_events
+from digenrl.runtime.fault_injection import inject_fault
 
 __all__ = ["EventLogger", "agree_clock_origin", "load_events", "merge_chrome_trace", "summarize_events"]
 
@@ -48,6 +50,9 @@ def agree_clock_origin(ctx: DistContext) -> float:
 
 class EventLogger:
     """Append-only JSONL span / counter log of one rank. Thread-safe (the telemetry thread shares it).
+
+    It also knows which spans are open right now (:meth:`current_span`): the hang watchdog
+    (``digenrl/runtime/watchdog.py``) publishes that as the rank's phase in its heartbeat.
 
     Args:
         out_dir: run output folder; the log goes to ``out_dir/events/rank<rank>.jsonl`` (truncated).
@@ -78,6 +83,9 @@ class EventLogger:
         self._lock = threading.Lock()
         self._file = self.path.open("w")
         self._last_flush = time.perf_counter()
+        self._open_spans: dict[int, tuple[str, int | None]] = {}  # span id -> (phase, iteration)
+        self._span_ids = itertools.count()
+        self._last_closed: str | None = None
         # perf_counter is monotonic but has an arbitrary zero: anchor it to the wall clock exactly once.
         self._anchor_perf = time.perf_counter()
         self._anchor_since_origin = time.time() - self.clock_origin
@@ -112,15 +120,24 @@ class EventLogger:
 
         Keys the body sets on the yielded dict go into ``extra``, except ``samples``, which becomes the
         span's sample count. A span interrupted by an exception is still written, with ``extra.error``.
+        Entering a span is also where the robustness tests inject faults by phase
+        (``digenrl/runtime/fault_injection.py``).
         """
         notes: dict[str, Any] = dict(extra or {})
+        span_id = next(self._span_ids)
+        with self._lock:
+            self._open_spans[span_id] = (phase, iteration)
         t_start = self.now()
         try:
+            inject_fault(self.rank, iteration, phase=phase)
             yield notes
         except BaseException as error:
             notes["error"] = type(error).__name__
             raise
         finally:
+            with self._lock:
+                del self._open_spans[span_id]
+                self._last_closed = phase
             count = notes.pop("samples", samples)
             self.record_span(
                 phase,
@@ -133,6 +150,16 @@ class EventLogger:
                 category=category,
                 extra=notes,
             )
+
+    def current_span(self) -> tuple[str | None, int | None, str | None]:
+        """``(phase, iteration, last closed phase)``: the innermost open span (the most recently entered
+        one still open, on any thread; None between spans) and the phase of the span that ended last.
+
+        Cheap and thread-safe (one lock, no I/O): the watchdog thread reads it every heartbeat.
+        """
+        with self._lock:
+            phase, iteration = self._open_spans[max(self._open_spans)] if self._open_spans else (None, None)
+            return phase, iteration, self._last_closed
 
     def record_span(
         self,

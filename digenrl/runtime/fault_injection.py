@@ -1,12 +1,21 @@
 """Faults and delays on purpose, for the robustness tests (environment variables, read at the call site).
 
-``DIGENRL_INJECT_FAULT="rank=R,iteration=I[,kind=raise|kill][,phase=start|tag]"`` makes rank R raise (or
-SIGKILL itself) at the start of iteration I (``phase=start``, the default) or right after a TAG helper on
-rank R claimed a fragment of iteration I (``phase=tag``: a helper dying mid-generation).
+``DIGENRL_INJECT_FAULT="rank=R,iteration=I[,kind=raise|kill|stop][,phase=P][,seconds=S]"`` makes rank R
+fail at a point of iteration I named by ``phase``:
+
+* ``start`` (the default): the start of the iteration, in the outer loop;
+* ``tag``: right after a TAG helper on rank R claimed a fragment (a helper dying mid-generation);
+* any span phase (``generate``, ``train``, ``sync``, …): on entering that span
+  (``EventLogger.span``), so the rank is *in* that phase when it fails.
+
+``kind=raise`` raises, ``kind=kill`` SIGKILLs the process, ``kind=stop`` SIGSTOPs it — a hung rank, for
+the heartbeat watchdog (``digenrl/runtime/watchdog.py``). A stopped rank first stays alive in the phase
+for ``seconds`` (default 0), so a heartbeat can carry the phase before it freezes; it prints one line
+with its pid and the unix time at which it stops.
 
 ``DIGENRL_INJECT_DELAY="rank=R,phase=P,seconds=S"`` makes rank R sleep S seconds each time it enters
-phase P (``train``: before each fragment it trains) — a deliberately slow trainer forces TCSS to start
-iterations with the previous policy.
+phase P (``train``: before each fragment it trains; ``exit``: after the run, before the watchdog stops)
+— a deliberately slow rank.
 
 Neither variable is meant for users; unset, both cost one environment lookup.
 """
@@ -15,10 +24,12 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 
 FAULT_VAR = "DIGENRL_INJECT_FAULT"
 DELAY_VAR = "DIGENRL_INJECT_DELAY"
+FAULT_KINDS = ("raise", "kill", "stop")
 
 
 def _spec(name: str) -> dict[str, str] | None:
@@ -28,14 +39,27 @@ def _spec(name: str) -> dict[str, str] | None:
     return dict(item.split("=", 1) for item in raw.split(","))
 
 
-def inject_fault(rank: int, iteration: int, phase: str = "start") -> None:
+def inject_fault(rank: int, iteration: int | None, phase: str = "start") -> None:
     fields = _spec(FAULT_VAR)
     if fields is None or int(fields["rank"]) != rank or int(fields["iteration"]) != iteration:
         return
     if fields.get("phase", "start") != phase:
         return
-    if fields.get("kind", "raise") == "kill":
+    kind = fields.get("kind", "raise")
+    if kind not in FAULT_KINDS:
+        raise ValueError(f"{FAULT_VAR}: kind={kind!r}; allowed: {', '.join(FAULT_KINDS)}")
+    if kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "stop":
+        time.sleep(float(fields.get("seconds", 0)))
+        print(
+            f"[rank {rank}] injected stop: SIGSTOP of pid {os.getpid()} in phase '{phase}' of iteration "
+            f"{iteration} at unix time {time.time():.3f}",
+            file=sys.stderr,
+            flush=True,
+        )
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return  # continued by a SIGCONT
     raise RuntimeError(f"injected fault on rank {rank} at iteration {iteration} ({phase})")
 
 

@@ -143,6 +143,8 @@ class ResidencyPlanner:
             say where the weights physically are (park a sleeping engine before handing it over); the
             torch transitions below refuse a second offload or onload instead of silently repeating it.
         clock: time source for ``TransitionRecord.seconds``.
+        on_transition: called with every issued transition's record (the systems log it as a ``residency``
+            span, so what a swap costs shows on the timeline and in the per-phase seconds).
     """
 
     def __init__(
@@ -154,6 +156,7 @@ class ResidencyPlanner:
         log: Callable[[str], None] | None = None,
         initial: Mapping[str, bool] | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        on_transition: Callable[[TransitionRecord], None] | None = None,
     ) -> None:
         self.policy = ResidencyPolicy() if policy is None else policy
         if not isinstance(self.policy, ResidencyPolicy):
@@ -172,6 +175,7 @@ class ResidencyPlanner:
         self._transitions = self._check_transitions(transitions)
         self._state = self._initial_state(initial)
         self._log = log
+        self._on_transition = on_transition
         self._clock = clock
         self._active: str | None = None
         self._history: list[tuple[str, str]] = []
@@ -251,9 +255,12 @@ class ResidencyPlanner:
         # Only a transition that returned is recorded: a failed one leaves the table as it was.
         self._state[role] = kind == "onload"
         self._history.append((role, kind))
-        self._records.append(TransitionRecord(role, kind, None if moved is None else int(moved), seconds))
+        record = TransitionRecord(role, kind, None if moved is None else int(moved), seconds)
+        self._records.append(record)
         if self._log is not None:
             self._log(f"residency: {role} {kind}")
+        if self._on_transition is not None:
+            self._on_transition(record)
 
     def enter(self, role: str, *, keep: Iterable[str] = ()) -> None:
         """Make ``role`` active: park every other tracked non-resident role on the device, then onload it.

@@ -23,11 +23,17 @@ def start_banner(cfg: Config, world_size: int, pools: str, mechanisms: str = "")
         f"[digenrl] system {cfg.system} | model {cfg.model.name} | profile {cfg.profile} | "
         f"{world_size} rank(s): {pools}",
         f"[digenrl] {cfg.iterations} iterations of {cfg.algo.prompts_per_iteration} prompts x "
-        f"{cfg.algo.group_size} samples, reward {cfg.reward.name} | out_dir {cfg.out_dir}",
+        f"{cfg.algo.group_size} samples, reward {_reward(cfg)} | out_dir {cfg.out_dir}",
     ]
     if mechanisms:
         lines.insert(1, f"[digenrl] {mechanisms}")
     return "\n".join(lines)
+
+
+def _reward(cfg: Config) -> str:
+    if cfg.reward.weights:
+        return " + ".join(f"{weight:g}*{name}" for name, weight in cfg.reward.weights.items())
+    return cfg.reward.name
 
 
 def closing_summary(records: list[dict[str, Any]], out_dir: str | Path) -> str:

@@ -384,6 +384,25 @@ class CostModel:
         memory = from_type.hbm_gbps / gpu_type.hbm_gbps
         return self.scaled(compute, memory, gpu_type.name)
 
+    def with_reward(
+        self,
+        reward: str,
+        reward_points: Mapping[int, float],
+        reward_param_bytes: int,
+        provenance: Mapping[str, Any],
+    ) -> CostModel:
+        """A copy scoring with another reward measured on its own (experiments/bench_reward.py): its
+        ``reward_points`` and ``reward_param_bytes`` replace this model's, ``meta["reward"]`` names it and
+        ``meta["reward_costs"]`` records how it was measured. Decode and every other cost are kept, so the
+        caller must match device and image size (the reward cost depends on the decoded image, not on the
+        generator)."""
+        return replace(
+            self,
+            reward_points=dict(reward_points),
+            reward_param_bytes=reward_param_bytes,
+            meta={**self.meta, "reward": reward, "reward_costs": dict(provenance)},
+        )
+
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -53,7 +53,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--generator", required=True, help="generator benchmark JSON (measure.py generator)")
-    p.add_argument("--trainer", required=True, help="trainer benchmark JSON (measure.py trainer)")
+    p.add_argument(
+        "--trainer",
+        required=True,
+        action="append",
+        help="trainer benchmark JSON (measure.py trainer); repeatable: the rows of all, a later file's point "
+        "replacing an earlier one's at the same micro-batch",
+    )
     p.add_argument("--device-name", required=True, help="device part of the file name (h200, cpu, ...)")
     p.add_argument("--path", default="optimized", choices=["optimized", "eager"], help="which path's times")
     p.add_argument("--mode", default="lora", choices=["lora", "full"], help="trainer.mode of train_points")
@@ -123,6 +129,20 @@ def trainer_bytes(report: dict, mode: str, path: str) -> dict:
     raise ValueError(f"trainer JSON has no byte counts for {key} (keys: {sorted(costs)})")
 
 
+def merge_trainer_reports(reports: list[dict]) -> dict:
+    """One trainer report from several of one model: every row (later rows win for the same point, because
+    the point tables are filled in order), byte counts and path settings from the last report with them."""
+    if len({r["model"] for r in reports}) != 1:
+        raise ValueError(f"trainer JSONs of different models: {sorted({r['model'] for r in reports})}")
+    merged = {**reports[0], "results": [row for r in reports for row in r["results"]]}
+    for key in ("costs", "paths", "cfg_split_min_batch"):
+        for report in reports:
+            if report.get(key):
+                merged[key] = report[key]
+    merged["argv"] = [a for r in reports for a in r.get("argv", [])]  # e.g. --activation-checkpointing
+    return merged
+
+
 def path_of(report: dict, path: str) -> str:
     """The :data:`digenrl.sim.costs.PATHS` entry a benchmark's ``path`` ran."""
     if path == "eager":
@@ -169,7 +189,7 @@ def measure_decode_and_reward(
 
 def build_cost_model(args: argparse.Namespace, command: str = "") -> CostModel:
     generator = json.loads(Path(args.generator).read_text())
-    trainer = json.loads(Path(args.trainer).read_text())
+    trainer = merge_trainer_reports([json.loads(Path(t).read_text()) for t in args.trainer])
     if generator["model"] != trainer["model"]:
         raise ValueError(f"generator JSON is {generator['model']!r}, trainer JSON {trainer['model']!r}")
     model = generator["model"]
@@ -244,7 +264,7 @@ def build_cost_model(args: argparse.Namespace, command: str = "") -> CostModel:
             "latent_shape": generator.get("latent_shape"),
             "train_steps_per_sample": counts.get("train_steps_per_sample"),
             "environment": generator.get("environment"),
-            "sources": [str(args.generator), str(args.trainer)],
+            "sources": [str(args.generator), *map(str, args.trainer)],
         },
     )
 

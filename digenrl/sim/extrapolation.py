@@ -313,15 +313,16 @@ def efficiency(costs: CostModel) -> float:
 
 
 def with_reward_model(costs: CostModel, params: float = HEAVY_REWARD_PARAMS) -> CostModel:
-    """``costs`` scored by a VLM-sized reward model of ``params`` parameters (module docstring)."""
+    """``costs`` scored by a VLM-sized reward model of ``params`` parameters (module docstring): the
+    registry's ``vlm-judge`` (Qwen2.5-VL-7B) size, priced by FLOPs until ``experiments/gpu/h200_vlm_judge.sh``
+    measures it (``measure.py reward --apply-to`` then writes the measured points the same way)."""
     flops_per_image = 2 * params * HEAVY_REWARD_TOKENS
     rate = efficiency(costs)
     points = {b: b * flops_per_image / rate for b in costs.reward_points}
+    provenance = {"estimate": f"{params / 1e9:.1f} B parameters, {HEAVY_REWARD_TOKENS} tokens per image"}
+    judged = costs.with_reward("vlm-judge (FLOP estimate)", points, int(2 * params), provenance)
     return _derived(
-        costs,
-        f"reward: a {params / 1e9:.1f} B-parameter VLM scorer, {HEAVY_REWARD_TOKENS} tokens per image at "
+        judged,
+        f"reward: a {params / 1e9:.1f} B-parameter VLM judge, {HEAVY_REWARD_TOKENS} tokens per image at "
         f"{rate / 1e12:.0f} TFLOP/s (the transformer's measured rate)",
-        reward_points=points,
-        reward_param_bytes=int(2 * params),
-        meta={"reward": f"{params / 1e9:.1f}B VLM (cost estimate; not in the reward registry)"},
     )

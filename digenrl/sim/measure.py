@@ -206,7 +206,7 @@ def measure_costs(
     switch_sync_s = median_seconds(lambda: None, torch_device, warmup, iters)
     trainable = list(trainer.backend.trainable_parameters())
     wire = wire_bytes(batch)
-    reward_params = [p for m in _modules_of(reward_fn) for p in m.parameters()]
+    reward_params = [p for m in reward_fn.modules() for p in m.parameters()]
     return CostModel(
         device=device_name or device_label(torch_device),
         model=model_name,
@@ -372,11 +372,6 @@ def time_grad_park(
     seconds = median_seconds(round_trip, device, warmup, iters)
     trainer.zero_grad()
     return seconds / 2
-
-
-def _modules_of(reward_fn) -> list[torch.nn.Module]:
-    """nn.Modules a reward holds as attributes (reward models with weights); empty for pixel rewards."""
-    return [v for v in vars(reward_fn).values() if isinstance(v, torch.nn.Module)]
 
 
 # ----------------------------------------------------------------------------- command line

@@ -18,15 +18,24 @@ import torch
 from digenrl.config import Config, ConfigError
 from digenrl.rollout.scoring import ScoreResult
 from digenrl.rollout.trajectory import TrajectoryBatch
+from digenrl.runtime.events import EventLogger
 from digenrl.runtime.residency import (
     ResidencyPlanner,
     ResidencyPolicy,
+    TransitionRecord,
     module_transitions,
     optimizer_transitions,
 )
 from digenrl.systems.base import IterationReport, System
 from digenrl.systems.components import RankComponents, build_rank_components
 from digenrl.systems.phases import assign_advantages, global_sum, reward_summary, train_logical_batch
+
+
+def residency_span(events: EventLogger, record: TransitionRecord, iteration: int | None) -> None:
+    """A transition that just returned, as a ``residency`` span (it ended now, lasted its seconds)."""
+    end = events.now()
+    extra = {"role": record.role, "kind": record.kind, "bytes": record.bytes}
+    events.record_span("residency", end - record.seconds, end, iteration=iteration, extra=extra)
 
 
 class ColocatedSync(System):
@@ -59,13 +68,9 @@ class ColocatedSync(System):
         weights, so those never move), ``reward`` = the reward model's weights, if it has any."""
         res = self.cfg.residency
         transitions = {"train": optimizer_transitions(parts.trainer.optimizer, self.ctx.device)}
-        reward_model = parts.scorer.reward if isinstance(parts.scorer.reward, torch.nn.Module) else None
-        if (
-            self.track_reward_residency
-            and reward_model is not None
-            and any(True for _ in reward_model.parameters())
-        ):
-            transitions["reward"] = module_transitions(reward_model, self.ctx.device)
+        reward_models = parts.scorer.reward.modules()
+        if self.track_reward_residency and any(True for m in reward_models for _ in m.parameters()):
+            transitions["reward"] = module_transitions(torch.nn.ModuleList(reward_models), self.ctx.device)
         elif not res.reward_resident:
             raise ConfigError(
                 f"residency.reward_resident=false: reward {self.cfg.reward.name!r} has no weights to park "
@@ -81,6 +86,7 @@ class ColocatedSync(System):
             transitions=transitions,
             initial={role: True for role in transitions},
             log=lambda message: events.note(message, kind="residency"),
+            on_transition=lambda record: residency_span(events, record, self.iteration),
         )
 
     def my_prompt_ids(self, iteration: int) -> tuple[list[str], list[int]]:
@@ -103,7 +109,10 @@ class ColocatedSync(System):
             score = self.parts.scorer(batch)
         return batch, score
 
+    iteration: int | None = None  # the iteration running now (tags the residency spans)
+
     def run_iteration(self, iteration: int) -> IterationReport:
+        self.iteration = iteration
         version = self.version.current
         t0 = time.perf_counter()
         batch, score = self.rollout(iteration, version)

@@ -16,7 +16,7 @@ from digenrl.config import Config
 from digenrl.data.prompts import PromptSource
 from digenrl.models import ModelBundle, build_model_bundle
 from digenrl.models.optimize import optimize_flow_model
-from digenrl.rewards.registry import build_reward
+from digenrl.rewards.registry import build_configured_reward
 from digenrl.rollout.engine import RolloutEngine
 from digenrl.rollout.sampler import Sampler
 from digenrl.rollout.scoring import Scorer
@@ -62,15 +62,23 @@ def build_rank_components(
     train: bool,
     clock_origin: float,
     process_group: torch.distributed.ProcessGroup | None = None,
+    score: bool | None = None,
 ) -> RankComponents:
     """Build this rank's parts. The same seed gives every rank the same initial weights, so the
-    policy is identical everywhere before the first update (checked by the weight checksum tests)."""
+    policy is identical everywhere before the first update (checked by the weight checksum tests).
+
+    ``score``: whether this rank decodes and scores (default: when it generates). A scorer rank of a
+    separate layout scores without generating or training: its transformer and text encoder are built
+    on the ``meta`` device (shapes only, no memory), only the VAE and the reward model are real.
+    """
+    score = generate if score is None else score
     torch.manual_seed(cfg.seed)
     bundle = build_model_bundle(
         cfg.model.name,
         pretrained_path=cfg.model.pretrained_path,
         dtype=_DTYPES[cfg.model.dtype],
         device=ctx.device,
+        generation_device=None if generate or train else torch.device("meta"),
     )
     height, width, frames = resolve_resolution(cfg, bundle)
     latent_shape = bundle.flow_model.latent_shape(height, width, frames)
@@ -89,7 +97,7 @@ def build_rank_components(
             world_size=torch.distributed.get_world_size(process_group) if ctx.is_distributed else 1,
         )
     compile_, autocast = cfg.model.optimised(ctx.device.type)
-    if compile_ or autocast or trainer is None:
+    if (compile_ or autocast or trainer is None) and (generate or train):
         # model.attention_backend / model.compile (digenrl/models/optimize.py); a trainer has already chosen
         # the attention backend for backward in PolicyTrainer.__init__
         optimize_flow_model(
@@ -100,6 +108,11 @@ def build_rank_components(
             autocast=autocast,
         )
     engine = scorer = None
+    if score:
+        reward = build_configured_reward(
+            cfg.reward.name, cfg.reward.weights, cfg.reward.weights_path, device=ctx.device
+        )
+        scorer = Scorer(bundle.decoder, reward, cfg.reward.nonfinite_policy)
     if generate:
         engine = RolloutEngine(
             bundle.flow_model,
@@ -114,9 +127,6 @@ def build_rank_components(
             samples_per_forward=cfg.sampler.samples_per_forward,
             device=ctx.device,
         )
-        reward_spec = cfg.reward.weights or cfg.reward.name
-        reward = build_reward(reward_spec, weights_path=cfg.reward.weights_path, device=ctx.device)
-        scorer = Scorer(bundle.decoder, reward, cfg.reward.nonfinite_policy)
     out = Path(cfg.out_dir)
     events = EventLogger(out, ctx.rank, role, clock_origin)
     metrics = MetricsWriter(out, is_writer=ctx.rank == 0, resume=cfg.resume)

@@ -47,6 +47,7 @@ from digenrl.gap.fragments import FragmentPlan
 from digenrl.gap.unit_packer import UnitPacker
 from digenrl.rollout.trajectory import TrajectoryBatch
 from digenrl.runtime.fault_injection import inject_delay
+from digenrl.runtime.memory import free_device_bytes
 from digenrl.runtime.profiles import load_profile
 from digenrl.systems.base import IterationReport
 from digenrl.systems.components import RankComponents
@@ -59,9 +60,9 @@ from digenrl.systems.phases import (
     units_per_sample,
 )
 from digenrl.systems.separate import SeparateSystem, generator_report, separate_layout
-from digenrl.tag.helper import TagHelper, tag_supported
+from digenrl.tag.helper import TagHelper, gathered_weights_fit, tag_supported
 from digenrl.tag.policy import TagDecision, TagPolicy
-from digenrl.trainer.parallel import resolve_backend
+from digenrl.trainer.parallel import ParallelBackend, resolve_backend
 from digenrl.tsp.pipeline import TspLayout, check_boundaries, plan_tsp
 from digenrl.tsp.stage_worker import EndOfIteration, InFlight, StageWorker
 
@@ -150,10 +151,12 @@ class DigenRL(SeparateSystem):
                 self.stream,
                 self.stream.plan,
                 parts.events,
-                trainable=parts.trainer.backend.trainable_parameters(),
+                backend=parts.trainer.backend,
                 park_grads=cfg.tag.park_grads,
                 device=ctx.device,
             )
+            self.check_tag_memory(parts.trainer.backend)
+        if self.helper is not None:
             self.tag_policy = TagPolicy(
                 cfg,
                 profile,
@@ -163,7 +166,7 @@ class DigenRL(SeparateSystem):
                 fragment_samples=cfg.gap.fragment_groups * cfg.algo.group_size,
                 trainer_type=profile.device_type(ctx.rank).name,
             )
-        if not self.is_trainer:
+        if self.is_generator:
             self.stage = StageWorker(
                 parts.engine,
                 self.tsp_plan,
@@ -176,6 +179,22 @@ class DigenRL(SeparateSystem):
             log.info("%s", self.stream.plan.describe(cfg.algo.group_size))
             log.info("%s", self.tsp_plan.describe())
         return parts
+
+    def check_tag_memory(self, backend: ParallelBackend) -> None:
+        """Sharded trainers gather the full weights to generate: every trainer rank must hold them, or
+        ``tag.policy=always`` is rejected and ``auto`` turns TAG off (the same on every trainer rank)."""
+        if not backend.joint_generation:
+            return
+        problem = gathered_weights_fit(backend.full_parameter_bytes(), free_device_bytes(self.ctx.device))
+        short = global_sum(problem is not None, self.groups.trainer_group)
+        if not short:
+            return
+        reason = problem or f"{short:g} trainer rank(s) cannot hold the gathered weights"
+        if self.cfg.tag.policy == "always":
+            raise ConfigError(f"tag.policy=always: {reason}; use tag.policy=auto or tag=false")
+        if self.ctx.rank == self.trainer_ranks[0]:
+            log.warning("TAG off (tag.policy=auto): %s", reason)
+        self.helper = None
 
     def describe_mechanisms(self) -> str:
         """GAP, TSP, TAG and TCSS as this run uses them (rank 0, a trainer, prints it)."""
@@ -190,11 +209,6 @@ class DigenRL(SeparateSystem):
 
     def before_first_iteration(self) -> None:
         self.initial_sync()
-
-    def run_iteration(self, iteration: int) -> IterationReport:
-        if self.is_trainer:
-            return self.train_iteration(iteration)
-        return self.generate_iteration(iteration)
 
     # ------------------------------------------------------------------ generator pool: one TSP stage
     def generate_iteration(self, iteration: int) -> IterationReport:
@@ -271,8 +285,8 @@ class DigenRL(SeparateSystem):
         events, batch = self.parts.events, fragment.batch
         tags = {**fragment.tags, "producer": self.ctx.rank}
         start = time.perf_counter()
-        with events.span("score", iteration=fragment.iteration, fragment=fragment.fragment):
-            score = self.parts.scorer(batch)
+        with events.span(self.score_phase, iteration=fragment.iteration, fragment=fragment.fragment):
+            score = self.score(batch, fragment.iteration, fragment.fragment)
             batch = assign_advantages(batch, score, self.cfg.algo, local=True)
         tags["score_s"] = time.perf_counter() - start
         with events.span("transfer", iteration=fragment.iteration, fragment=fragment.fragment):
@@ -286,7 +300,7 @@ class DigenRL(SeparateSystem):
 
     def after_run(self) -> None:
         super().after_run()
-        if not self.is_trainer:
+        if self.is_generator:
             self.stage.flush(idle=self.service_weight_sync)
         self.shipping = self.drain(self.shipping, what="the trainers to take the last fragments")
 
@@ -315,14 +329,23 @@ class DigenRL(SeparateSystem):
             train, cfg.trainer.micro_batch_size, enabled=not self.parts.trainer.backend.lockstep
         )
         switches = (self.helper.switches, self.helper.switch_s) if self.helper is not None else (0, 0.0)
+        if self.helper is not None and self.helper.joint and decision.budget != 0:
+            # sharded weights: all trainer ranks gather them together, here at the head (the bubble)
+            helped = self.helper.head_round(
+                iteration,
+                version,
+                prompts,
+                decision.budget,
+                next_ready=lambda: self.stream.ready(iteration, pending[0]),
+                finish=self.finish_helper_fragment,
+            )
         while pending:
             f = self.next_to_train(iteration, pending)
             if not self.stream.ready(iteration, f) and self.may_help(decision, helped):
                 # nothing to train yet: a ready training unit would have won
                 made = self.helper.try_help(iteration, version, prompts)
                 if made is not None:
-                    self.finish_fragment(made)
-                    self.tag_policy.observed.helper_steps_s.append(made.tags["steps_s"])
+                    self.finish_helper_fragment(made)
                     helped += 1
                     continue
             if self.helper is not None:
@@ -389,9 +412,15 @@ class DigenRL(SeparateSystem):
         return pending[0]
 
     def may_help(self, decision: TagDecision | None, helped: int) -> bool:
-        if self.helper is None or decision is None:
+        """A helper on replicated weights helps whenever idle, within the iteration's budget (a joint
+        helper only at the head, :meth:`TagHelper.head_round`)."""
+        if self.helper is None or decision is None or self.helper.joint:
             return False
         return decision.budget is None or helped < decision.budget
+
+    def finish_helper_fragment(self, fragment: InFlight) -> None:
+        self.finish_fragment(fragment)
+        self.tag_policy.observed.helper_steps_s.append(fragment.tags["steps_s"])
 
     def optimizer_step(self, iteration: int, version: int) -> dict[str, float]:
         start = time.perf_counter()

@@ -24,12 +24,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 
 import torch
 
 from digenrl.config import Config, ConfigError
 from digenrl.gap.fragments import FragmentPlan
 from digenrl.gap.stream import FragmentStream
+from digenrl.rollout.remote_scoring import ScorerPool, ScoringServer
+from digenrl.rollout.scoring import ScoreResult
 from digenrl.rollout.trajectory import TrajectoryBatch
 from digenrl.runtime.control_plane import ControlPlane
 from digenrl.runtime.layout import Layout, build_layout, build_process_groups
@@ -85,7 +88,7 @@ def generator_report(rewards: torch.Tensor, samples: int, phase_s: dict[str, flo
 class SeparateSystem(System):
     """Base of the schedules on disjoint generator / trainer pools."""
 
-    knobs = ("pools.trainers", "pools.generators", "sync")
+    knobs = ("pools", "sync")
 
     @classmethod
     def check(cls, cfg: Config, world_size: int) -> None:
@@ -121,18 +124,29 @@ class SeparateSystem(System):
                 list(self.layout.generator_ranks),
             )
         self.is_trainer = self.role == "trainer"
+        self.is_generator = self.role == "generator"
         self.plane = ControlPlane.from_default_group(self.role, cfg.runtime.timeout_s)
+        scorers = self.layout.scorer_ranks
+        self.scorer_pool = (
+            ScorerPool(self.plane, scorers, timeout_s=cfg.runtime.timeout_s) if scorers else None
+        )
+        generate = self.is_generator or (self.is_trainer and self.trainer_generates())
         parts = build_rank_components(
             cfg,
             ctx,
             role=self.role,
-            generate=not self.is_trainer or self.trainer_generates(),
+            generate=generate,
             train=self.is_trainer,
+            score=self.role == "scorer" or (generate and self.scorer_pool is None),
             clock_origin=self.clock_origin,
             process_group=self.groups.trainer_group,
         )
-        if not self.is_trainer:
+        if self.is_generator:
             prepare_generator_model(parts.bundle.flow_model, cfg)
+        if self.role == "scorer":
+            self.server = ScoringServer(
+                parts.scorer, self.plane, device=ctx.device, timeout_s=cfg.runtime.timeout_s
+            )
         self.weight_sync = WeightSync(
             cfg.sync,
             layout=self.layout,
@@ -153,7 +167,49 @@ class SeparateSystem(System):
         return parts
 
     def describe_pools(self) -> str:
-        return f"trainers {list(self.layout.trainer_ranks)}, generators {list(self.layout.generator_ranks)}"
+        pools = f"trainers {list(self.layout.trainer_ranks)}, generators {list(self.layout.generator_ranks)}"
+        if self.layout.scorer_ranks:
+            pools += f", scorers {list(self.layout.scorer_ranks)}"
+        return pools
+
+    def run_iteration(self, iteration: int) -> IterationReport:
+        """Each pool's part of the iteration (the schedules write ``train_iteration`` and
+        ``generate_iteration``; scorer ranks serve the scoring requests)."""
+        if self.is_trainer:
+            return self.train_iteration(iteration)
+        if self.is_generator:
+            return self.generate_iteration(iteration)
+        return self.serve_scoring(iteration)
+
+    def train_iteration(self, iteration: int) -> IterationReport:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def generate_iteration(self, iteration: int) -> IterationReport:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ scoring
+    @property
+    def score_phase(self) -> str:
+        """The producer's span around scoring: ``score`` when it scores itself, ``wait_score`` (idle)
+        when a scorer rank does (the scorer logs the ``score`` span)."""
+        return "score" if self.scorer_pool is None else "wait_score"
+
+    def score(self, batch: TrajectoryBatch, iteration: int, fragment: int) -> ScoreResult:
+        """Decode and score a finished fragment: on this rank, or on its scorer rank (``pools.scorers``)."""
+        if self.scorer_pool is None:
+            return self.parts.scorer(batch)
+        idle = self.service_weight_sync if self.is_generator else None
+        return self.scorer_pool.score(batch, iteration, fragment, idle=idle)
+
+    def serve_scoring(self, iteration: int) -> IterationReport:
+        """A scorer rank's iteration: score every fragment of ``iteration`` that maps to it (requests of
+        a later iteration that arrive first — TCSS — are scored as they come and counted for theirs)."""
+        expected = self.scorer_pool.expected(self.ctx.rank, self.stream.num_fragments)
+        start, samples = time.perf_counter(), 0
+        while self.server.served.get(iteration, 0) < expected:
+            k, _, n = self.server.serve_one(self.parts.events, iteration)
+            samples += n if k == iteration else 0
+        return generator_report(torch.zeros(0), samples, {"score": time.perf_counter() - start})
 
     # ------------------------------------------------------------------ what the subclass decides
     sharding = "samples"  # how a fragment is cut over the trainer ranks (FragmentStream)
@@ -207,7 +263,7 @@ class SeparateSystem(System):
         """Wait until at most ``keep`` sends are in flight, joining weight syncs meanwhile."""
         from digenrl.runtime.transfer import drain_sends
 
-        idle = None if self.is_trainer else self.service_weight_sync
+        idle = self.service_weight_sync if self.is_generator else None
         return drain_sends(
             pending, self.plane, keep=keep, what=what, timeout_s=self.cfg.runtime.timeout_s, idle=idle
         )
@@ -260,11 +316,11 @@ class SeparateSystem(System):
         if self.is_trainer:
             with self.parts.events.span("sync", iteration=-1, policy_version=current):
                 self.push_weights(current)
-        else:
+        elif self.is_generator:
             with self.parts.events.span("sync", iteration=-1, policy_version=current):
                 self.sync_history.append(self.weight_sync.pull(self.parts.bundle.flow_model, current))
 
     def after_run(self) -> None:
         """Generators join the trainer's last push (θ after the final iteration) before leaving."""
-        if not self.is_trainer:
+        if self.is_generator:
             self.wait_for_version(self.cfg.iterations)

@@ -36,11 +36,6 @@ class SeparateSync(SeparateSystem):
         """Group advantages with rewards gathered over the generator pool (it holds the whole batch)."""
         return assign_advantages(batch, score, self.cfg.algo, group=self.groups.generator_group)
 
-    def run_iteration(self, iteration: int) -> IterationReport:
-        if self.is_trainer:
-            return self.train_iteration(iteration)
-        return self.generate_iteration(iteration)
-
     # ------------------------------------------------------------------ generator pool
     def rollout(self, iteration: int) -> tuple[TrajectoryBatch, ScoreResult]:
         """Generate, score and normalise this generator's groups with the weights it holds."""
@@ -51,8 +46,8 @@ class SeparateSync(SeparateSystem):
             batch = self.parts.engine.generate(
                 [prompts[i] for i in ids], ids, iteration=iteration, policy_version=version
             )
-        with events.span("score", iteration=iteration, policy_version=version):
-            score = self.parts.scorer(batch)
+        with events.span(self.score_phase, iteration=iteration, policy_version=version):
+            score = self.score(batch, iteration, self.my_fragment())
             batch = self.advantages(batch, score)
         return batch, score
 

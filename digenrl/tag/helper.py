@@ -15,17 +15,23 @@ Rules, and how they hold here:
 * it never commits an optimizer step and never disturbs a pending gradient accumulation: generation runs
   under ``torch.no_grad`` and touches no ``.grad``; with ``tag.park_grads`` the pending gradients move to
   host memory while generating and come back bit for bit (:class:`ParkedGradients`);
-* LoRA: the trainer's model generates directly (the adapter is what was trained). A backend whose
-  forward is a collective (FSDP2, DeepSpeed ZeRO-2/3) cannot generate on one rank alone; the system
-  rejects ``tag.policy=always`` with it at startup and ``tag.policy=auto`` turns TAG off with a logged
-  reason (:func:`tag_supported`);
+* the trainer's own model generates. With replicated weights (LoRA or full; backends ``none``/``ddp``)
+  nothing moves. Under FSDP2 a forward is a collective, so the trainer ranks gather the full parameters
+  *together* at the head of the iteration (:meth:`ParallelBackend.generation_weights`: one all-gather,
+  then forwards without collectives, released after — the gradients stay on the shards) and each helps
+  from there; the memory it needs is checked at startup (:func:`gathered_weights_fit`): ``tag.policy=always``
+  is rejected and ``auto`` turns TAG off, with the numbers, when a trainer cannot hold it. DeepSpeed's
+  engine owns its forward: no TAG (:func:`tag_supported`);
 * the switch into and out of helping is its own span (``tag_switch``), measured and counted: parking or
-  restoring gradients and waiting for the device. Consecutive helper fragments switch once.
+  restoring gradients, gathering or releasing sharded weights, waiting for the device. Consecutive helper
+  fragments switch once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -34,19 +40,33 @@ from digenrl.gap.stream import FragmentStream
 from digenrl.rollout.engine import RolloutEngine
 from digenrl.runtime.events import EventLogger
 from digenrl.runtime.fault_injection import inject_fault
+from digenrl.trainer.parallel import ParallelBackend
 from digenrl.tsp.stage_worker import InFlight
 
-#: trainer backends whose forward runs on one rank alone (no collective inside the model call)
-LOCAL_FORWARD_BACKENDS = ("none", "ddp")
+#: trainer backends a TAG helper can generate with (fsdp2: the ranks gather the weights together first)
+TAG_BACKENDS = ("none", "ddp", "fsdp2")
+#: headroom over the gathered weights for the generation's activations (the fragment's forward)
+GATHER_HEADROOM = 1.25
 
 
 def tag_supported(backend: str) -> str | None:
-    """None if a trainer on ``backend`` can generate alone, else the reason it cannot."""
-    if backend in LOCAL_FORWARD_BACKENDS:
+    """None if trainer ranks on ``backend`` can generate fragments, else the reason they cannot."""
+    if backend in TAG_BACKENDS:
         return None
     return (
-        f"trainer backend {backend!r} shards the model: every forward is a collective over the trainer "
-        "pool, so one trainer rank cannot generate a fragment alone"
+        f"trainer backend {backend!r}: the DeepSpeed engine owns the model's forward, so a trainer rank "
+        "cannot generate with it"
+    )
+
+
+def gathered_weights_fit(needed_bytes: int, free_bytes: int) -> str | None:
+    """None if gathering ``needed_bytes`` of weights (plus headroom) fits in ``free_bytes``, else why not."""
+    if needed_bytes * GATHER_HEADROOM <= free_bytes:
+        return None
+    gib, headroom = 1 << 30, GATHER_HEADROOM - 1
+    return (
+        f"generating on a trainer rank gathers {needed_bytes / gib:.2f} GiB of weights (+{headroom:.0%} "
+        f"for activations) but only {free_bytes / gib:.2f} GiB are free on it"
     )
 
 
@@ -86,7 +106,7 @@ class TagHelper:
         plan: FragmentPlan,
         events: EventLogger,
         *,
-        trainable: list[torch.nn.Parameter],
+        backend: ParallelBackend,
         park_grads: bool,
         device: torch.device,
     ) -> None:
@@ -94,11 +114,19 @@ class TagHelper:
         self.stream = stream
         self.plan = plan
         self.events = events
+        self.backend = backend
         self.device = device
-        self.parking = ParkedGradients(trainable) if park_grads else None
+        self.parking = ParkedGradients(backend.trainable_parameters()) if park_grads else None
         self.generating = False
         self.switches = 0
         self.switch_s = 0.0
+        self._weights = contextlib.ExitStack()
+
+    @property
+    def joint(self) -> bool:
+        """Whether the trainer ranks must start helping together (sharded weights are gathered jointly):
+        then they help only at the head of an iteration (:meth:`head_round`)."""
+        return self.backend.joint_generation
 
     def try_help(self, iteration: int, version: int, prompts: list[str]) -> InFlight | None:
         """Claim a fragment from the tail and generate it with this rank's model (policy ``version``);
@@ -125,6 +153,32 @@ class TagHelper:
         tags["steps_s"] = time.perf_counter() - start
         return InFlight(batch, tags)
 
+    def head_round(
+        self,
+        iteration: int,
+        version: int,
+        prompts: list[str],
+        budget: int | None,
+        next_ready: Callable[[], bool],
+        finish: Callable[[InFlight], object],
+    ) -> int:
+        """Joint mode: every trainer rank calls this at the head of the iteration; the weights are
+        gathered once (collective), each rank generates while its next fragment is not ready (at most
+        ``budget`` fragments), handing each to ``finish`` (score and ship), and the weights are released.
+        Returns how many fragments this rank made."""
+        made = 0
+        self.enter(iteration, version)
+        try:
+            while (budget is None or made < budget) and not next_ready():
+                fragment = self.try_help(iteration, version, prompts)
+                if fragment is None:
+                    break
+                finish(fragment)
+                made += 1
+        finally:
+            self.leave(iteration, version)
+        return made
+
     def enter(self, iteration: int, version: int) -> None:
         """Switch from training to generating (once for consecutive helper fragments)."""
         if not self.generating:
@@ -143,10 +197,12 @@ class TagHelper:
             "tag_switch", iteration=iteration, policy_version=version, extra={"direction": direction}
         ) as span:
             moved = 0
-            if self.parking is not None:
-                if direction == "in":
-                    moved = self.parking.park()
-                else:
+            if direction == "in":
+                moved += self.parking.park() if self.parking is not None else 0
+                moved += self._weights.enter_context(self.backend.generation_weights())
+            else:
+                self._weights.close()
+                if self.parking is not None:
                     self.parking.restore()
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)

@@ -64,9 +64,10 @@ def default_lora_targets(family: str) -> list[str]:
     return list(DEFAULT_LORA_TARGETS[family])
 
 
-def _check_targets(transformer: nn.Module, targets: list[str], *, each: bool) -> None:
+def check_lora_targets(transformer: nn.Module, targets: list[str], *, each: bool) -> None:
     """User-given targets must each match a Linear (a typo would silently train nothing); the family
-    defaults need only match somewhere (a 1-block tiny model lacks e.g. SD3's ``to_add_out``)."""
+    defaults need only match somewhere (a 1-block tiny model lacks e.g. SD3's ``to_add_out``).
+    Reads module names only, so start-up validation runs it on a ``meta``-device transformer."""
     linear_names = [n for n, m in transformer.named_modules() if isinstance(m, nn.Linear)]
     hits = {t: any(_matches(n, t) for n in linear_names) for t in targets}
     missing = [t for t, hit in hits.items() if not hit]
@@ -76,6 +77,16 @@ def _check_targets(transformer: nn.Module, targets: list[str], *, each: bool) ->
             f"trainer.lora_targets {missing or targets} match no Linear module of "
             f"{type(transformer).__name__}; module names look like: {', '.join(sample)}"
         )
+
+
+def lora_parameter_count(transformer: nn.Module, targets: list[str], rank: int) -> int:
+    """Parameters of a rank-``rank`` adapter on the Linear modules ``targets`` match: r·(in + out) each
+    (lora_A is r×in, lora_B out×r). Shapes only: works on a ``meta``-device transformer."""
+    return sum(
+        rank * (module.in_features + module.out_features)
+        for name, module in transformer.named_modules()
+        if isinstance(module, nn.Linear) and any(_matches(name, target) for target in targets)
+    )
 
 
 def apply_lora(
@@ -104,11 +115,11 @@ def apply_lora(
         )
     if targets is None:
         targets = default_lora_targets(flow_model.spec.family)
-        _check_targets(transformer, targets, each=False)
+        check_lora_targets(transformer, targets, each=False)
     else:
         if not targets:
             raise ValueError("trainer.lora_targets must be null (family default) or a non-empty list")
-        _check_targets(transformer, list(targets), each=True)
+        check_lora_targets(transformer, list(targets), each=True)
     flow_model.requires_grad_(False)
     config = LoraConfig(
         r=rank, lora_alpha=alpha, init_lora_weights="gaussian", target_modules=list(targets), lora_dropout=0.0

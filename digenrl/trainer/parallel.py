@@ -26,7 +26,8 @@ checkpoints and weight sync do not depend on the process layout that wrote them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -67,6 +68,18 @@ class ParallelBackend:
 
     name = "none"
     lockstep = False  # True: every micro-batch forward/backward is a collective over the group
+    # True: generating with the trainer's weights (TAG) needs all trainer ranks to gather them together
+    joint_generation = False
+
+    @contextlib.contextmanager
+    def generation_weights(self) -> Iterator[int]:
+        """The full weights for a forward on this rank alone (TAG); yields the bytes gathered for it.
+        Replicated backends already hold them: nothing moves."""
+        yield 0
+
+    def full_parameter_bytes(self) -> int:
+        """Bytes of the unsharded trainable model as a forward sees it (memory accounting for TAG)."""
+        return sum(p.numel() * p.element_size() for p in self.module.parameters())
 
     def __init__(self, flow_model: nn.Module, *, group: Any, world_size: int, device: torch.device) -> None:
         self.flow_model = flow_model
@@ -278,8 +291,10 @@ class FSDP2Backend(ParallelBackend):
         mesh = DeviceMesh.from_group(group, self.device.type)
         model_dtype = next(self.module.parameters()).dtype
         mp = MixedPrecisionPolicy()
+        self._param_dtype: torch.dtype | None = None
         if self.device.type == "cuda" and model_dtype == torch.bfloat16:
             mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            self._param_dtype = torch.bfloat16
             if mode == "full":
                 # fp32 master weights (sharded); compute still runs in bf16 through the policy
                 for p in self.module.parameters():
@@ -295,6 +310,36 @@ class FSDP2Backend(ParallelBackend):
 
     def _reduce_sharded(self, value: torch.Tensor) -> torch.Tensor:
         return self._sum_over_ranks(value)
+
+    joint_generation = True
+
+    @contextlib.contextmanager
+    def generation_weights(self) -> Iterator[int]:
+        """All-gather every block's parameters (a collective: every trainer rank enters together), keep
+        them unsharded through forwards — which then need no collective, so each rank can generate on its
+        own — and release them after. Gradients live on the sharded parameters and are not touched."""
+        from torch.distributed.fsdp import FSDPModule
+
+        modules = [m for m in self.module.modules() if isinstance(m, FSDPModule)]
+        for m in modules:
+            m.set_reshard_after_forward(False, recurse=False)
+        for m in modules:
+            m.unshard()
+        try:
+            yield self.full_parameter_bytes()
+        finally:
+            for m in modules:
+                m.reshard()
+                m.set_reshard_after_forward(True, recurse=False)
+
+    def full_parameter_bytes(self) -> int:
+        """Unsharded bytes in the forward's dtype (the mixed-precision param dtype when one is set)."""
+        total = 0
+        for p in self.module.parameters():
+            numel = p.numel()  # a DTensor reports the global shape
+            dtype = self._param_dtype or p.dtype
+            total += numel * torch.empty((), dtype=dtype).element_size()
+        return total
 
 
 class DeepSpeedBackend(ParallelBackend):

@@ -148,6 +148,8 @@ class TspPlan:
     layout: TspLayout
     stage_plans: tuple[StagePlan, ...]  # one per pipeline
     relative_speeds: tuple[float, ...]  # per generator rank (layout order): what the balancing assumed
+    # step costs were measured seconds (False: nominal unit costs, balanced by device speed alone)
+    measured: bool = True
 
     def __post_init__(self) -> None:
         layout = self.layout
@@ -195,20 +197,19 @@ class TspPlan:
                 speed = self.relative_speeds[layout.generator_ranks.index(rank)]
                 steps = plan.steps(s)
                 extra = " +decode/score" if s == layout.stages - 1 and plan.last_stage_extra_s > 0 else ""
-                parts.append(
-                    f"rank {rank} (x{speed:g}) steps [{steps.start}, {steps.stop}) "
-                    f"{1e3 * plan.stage_times[s]:.3f} ms{extra}"
-                )
-            lines.append(
-                f"  pipeline {p}: " + " | ".join(parts) + f" | bottleneck {1e3 * plan.bottleneck_s:.3f} ms"
-            )
+                cost = f" {1e3 * plan.stage_times[s]:.3f} ms{extra}" if self.measured else ""
+                parts.append(f"rank {rank} (x{speed:g}) steps [{steps.start}, {steps.stop}){cost}")
+            bottleneck = f" | bottleneck {1e3 * plan.bottleneck_s:.3f} ms" if self.measured else ""
+            lines.append(f"  pipeline {p}: " + " | ".join(parts) + bottleneck)
+        if not self.measured:
+            lines.append("  (no measured step costs: stages balanced by device speed, equal cost per step)")
         return "\n".join(lines)
 
 
 def plan_tsp(
     layout: TspLayout,
     num_steps: int,
-    step_cost_s: float | Sequence[float] = 1.0,
+    step_cost_s: float | Sequence[float] | None = None,
     *,
     last_stage_extra_s: float = 0.0,
     profile: HardwareProfile | None = None,
@@ -219,7 +220,8 @@ def plan_tsp(
     Args:
         num_steps: T denoising steps (``sampler.num_steps`` resolved).
         step_cost_s: seconds of one step on a reference device (relative speed 1.0, an H200): one number
-            (uniform) or T numbers (measured per step).
+            (uniform) or T numbers (measured per step); None = unmeasured, a nominal 1 s per step (the
+            plan then balances by device speed alone and says so in :meth:`TspPlan.describe`).
         last_stage_extra_s: decode + score seconds per fragment on the reference device.
         profile: the hardware profile; each stage's costs are divided by its device's
             ``relative_speed``. None: all devices equal.
@@ -227,6 +229,8 @@ def plan_tsp(
             ablation with an even split) instead of the balanced ones; stage times are still predicted.
     """
     layout.check_num_steps(num_steps)
+    measured = step_cost_s is not None
+    step_cost_s = 1.0 if step_cost_s is None else step_cost_s
     if isinstance(step_cost_s, int | float) and not isinstance(step_cost_s, bool):
         per_step = [float(step_cost_s)] * num_steps
     else:
@@ -254,7 +258,7 @@ def plan_tsp(
                 for s in range(layout.stages)
             )
             plans.append(StagePlan(boundaries=fixed, stage_times=times, last_stage_extra_s=extra))
-    return TspPlan(layout=layout, stage_plans=tuple(plans), relative_speeds=speeds)
+    return TspPlan(layout=layout, stage_plans=tuple(plans), relative_speeds=speeds, measured=measured)
 
 
 def check_boundaries(boundaries: Sequence[int], stages: int, num_steps: int) -> tuple[int, ...]:

@@ -2,8 +2,9 @@
 # One device call on a lent H200: re-measure exactly the stale points of the committed H200 cost files
 # (python experiments/measure.py missing lists them; digenrl/sim/cost_audit.py): training on the GPU path
 # (compile + autocast) at the micro-batches the table workloads use, and CFG training with the runtime's
-# default gradient (algo.cfg_grad=cond); then the cost files, re-emitted from these benchmarks with the
-# committed generator benchmarks and decode/reward points (--score-from: no other device work).
+# default gradient (algo.cfg_grad=cond); then the cost files, re-emitted from these benchmarks next to the
+# committed ones, with the committed generator benchmarks and decode/reward points (--score-from: no other
+# device work).
 #
 #   device run (kind nvidia-h200, carry [".whl"], timeout 600):
 #     bash experiments/gpu/h200_refresh_costs.sh
@@ -18,11 +19,10 @@ gpu_setup
 C=experiments/results/costs
 G=experiments/results/gpu
 
-# 1. SD3.5-medium: CFG training with cfg_grad=cond (the committed points timed cfg_grad=both), micro-batches
-#    4, 8, 16, with and without CFG.
-step train-sd35 170 python3 experiments/measure.py trainer --model sd3.5-medium --micro-batch-sizes 4,8,16 \
-    --samples 16 --train-steps 1 --cfg both --cfg-grad cond --modes lora --paths optimized --compile --autocast \
-    --warmup 1 --iters 2 --time-budget-s 160 --out "$WORK"
+# 1. SD3.5-medium: micro-batch 4, the table workload's (8 and 16 are measured, call 4), with and without CFG.
+step train-sd35 120 python3 experiments/measure.py trainer --model sd3.5-medium --micro-batch-sizes 4 \
+    --samples 4 --train-steps 1 --cfg both --cfg-grad cond --modes lora --paths optimized --compile --autocast \
+    --warmup 1 --iters 2 --time-budget-s 110 --out "$WORK"
 
 # 2. FLUX.1-dev: micro-batch 4, the table workload's (1 and 2 are measured).
 step train-flux 110 python3 experiments/measure.py trainer --model flux.1-dev --micro-batch-sizes 4 --samples 4 \
@@ -34,14 +34,15 @@ step train-qwen 200 python3 experiments/measure.py trainer --model qwen-image --
     --samples 4 --train-steps 1 --cfg both --cfg-grad cond --modes lora --paths optimized --compile --autocast \
     --warmup 1 --iters 2 --eager-sdpa safe --time-budget-s 190 --out "$WORK"
 
-# 4. The cost files: these trainer benchmarks + the committed generator benchmarks and decode/reward points.
+# 4. The cost files: these trainer benchmarks next to the committed ones (a later file wins at the same
+#    micro-batch), the committed generator benchmarks and decode/reward points.
 step costs 60 bash -c "
 python3 experiments/measure.py emit --generator $G/generator-sd3.5-medium.json \
-    --trainer $WORK/trainer-sd3.5-medium.json --device-name h200 --score-from $C/h200-sd3.5-medium.json \
-    --out-dir $OUT/costs
+    --trainer $G/h200-tests-cfg-call4/trainer-sd3.5-medium.json --trainer $WORK/trainer-sd3.5-medium.json \
+    --device-name h200 --score-from $C/h200-sd3.5-medium.json --out-dir $OUT/costs
 python3 experiments/measure.py emit --generator $G/generator-flux.1-dev.json \
-    --trainer $WORK/trainer-flux.1-dev.json --device-name h200 --score-from $C/h200-flux.1-dev.json \
-    --out-dir $OUT/costs
+    --trainer $G/h200-trainer-call2/trainer-flux.1-dev.json --trainer $WORK/trainer-flux.1-dev.json \
+    --device-name h200 --score-from $C/h200-flux.1-dev.json --out-dir $OUT/costs
 python3 experiments/measure.py emit --generator $G/generator-qwen-image.json \
     --trainer $WORK/trainer-qwen-image.json --device-name h200 --score-from $C/h200-qwen-image.json \
     --out-dir $OUT/costs"

@@ -136,7 +136,10 @@ def test_every_shipped_experiment_config_loads_and_validates(path):
             ["asynchrony.max_staleness", "separate-async"],
         ),
         (["system=digenrl", "residency.train_resident=false"], ["residency.train_resident", "colocated"]),
-        (["system=separate-sync", "pools.scorers=1"], ["pools.scorers", "no system uses it yet"]),
+        (
+            ["system=colocated-sync", "pools.scorers=1"],
+            ["pools.scorers", "digenrl, separate-async, separate-sync"],
+        ),
     ],
 )
 def test_a_knob_the_system_does_not_honour_is_rejected_naming_it(overrides, needles):

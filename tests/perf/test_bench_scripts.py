@@ -223,3 +223,30 @@ def test_flop_count_and_ceiling_of_a_matmul():
     assert ceiling["tflops"] == pytest.approx(2 * 32**3 / (ceiling["ms"] / 1e3) / 1e12)
     times = roofline.time_calls_ms(lambda: a @ b, torch.device("cpu"), warmup=1, iters=4)
     assert len(times) == 4 and min(times) >= 0
+
+
+def test_emit_merges_trainer_benchmarks_a_later_one_winning():
+    """A refresh measures only the missing micro-batches; emit takes the committed benchmark and the new one
+    together, the newer point replacing the older at the same micro-batch."""
+    emit = _load("emit_costs")
+
+    def report(points, argv=()):
+        rows = [
+            {"path": "optimized", "mode": "lora", "cfg": False, "micro_batch_size": m, "micro_batch_ms": ms,
+             "optimizer_step_ms": 1.0}
+            for m, ms in points.items()
+        ]  # fmt: skip
+        return {
+            "model": "tiny-sd3",
+            "results": rows,
+            "costs": {"lora/optimized": {"grad_bytes": 1}},
+            "argv": list(argv),
+        }
+
+    old, new = report({4: 10.0, 8: 16.0}), report({2: 6.0, 4: 9.0}, ["--activation-checkpointing"])
+    merged = emit.merge_trainer_reports([old, new])
+    points = emit.trainer_points(merged, "lora", "optimized", "cond")[0]["no_cfg"]
+    assert points == pytest.approx({2: 0.006, 4: 0.009, 8: 0.016})
+    assert "--activation-checkpointing" in merged["argv"]
+    with pytest.raises(ValueError, match="different models"):
+        emit.merge_trainer_reports([old, {**new, "model": "tiny-flux"}])

@@ -17,6 +17,8 @@ BUILTIN = {
     "colorfulness",
     "pickscore",
     "aesthetic",
+    "vlm-judge",
+    "tiny-vlm-judge",
 }
 
 
@@ -71,6 +73,29 @@ def test_register_reward_makes_a_reward_buildable(monkeypatch: pytest.MonkeyPatc
         register_reward("brightness")(PromptLength)
 
 
+def test_optional_weights_reward_builds_with_and_without_a_path(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    """``weights_optional``: no path → ``weights_path=None`` (random weights); a path is passed through."""
+    monkeypatch.setattr(registry_module, "_REGISTRY", dict(registry_module._REGISTRY))
+
+    @register_reward("test-optional-weights")
+    class OptionalWeights(RewardFunction):
+        needs_weights = True
+        weights_optional = True
+
+        def __init__(self, weights_path: str | None = None, device: str = "cpu") -> None:
+            super().__init__(device)
+            self.weights_path = weights_path
+
+        def score_images(self, images: Tensor, prompts: list[str]) -> Tensor:
+            return torch.zeros(images.shape[0])
+
+    assert build_reward("test-optional-weights").weights_path is None
+    assert build_reward("test-optional-weights", weights_path=str(tmp_path)).weights_path == str(tmp_path)
+    assert registry_module.reward_needs_weights("test-optional-weights") is True
+
+
 def test_composite_from_spec_is_weighted_sum() -> None:
     images = torch.rand(3, 3, 16, 16)
     prompts = ["a", "b", "c"]
@@ -117,3 +142,20 @@ def test_composite_nan_part_propagates() -> None:
 def test_composite_spec_errors(spec: dict, kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         CompositeReward.from_spec(spec, **kwargs)
+
+
+def test_a_run_config_builds_its_reward_and_the_models_it_holds(tmp_path):
+    """``reward.weights`` (a weighted sum) builds from a run's config, its one part with a model taking
+    ``reward.weights_path``; ``modules()`` finds the model weights a colocated run parks."""
+    from digenrl.rewards.registry import build_configured_reward
+    from tests.rewards.tiny_clip import save_tiny_clip
+
+    clip = save_tiny_clip(tmp_path / "clip")
+    composite = build_configured_reward("brightness", {"pickscore": 1.0, "brightness": 0.5}, str(clip), "cpu")
+    assert [type(m).__name__ for m in composite.modules()] == ["CLIPModel"]
+    assert build_configured_reward("brightness", None, None, "cpu").modules() == []
+    images = torch.rand(2, 3, 32, 32)
+    parts = composite.score_parts(images, ["a", "b"])
+    assert torch.allclose(composite(images, ["a", "b"]), parts["pickscore"] + 0.5 * parts["brightness"])
+    with pytest.raises(ValueError, match="several rewards with models"):
+        build_configured_reward("x", {"pickscore": 1.0, "aesthetic": 1.0}, str(clip), "cpu")

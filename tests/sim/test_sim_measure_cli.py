@@ -17,7 +17,8 @@ from experiments import measure, simulate
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("costs") / "cpu-tiny-sd3.json"
-    args = ["--batches", "1,2", "--micro-batches", "1,2", "--iters", "1", "--warmup", "0", "--out", str(out)]
+    args = ["--batches", "1,2", "--micro-batches", "1,2", "--iters", "1", "--warmup", "0", "--device", "cpu"]
+    args += ["--out", str(out)]  # --device cpu: on a GPU machine "auto" would measure CUDA
     assert measure.main(["costs", *args]) == 0
     return out
 

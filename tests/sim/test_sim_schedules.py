@@ -237,8 +237,7 @@ def test_a_device_never_runs_two_things_at_once():
         "train",
         "optimizer",
         "tag_switch",
-        "offload_optimizer",
-        "onload_optimizer",
+        "residency",
     )
     for plan in _all_plans(profile.world_size):
         result = simulate(profile, costs, w, plan)

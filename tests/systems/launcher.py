@@ -13,7 +13,7 @@ RUN_TRAIN = REPO / "experiments" / "run_train.py"
 TINY = REPO / "experiments" / "configs" / "tiny.yaml"
 
 
-def _env() -> dict[str, str]:
+def train_env() -> dict[str, str]:
     env = dict(os.environ)
     env.update(OMP_NUM_THREADS="1", DIGENRL_THREADS="1", PYTHONUNBUFFERED="1", TORCH_CPP_LOG_LEVEL="ERROR")
     env.pop("RANK", None)
@@ -21,20 +21,25 @@ def _env() -> dict[str, str]:
     return env
 
 
-def run_train(
-    overrides: list[str], *, nproc: int = 0, timeout_s: float = 240, check: bool = True
-) -> subprocess.CompletedProcess:
-    """``nproc=0`` runs a plain single process; otherwise ``torchrun --standalone --nproc_per_node``."""
+def train_command(overrides: list[str], nproc: int = 0) -> list[str]:
+    """``nproc=0``: a plain single process; otherwise ``torchrun --standalone --nproc_per_node``."""
     if nproc:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
     else:
         cmd = [sys.executable]
-    cmd += [str(RUN_TRAIN), "--config", str(TINY), *overrides]
+    return [*cmd, str(RUN_TRAIN), "--config", str(TINY), *overrides]
+
+
+def run_train(
+    overrides: list[str], *, nproc: int = 0, timeout_s: float = 240, check: bool = True
+) -> subprocess.CompletedProcess:
+    """Run ``train_command(overrides, nproc)`` to the end, failing the test if it hangs past ``timeout_s``."""
+    cmd = train_command(overrides, nproc)
     # Own session, so a hung run is killed with all its torchrun workers, not just the launcher.
     popen = subprocess.Popen(
         cmd,
         cwd=REPO,
-        env=_env(),
+        env=train_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

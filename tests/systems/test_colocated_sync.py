@@ -124,9 +124,18 @@ def test_parked_optimizer_state_moves_once_per_iteration_and_changes_nothing(tmp
     for a, b in zip(read_metrics(resident), read_metrics(parked), strict=True):
         for key in ("reward_mean", "loss", "update_norm", "grad_norm"):
             assert a[key] == b[key], key
-    lines = (parked / "events" / "rank0.jsonl").read_text().splitlines()
-    notes = [json.loads(line)["message"] for line in lines if '"residency"' in line]
+    records = [json.loads(line) for line in (parked / "events" / "rank0.jsonl").read_text().splitlines()]
+    notes = [r["message"] for r in records if r["type"] == "note" and r.get("kind") == "residency"]
     assert notes == ["residency: train offload", "residency: train onload"] * 3
+    # every swap is measured: a span per transition, with its iteration, bytes moved and seconds
+    swaps = [r for r in records if r["type"] == "span" and r["phase"] == "residency"]
+    assert [(s["iteration"], s["extra"]["kind"]) for s in swaps] == [
+        (k, kind) for k in range(3) for kind in ("offload", "onload")
+    ]
+    assert all(s["t_end"] >= s["t_start"] for s in swaps)
+    # AdamW creates its state at the first step: iteration 0 has nothing to move, later ones do
+    assert [s["extra"]["bytes"] > 0 for s in swaps] == [False, False] + [True] * 4
+    assert all(r["phase_seconds"]["colocated"]["residency"] > 0 for r in read_metrics(parked))
     assert not any(
         '"residency"' in line for line in (resident / "events" / "rank0.jsonl").read_text().splitlines()
     )

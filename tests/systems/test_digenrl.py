@@ -106,8 +106,8 @@ def test_trainer_work_overlaps_generation(runs):
         (["gap.fragment_groups=0"], ["gap.fragment_groups"]),
         (["gap.assignment=round-robin"], ["tag.enabled", "gap.assignment=dynamic"]),
         (
-            ["trainer.mode=full", "trainer.backend=fsdp2", "tag.policy=always"],
-            ["tag.policy=always", "fsdp2", "collective"],
+            ["trainer.mode=full", "trainer.backend=deepspeed", "tag.policy=always"],
+            ["tag.policy=always", "deepspeed", "DeepSpeed engine owns"],
         ),
         (["tsp_stages=2", "tsp.boundaries=[0, 9, 8]"], ["tsp.boundaries"]),
     ],

@@ -111,3 +111,37 @@ def test_a_helper_failing_mid_generation_ends_the_job_naming_the_rank(tmp_path, 
         assert "[rank 0] FAILED: RuntimeError: injected fault on rank 0 at iteration 1 (tag)" in proc.stderr
     else:
         assert "rank      : 0" in proc.stderr or "local_rank: 0" in proc.stderr
+
+
+def test_tag_with_sharded_full_finetuning_gathers_the_weights_and_computes_the_same_update(tmp_path):
+    """FSDP2 full fine-tuning: the trainer ranks gather the full parameters together at the head of the
+    iteration, generate fragments alone, release them, and the update is separate-sync's."""
+    common = [
+        "profile=cpu-4",
+        "pools.trainers=2",
+        "pools.generators=1",
+        "trainer.mode=full",
+        "trainer.backend=fsdp2",
+        "trainer.lr=1e-4",
+        "iterations=2",
+        "seed=4",
+    ]
+    tag, reference = tmp_path / "tag", tmp_path / "reference"
+    run_train([*common, "system=digenrl", "tag.policy=always", f"out_dir={tag}"], nproc=3)
+    run_train(
+        [*common, "system=separate-sync", "sampler.samples_per_forward=4", f"out_dir={reference}"], nproc=3
+    )
+    for a, b in zip(read_metrics(reference), read_metrics(tag), strict=True):
+        assert b["reward_mean"] == pytest.approx(a["reward_mean"], abs=1e-6)
+        assert b["update_norm"] == pytest.approx(a["update_norm"], rel=1e-4)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
+    assert all(r["tag_fragments"] >= 1 for r in read_metrics(tag))
+    for rank in (0, 1):
+        spans = _spans(tag, rank)
+        assert any(s["phase"] == "generate" and s["extra"].get("helper") for s in spans)
+        gathered = [
+            s["extra"]["bytes"]
+            for s in spans
+            if s["phase"] == "tag_switch" and s["extra"]["direction"] == "in"
+        ]
+        assert gathered and all(b > 0 for b in gathered)  # the full weights moved in for generation

@@ -153,7 +153,7 @@ def test_a_failing_rank_brings_the_job_down_and_the_checkpoint_loads(tmp_path, k
         (
             ["system=separate-sync", "pools.trainers=1", "pools.generators=2", "pools.scorers=1"],
             4,
-            ["pools.scorers", "not used by system='separate-sync'"],
+            ["pools.scorers", "reward.name"],
         ),
         (["system=separate-sync"], 1, ["pools.trainers", "pools.generators", "at least 2 ranks"]),
         (

@@ -92,13 +92,15 @@ def _colocated_rank(
 
 
 def _move(cluster: SimCluster, plan: SchedulePlan, rank: int, phase: str, tags: dict) -> Process:
-    """The residency transitions the runtime issues before ``phase`` (:mod:`digenrl.sim.residency`):
-    ``park`` (device → host) or ``unpark`` spans, nothing when nothing moves."""
+    """The residency transitions the runtime issues before ``phase`` (:mod:`digenrl.sim.residency`), each a
+    ``residency`` span with the runtime's ``extra`` (role ``train`` / ``reward``, kind ``offload`` /
+    ``onload``, bytes); nothing when nothing moves."""
     cost = cluster.cost(rank)
     for move in colocated_moves(cost, phase, plan.train_resident, plan.reward_resident):
-        extra = {"what": move.what, "bytes": move.nbytes}
+        role = "train" if move.what == "optimizer" else move.what
+        extra = {"role": role, "kind": "offload" if move.park else "onload", "bytes": move.nbytes}
         seconds = move_s(cluster.net, cost, [move], sync=True)
-        yield from cluster.work(rank, "park" if move.park else "unpark", seconds, extra=extra, **tags)
+        yield from cluster.work(rank, "residency", seconds, extra=extra, **tags)
 
 
 def _generate_overlapped(

@@ -1,0 +1,120 @@
+"""A hung rank is named by every other rank — rank, role and phase — well before gloo's own timeout, and a
+normally finishing run raises no false alarm (torchrun, tiny model, gloo; digenrl/runtime/watchdog.py)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+
+from digenrl.runtime.watchdog import heartbeat_timing
+from tests.systems.launcher import run_train, train_command, train_env
+
+TIMEOUT_S = 15  # runtime.timeout_s: gloo's collective timeout, and the watchdog's threshold is a third
+
+
+@pytest.mark.parametrize(
+    ("overrides", "nproc", "phase", "role", "survivors"),
+    [
+        # rank 0 then waits inside a gloo collective (C++): only the watchdog thread can end it
+        (["system=colocated-sync", "profile=cpu-2"], 2, "train", "colocated", [0]),
+        # 1 trainer + 2 generators: the trainer and the other generator both name the stopped generator
+        (
+            ["profile=cpu-4", "pools.trainers=1", "pools.generators=2", "tag=false"],
+            3,
+            "generate",
+            "generator",
+            [0, 1],
+        ),
+    ],
+)
+def test_a_stopped_rank_is_named_by_every_survivor(tmp_path, overrides, nproc, phase, role, survivors):
+    hung = nproc - 1
+    interval, threshold = heartbeat_timing(TIMEOUT_S)
+    env = train_env()
+    # The hung rank stays in the phase for two heartbeats (so one carries the phase), then SIGSTOPs itself.
+    env["DIGENRL_INJECT_FAULT"] = f"rank={hung},iteration=1,kind=stop,phase={phase},seconds={2 * interval}"
+    cmd = train_command(
+        [*overrides, "iterations=2", f"runtime.timeout_s={TIMEOUT_S}", f"out_dir={tmp_path}"], nproc
+    )
+    lines: list[tuple[float, str]] = []  # (unix time read, line) of the job's stderr
+    with (tmp_path / "stdout.log").open("w") as stdout:
+        job = subprocess.Popen(
+            cmd, env=env, stdout=stdout, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
+        reader = threading.Thread(target=lambda: lines.extend((time.time(), line) for line in job.stderr))
+        reader.start()
+        try:
+            stop = _wait_for_line(
+                lines, rf"^\[rank {hung}\] injected stop: SIGSTOP of pid (\d+) .* unix time ([0-9.]+)", 180
+            )
+            failed = {
+                rank: _wait_for_line(lines, rf"^\[rank {rank}\] FAILED: .*$", 4 * threshold)
+                for rank in survivors
+            }
+            if stop is not None:
+                # torchrun SIGKILLs a stopped worker 30 s after its SIGTERM (a grace the failure path does not
+                # shorten); end it now, and the job ends by itself with the survivors' exit status.
+                os.kill(int(stop[1].group(1)), signal.SIGKILL)
+            code = job.wait(60)
+        finally:
+            if job.poll() is None:
+                os.killpg(job.pid, signal.SIGKILL)
+                job.wait()
+            reader.join(60)
+    text = "".join(line for _, line in lines)
+    assert stop is not None, text[-4000:]
+    stopped_at = float(stop[1].group(2))
+    for rank in survivors:
+        assert failed[rank] is not None, (rank, text[-4000:])
+        seen_at, match = failed[rank]
+        line = match.group(0)
+        assert seen_at - stopped_at < 2 * threshold, (rank, seen_at - stopped_at, threshold)
+        # blocked in a collective, the rank's watchdog says it; polling the store, the wait raises with the
+        # report the first watchdog published — either way the line names the hung rank, role and phase
+        assert line.startswith(f"[rank {rank}] FAILED: "), line
+        assert f"rank {hung} ({role})" in line and "no heartbeat for" in line, line
+        assert f"last phase '{phase}' (iteration 1)" in line, line
+        assert len(re.findall(rf"^\[rank {rank}\] FAILED", text, flags=re.MULTILINE)) == 1  # once per rank
+    assert "Timed out waiting" not in text  # gloo's anonymous timeout never fired
+    assert code != 0
+
+
+def _wait_for_line(
+    lines: list[tuple[float, str]], pattern: str, seconds: float
+) -> tuple[float, re.Match] | None:
+    """The first ``(time read, match)`` of ``pattern`` in the lines read so far; waits up to ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        for seen_at, line in list(lines):
+            match = re.match(pattern, line.rstrip("\n"))
+            if match:
+                return seen_at, match
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.05)
+
+
+def test_the_last_rank_to_finish_sees_no_dead_peers(tmp_path, monkeypatch):
+    """Rank 1 finishes and exits while rank 0 still works for longer than the threshold: rank 1 marked its
+    heartbeat done before leaving, so rank 0's watchdog stays quiet."""
+    timeout_s = 9
+    _, threshold = heartbeat_timing(timeout_s)
+    monkeypatch.setenv("DIGENRL_INJECT_DELAY", f"rank=0,phase=exit,seconds={2.5 * threshold}")
+    proc = run_train(
+        [
+            "system=colocated-sync",
+            "profile=cpu-2",
+            "iterations=2",
+            f"runtime.timeout_s={timeout_s}",
+            f"out_dir={tmp_path}",
+        ],
+        nproc=2,
+        timeout_s=240,
+    )
+    assert "watchdog" not in proc.stderr and "FAILED" not in proc.stderr
