@@ -43,10 +43,20 @@ class ModelConfig:
     width: int | None = None
     frames: int | None = None  # video models only
     attention_backend: str = "native"
-    compile: bool = False  # torch.compile the transformer's repeated blocks (digenrl/models/optimize.py)
-    autocast: bool = (
-        False  # 16-bit autocast over the transformer: LoRA matmuls in bf16 (FlowModel.set_autocast)
-    )
+    # torch.compile the transformer's repeated blocks (digenrl/models/optimize.py); None = on for a CUDA
+    # device, off on CPU (the GPU path the cost files measure, docs/design.md §5)
+    compile: bool | None = None
+    # 16-bit autocast over the transformer: LoRA matmuls in bf16 (FlowModel.set_autocast); None = on for a
+    # CUDA device when model.dtype is 16-bit
+    autocast: bool | None = None
+
+    def optimised(self, device_type: str) -> tuple[bool, bool]:
+        """(compile, autocast) a run on ``device_type`` (``cuda`` / ``cpu``) executes: the keys as set, else
+        the GPU path (compiled + autocast) on CUDA and the eager path elsewhere."""
+        gpu = device_type == "cuda"
+        compile_ = gpu if self.compile is None else self.compile
+        autocast = (gpu and self.dtype in ("bfloat16", "float16")) if self.autocast is None else self.autocast
+        return compile_, autocast
 
 
 @dataclass

@@ -1,9 +1,9 @@
 """Throughput bars per model × system from a results table (docs/design.md §5, "Figures": throughput bars
-per system and model). A grid of panels, one per model (per model on one profile for the tables of
-``experiments/run_throughput.py``: a row per profile, a column per model), each on its own y scale; systems
-in the fixed baseline-first order at the same x in every panel, coloured per system (legend below);
-simulated rows hatched; each bar labelled with its ratio to the baseline system of the same panel (same
-source — measured against measured, simulated against simulated — falling back to the other source when
+per system and model). A grid of panels, one per model (per scenario on one profile for the tables of
+``experiments/simulate.py throughput``: a row per profile, a column per scenario), each on its own y
+scale; systems in the fixed baseline-first order at the same x in every panel, coloured per system (legend
+below); simulated rows hatched; each bar labelled with its ratio to the baseline system of the same panel
+(same source — measured against measured, simulated against simulated — falling back to the other source when
 only that exists).
 
 Usage: ``python paper_figures/throughput.py TABLE.csv|json --out throughput.png [--baseline colocated-sync]``
@@ -57,16 +57,22 @@ def baseline_ratio(value: float, source: str, baselines: dict[str, float]) -> fl
     return value / reference if reference else None
 
 
+def panel_model(row: ResultRow) -> str:
+    """The column a row belongs to: its ``scenario`` (one model can have several workloads, e.g. LoRA and
+    full fine-tuning of FLUX.1-dev) when the table has one, else its ``model_name``; "" when neither."""
+    return str(row.extra.get("scenario") or row.extra.get("model_name") or "")
+
+
 def panel_grid(rows: Sequence[ResultRow]) -> dict[str, tuple[int, int]]:
     """Grid cell (row, column) of each ``model`` panel key.
 
-    Tables from ``experiments/run_throughput.py`` name a panel ``<model> @ <profile>`` and carry the
-    ``model_name`` and ``profile`` columns: then one grid row per profile and one column per model, so a
-    column compares a model across clusters and a row reads one cluster. Other tables: panels in table order,
-    wrapped at ``GRID_COLUMNS`` per row."""
+    Tables from ``experiments/simulate.py throughput`` name a panel ``<scenario> @ <profile>`` and carry the
+    ``scenario`` (or ``model_name``) and ``profile`` columns: then one grid row per profile and one column per
+    scenario, so a column compares a workload across clusters and a row reads one cluster. Other tables:
+    panels in table order, wrapped at ``GRID_COLUMNS`` per row."""
     keys = list(dict.fromkeys(row.model for row in rows))
-    if all(row.extra.get("model_name") and row.extra.get("profile") for row in rows):
-        cells = {row.model: (str(row.extra["profile"]), str(row.extra["model_name"])) for row in rows}
+    if all(panel_model(row) and row.extra.get("profile") for row in rows):
+        cells = {row.model: (str(row.extra["profile"]), panel_model(row)) for row in rows}
         profiles = list(dict.fromkeys(profile for profile, _ in cells.values()))
         models = list(dict.fromkeys(model for _, model in cells.values()))
         return {k: (profiles.index(cells[k][0]), models.index(cells[k][1])) for k in keys}
@@ -76,7 +82,7 @@ def panel_grid(rows: Sequence[ResultRow]) -> dict[str, tuple[int, int]]:
 def panel_title(model_rows: Sequence[ResultRow], baseline: str, has_baseline: bool) -> str:
     """``<model>`` (two lines when the key is ``<model> @ <profile>``) and the GPU count when one."""
     key = model_rows[0].model
-    name, profile = model_rows[0].extra.get("model_name"), model_rows[0].extra.get("profile")
+    name, profile = panel_model(model_rows[0]), model_rows[0].extra.get("profile")
     title = f"{name}\n{profile}" if name and profile else key
     gpus = {r.gpus for r in model_rows}
     title += f" · {gpus.pop()} GPUs" if len(gpus) == 1 and None not in gpus else ""

@@ -86,7 +86,7 @@ def _in_range(version: tuple[int, int], bounds: tuple[tuple[int, int], tuple[int
 
 _CUDNN_SDPA_BACKWARD_FLUX = (
     "cuDNN fused SDPA backward fails on FLUX-size attention blocks with torch 2.11 + cuDNN 9.19 (measured on "
-    "an H200 by this project; experiments/bench_trainer.py --regression re-checks it)"
+    "an H200 by this project; experiments/measure.py trainer --regression re-checks it)"
 )
 _CUDNN_SDPA_BACKWARD_MASK_NAN = (
     "cuDNN SDPA backward returns NaN dQ with an attention mask when seq_len % 128 == 64 on H100/H200, the "

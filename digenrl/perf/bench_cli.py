@@ -1,5 +1,5 @@
-"""Command-line and report plumbing shared by the benchmark scripts (experiments/bench_generator.py,
-bench_trainer.py, run_profile.py): comma-separated list flags, where ``--out`` writes, and the cells of the
+"""Command-line and report plumbing shared by the benchmarks (``experiments/measure.py generator``,
+``trainer``, ``costs``): comma-separated list flags, where ``--out`` writes, and the cells of the
 eager-vs-optimised markdown tables."""
 
 from __future__ import annotations

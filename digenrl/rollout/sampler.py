@@ -39,7 +39,7 @@ one; below it both branches keep the rollout's single batched forward of 2B, the
 (same gradient, same numerics as the rollout). Measured on one H200 at SD3.5-medium size (eager, backward
 through every block): the separate no-graph pass costs 0.72× the time (0.54× the memory) of both branches in
 one graph at B=16, 0.79× at B=8, but 1.10× at B=4, where two half-size passes are less efficient than one;
-detaching inside the batched pass saves nothing. ``experiments/bench_trainer.py --cfg-grad cond,both
+detaching inside the batched pass saves nothing. ``experiments/measure.py trainer --cfg-grad cond,both
 --cfg-split-min-batch 1`` re-measures the crossover."""
 
 

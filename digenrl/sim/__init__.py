@@ -10,7 +10,7 @@ cost model imports the model code lazily (:func:`digenrl.sim.costs.measure_costs
 
 from digenrl.sim.costs import CostModel, cost_path, load_costs, measure_costs
 from digenrl.sim.device_costs import DeviceCosts
-from digenrl.sim.planner import PlannerResult, PlanScore, predict_baselines, search_plans
+from digenrl.sim.planner import Planner, PlannerResult, PlanScore, predict_baselines, search_plans
 from digenrl.sim.schedule_plan import SYSTEMS, SchedulePlan
 from digenrl.sim.simulator import SimResult, compute_seconds, simulate
 from digenrl.sim.validation import simulation_error, steady_state
@@ -22,6 +22,7 @@ __all__ = [
     "CostModel",
     "DeviceCosts",
     "PlanScore",
+    "Planner",
     "PlannerResult",
     "SchedulePlan",
     "SimResult",

@@ -64,7 +64,8 @@ class Channel:
             self.sender_waiting = True
             self._notify()
             yield self._posted
-        start, end = cluster.net.reserve_transfer(cluster.now, self.src, self.dst, nbytes)
+        latency = cluster.cost(self.src).message_latency_s
+        start, end = cluster.net.reserve_transfer(cluster.now, self.src, self.dst, nbytes, latency)
         cluster.sim.call_at(end, lambda: self._deliver(payload))
         if rendezvous:
             if end > cluster.now:

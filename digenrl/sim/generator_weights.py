@@ -6,7 +6,9 @@ A sync is one broadcast from the first trainer rank (``Layout.sync_source``) to 
 the ports of all participants (:class:`~digenrl.sim.network.Network`). The source is busy for the whole
 broadcast; generators are not (NCCL receives on a side stream), so a generator that is still working —
 TCSS — keeps working and the new version takes effect at its next fragment boundary, while a generator
-that waits for the version idles until the broadcast ends.
+that waits for the version idles until the broadcast ends and the weights are loaded
+(``CostModel.weight_load_s``). A sharded full fine-tune first gathers the whole weights on the source
+(one ring all-gather over the trainer group, :func:`digenrl.sim.training.fsdp_gather_s`).
 """
 
 from __future__ import annotations
@@ -16,15 +18,23 @@ from typing import Any
 
 from digenrl.sim.cluster import SimCluster
 from digenrl.sim.des import Delay, Process
+from digenrl.sim.training import fsdp_gather_s, sharded
 
 
 class GeneratorWeights:
     """``version``: the newest policy every generator rank holds (all receive a broadcast together)."""
 
-    def __init__(self, cluster: SimCluster, source: int, generators: Sequence[int]) -> None:
+    def __init__(
+        self,
+        cluster: SimCluster,
+        source: int,
+        generators: Sequence[int],
+        trainers: Sequence[int] = (),
+    ) -> None:
         self.cluster = cluster
         self.source = source
         self.generators = tuple(generators)
+        self.trainers = tuple(trainers) or (source,)
         self.version = 0
         self.changed = cluster.condition("generator weights")
         self._sync_start: dict[int, float] = {0: 0.0}
@@ -32,15 +42,21 @@ class GeneratorWeights:
     def publish(self, version: int, **tags: Any) -> Process:
         """Broadcast ``version`` from the source trainer (the caller is the source's process)."""
         cluster = self.cluster
+        cost = cluster.cost(self.source)
         ranks = [self.source, *self.generators]
-        seconds = cluster.net.broadcast_s(ranks, cluster.cost(self.source).weight_sync_bytes)
+        seconds = cluster.net.broadcast_s(ranks, cost.weight_sync_bytes)
+        if seconds > 0:
+            seconds += cost.message_latency_s
+        if sharded(cluster, self.trainers):
+            seconds += fsdp_gather_s(cluster, self.trainers, cost.weight_sync_bytes)
         start, end = cluster.net.reserve_group(cluster.now, ranks, seconds)
         self._sync_start[version] = start
         if end > start:
             for rank in ranks:
                 cluster.log.add(rank, "sync", start, end, policy_version=version, **tags)
-        if end > cluster.now:
-            cluster.sim.call_at(end, lambda: self._arrive(version))  # runs before the source resumes
+        loaded = end + max((cluster.cost(g).weight_load_s for g in self.generators), default=0.0)
+        if loaded > cluster.now:
+            cluster.sim.call_at(loaded, lambda: self._arrive(version))  # runs before the source resumes
             yield Delay(end - cluster.now)
         else:
             self._arrive(version)  # nothing to move: the caller must see the new version at once

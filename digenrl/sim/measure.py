@@ -10,10 +10,13 @@ the :class:`RolloutEngine` generated. Each measurement: ``warmup`` untimed calls
 ``iters`` timed calls (CUDA synchronised). Trajectory byte counts come from the transfer encoding
 (``runtime.transfer.batch_to_tensors``) of that batch.
 
-The TAG switch cost (``helper_switch_s``) is measured as what a trainer rank does to lend itself to
-generation and come back: park the pending gradient accumulation of the trainable parameters to host
-memory, flip the module to eval and back to train, and restore the gradients losslessly (docs/design.md §3
-(TAG)). A trainer rank already holds the weights and the sampler, so no engine warm-up is included.
+A TAG switch costs a device synchronisation (``switch_sync_s``) plus what it moves
+(:mod:`digenrl.sim.residency`); the round trip of parking the pending gradients to host memory and back
+(what ``tag.park_grads=true`` adds, docs/design.md §3 (TAG)) is recorded as ``meta["grad_park_s"]``. On
+CUDA the peak memory of every generator step and training micro-batch is recorded
+(``torch.cuda.max_memory_allocated``), and the text encoders' and VAE's bytes are counted, for the
+simulator's memory check (:mod:`digenrl.sim.memory`). ``compile`` / ``autocast`` time the project's GPU
+path (``model.compile`` / ``model.autocast``); the file's ``path`` says which was timed.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import torch
 
 from digenrl.config import Config, apply_overrides
 from digenrl.models import ModelBundle, ModelSpec, build_model_bundle
+from digenrl.models.optimize import optimize_flow_model
 from digenrl.models.text_condition import TextCondition
 from digenrl.perf.roofline import resolve_device, synchronize, tensor_bytes
 from digenrl.rewards.registry import build_reward
@@ -37,7 +41,7 @@ from digenrl.rollout.engine import RolloutEngine
 from digenrl.rollout.sampler import Sampler
 from digenrl.rollout.trajectory import TrajectoryBatch
 from digenrl.runtime.transfer import batch_to_tensors
-from digenrl.sim.costs import CFG_KEYS, CostModel
+from digenrl.sim.costs import CFG_KEYS, CostModel, run_path
 from digenrl.trainer.trainer import PolicyTrainer
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -54,6 +58,17 @@ def device_label(device: torch.device) -> str:
         if re.search(rf"\b{short}\b", full):
             return short
     return re.sub(r"[^a-z0-9]+", "-", full).strip("-")
+
+
+def reset_peak(device: torch.device) -> None:
+    """Start a new peak-memory window (CUDA only; CPU peaks are not recorded)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_bytes(device: torch.device) -> int:
+    """Peak allocated bytes since :func:`reset_peak` (0 on CPU: not measured)."""
+    return int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else 0
 
 
 def median_seconds(fn: Callable[[], object], device: torch.device, warmup: int, iters: int) -> float:
@@ -88,6 +103,8 @@ def measure_costs(
     iters: int = 3,
     device_name: str | None = None,
     command: str = "",
+    compile: bool = False,
+    autocast: bool = False,
 ) -> CostModel:
     """Measure every per-operation cost of ``model_name`` on ``device`` (see the module docstring).
 
@@ -121,6 +138,10 @@ def measure_costs(
         model_name, pretrained_path=pretrained_path, dtype=_DTYPES[dtype_name], device=torch_device
     )
     spec, flow_model = bundle.spec, bundle.flow_model
+    if compile or autocast:
+        optimize_flow_model(
+            flow_model, compile=compile, attention_backend="native", needs_backward=True, autocast=autocast
+        )
     h, w_px = height or spec.default_height, width or spec.default_width
     frames = spec.default_frames if spec.is_video else None
     latent_shape = flow_model.latent_shape(h, w_px, frames)
@@ -139,13 +160,18 @@ def measure_costs(
 
     prompts = [f"a photo of object number {i}" for i in range(max(max(batches), max(micro_batches)))]
     generator_points: dict[str, dict[int, float]] = {}
+    generator_peaks: dict[str, dict[int, int]] = {}
     for flag, sampler in samplers.items():
-        points = {}
+        points, peaks = {}, {}
         for b in batches:
             cond = bundle.text_encoder.encode(prompts[:b]).to(torch_device)
             x = torch.randn(b, *latent_shape, device=torch_device)
+            reset_peak(torch_device)
             points[b] = timed(lambda s=sampler, x=x, c=cond: _sampler_step(s, flow_model, x, c, uncond))
+            peaks[b] = peak_bytes(torch_device)
         generator_points[CFG_KEYS[flag]] = points
+        if all(peaks.values()):
+            generator_peaks[CFG_KEYS[flag]] = peaks
 
     reward_fn = build_reward(reward, device=torch_device)
     decode_points, reward_points = {}, {}
@@ -157,21 +183,27 @@ def measure_costs(
 
     group = max(micro_batches)
     train_points: dict[str, dict[int, float]] = {}
+    train_peaks: dict[str, dict[int, int]] = {}
     batch: TrajectoryBatch | None = None
     for flag, sampler in samplers.items():
         batch = _rollout(cfg, bundle, sampler, latent_shape, group, torch_device, prompts[0])
         trainer.sampler, trainer.uncond = sampler, (uncond if sampler.true_cfg else None)
-        points = {}
+        points, peaks = {}, {}
         for m in micro_batches:
             trainer.cfg.trainer.micro_batch_size = m
+            reset_peak(torch_device)
             seconds = timed(lambda b=batch: _accumulate_and_drop(trainer, b))
             points[m] = seconds * m / batch.num_units
+            peaks[m] = peak_bytes(torch_device)
         train_points[CFG_KEYS[flag]] = points
+        if all(peaks.values()):
+            train_peaks[CFG_KEYS[flag]] = peaks
     assert batch is not None
     trainer.cfg.trainer.micro_batch_size = max(micro_batches)
 
     optimizer_s = _time_optimizer_step(trainer, batch, torch_device, warmup, iters)
-    switch_s = time_helper_switch(trainer, batch, torch_device, warmup, iters)
+    grad_park_s = time_grad_park(trainer, batch, torch_device, warmup, iters)
+    switch_sync_s = median_seconds(lambda: None, torch_device, warmup, iters)
     trainable = list(trainer.backend.trainable_parameters())
     wire = wire_bytes(batch)
     reward_params = [p for m in reward_fn.modules() for p in m.parameters()]
@@ -194,7 +226,12 @@ def measure_costs(
             [t for state in trainer.optimizer.state.values() for t in state.values() if torch.is_tensor(t)]
         ),
         reward_param_bytes=tensor_bytes(reward_params),
-        helper_switch_s=switch_s,
+        text_encoder_bytes=tensor_bytes(list(bundle.text_encoder.parameters())),
+        vae_param_bytes=tensor_bytes(list(bundle.decoder.parameters())),
+        switch_sync_s=switch_sync_s,
+        path=run_path(compile, autocast),
+        train_peak_bytes=train_peaks,
+        generator_peak_bytes=generator_peaks,
         source="measured",
         command=command,
         meta={
@@ -217,6 +254,7 @@ def measure_costs(
             "warmup": warmup,
             "iters": iters,
             "torch": torch.__version__,
+            "grad_park_s": grad_park_s,
         },
     )
 
@@ -312,12 +350,12 @@ def _time_optimizer_step(
     return statistics.median(times)
 
 
-def time_helper_switch(
+def time_grad_park(
     trainer: PolicyTrainer, batch: TrajectoryBatch, device: torch.device, warmup: int, iters: int
 ) -> float:
-    """One TAG switch (docs/design.md §3 (TAG)): park pending gradients to host + eval(), then train() +
-    restore them; the median round trip halved (a round trip is 2 switches). Shared by the cost
-    measurement here and ``experiments/bench_trainer.py``."""
+    """What ``tag.park_grads=true`` adds to one TAG switch (docs/design.md §3 (TAG)): park the pending
+    gradients to host + eval(), then train() + restore them; the median round trip halved (a round trip is
+    2 switches). Shared by the cost measurement here and the trainer benchmark."""
     trainer.accumulate(batch, 1.0 / batch.num_units)
     params = [p for p in trainer.backend.trainable_parameters() if p.grad is not None]
     model = trainer.flow_model
@@ -334,3 +372,92 @@ def time_helper_switch(
     seconds = median_seconds(round_trip, device, warmup, iters)
     trainer.zero_grad()
     return seconds / 2
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def parse_args(argv: list[str] | None = None):
+    import argparse
+
+    from digenrl.perf.bench_cli import int_list
+
+    p = argparse.ArgumentParser(
+        prog="experiments/measure.py costs",
+        description="Measure the simulator's per-operation cost model of one model on this machine's device "
+        "(digenrl/sim/measure.py); writes runs/costs/<device>-<model>.json unless --out says otherwise.",
+    )
+    p.add_argument("--model", default="tiny-sd3", help="zoo entry (model.name)")
+    p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1")
+    p.add_argument("--device-name", default=None, help="name in the cost file (default: cpu / h200 / …)")
+    p.add_argument("--out", default=None, help="output JSON (default: runs/costs/<device>-<model>.json)")
+    p.add_argument("--batches", default="1,2,4", help="generator / decode / reward batch sizes")
+    p.add_argument("--micro-batches", default="1,2,4", help="training micro-batch sizes (units)")
+    p.add_argument(
+        "--cfg", default="both", choices=["on", "off", "both"], help="guidance settings to measure"
+    )
+    p.add_argument("--mode", default="lora", choices=["lora", "full"], help="trainer.mode")
+    p.add_argument("--reward", default="brightness", help="reward registry name")
+    p.add_argument(
+        "--dtype", default=None, choices=["float32", "bfloat16", "float16"], help="default: bf16 on cuda"
+    )
+    p.add_argument("--compile", action="store_true", help="time the compiled path (model.compile)")
+    p.add_argument("--autocast", action="store_true", help="time with 16-bit autocast (model.autocast)")
+    p.add_argument("--num-steps", type=int, default=None, help="sampler steps (default: the model's)")
+    p.add_argument("--height", type=int, default=None)
+    p.add_argument("--width", type=int, default=None)
+    p.add_argument("--pretrained-path", default=None, help="local diffusers-style directory")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--iters", type=int, default=5, help="timed calls per measurement (median)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads for torch (default on CPU: 1 — tiny models are overhead-bound and extra threads "
+        "only add contention noise on shared machines)",
+    )
+    args = p.parse_args(argv)
+    args.batches = int_list(args.batches, "--batches", p)
+    args.micro_batches = int_list(args.micro_batches, "--micro-batches", p)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    import shlex
+    import sys
+    from pathlib import Path
+
+    from digenrl.sim.costs import cost_path
+
+    args = parse_args(argv)
+    threads = args.threads or (1 if resolve_device(args.device).type == "cpu" else None)
+    if threads:
+        torch.set_num_threads(threads)
+    flags = {"on": [True], "off": [False], "both": [False, True]}[args.cfg]
+    command = "python experiments/measure.py costs " + shlex.join(sys.argv[2:] if argv is None else argv)
+    start = time.perf_counter()
+    costs = measure_costs(
+        args.model,
+        args.device,
+        batches=args.batches,
+        micro_batches=args.micro_batches,
+        cfg_flags=flags,
+        mode=args.mode,
+        reward=args.reward,
+        dtype=args.dtype,
+        num_steps=args.num_steps,
+        height=args.height,
+        width=args.width,
+        pretrained_path=args.pretrained_path,
+        warmup=args.warmup,
+        iters=args.iters,
+        device_name=args.device_name,
+        command=command.strip(),
+        compile=args.compile,
+        autocast=args.autocast,
+    )
+    out = Path(args.out) if args.out else cost_path(costs.device, costs.model, "runs/costs")
+    costs.save(out)
+    print(costs.describe())
+    print(f"wrote {out} ({time.perf_counter() - start:.1f} s)")
+    return 0

@@ -10,7 +10,8 @@ Model (documented here because every schedule's numbers depend on it):
   starts at ``max(now, egress free, ingress free)``. Serialising and fair-sharing give the same finish
   time for the last of the transfers sharing a port; FIFO makes earlier requests finish earlier, which is
   what NCCL's in-order P2P on one communicator does. Full-duplex links: a's egress and a's ingress are
-  independent. Latency is ignored (fragments are MBs; NCCL latency is µs).
+  independent. Every message also pays the sender's ``CostModel.message_latency_s`` (NCCL launch and, for a
+  buffered send, the c10d-store handshake that acknowledges it), a parameter of the cost model.
 - A transfer does not occupy the *compute* of either rank (NCCL P2P runs on its own stream) unless a
   schedule says so (UniRL's reap runs on the rollout worker and blocks it, docs/references.md [000]).
 - Collectives use ring algorithms with the nccl-tests bus-bandwidth conventions
@@ -38,18 +39,24 @@ class Network:
         self.profile = profile
         self._egress_free: dict[int, float] = defaultdict(float)
         self._ingress_free: dict[int, float] = defaultdict(float)
+        self._rate: dict[tuple[int, int], float] = {}
 
     def bytes_per_s(self, src: int, dst: int) -> float:
-        return self.profile.link_gbps(src, dst) * GB
+        key = (src, dst)
+        if key not in self._rate:
+            self._rate[key] = self.profile.link_gbps(src, dst) * GB
+        return self._rate[key]
 
-    def reserve_transfer(self, now: float, src: int, dst: int, nbytes: float) -> tuple[float, float]:
+    def reserve_transfer(
+        self, now: float, src: int, dst: int, nbytes: float, latency_s: float = 0.0
+    ) -> tuple[float, float]:
         """Book a point-to-point transfer requested at ``now``; returns its (start, end)."""
         if nbytes < 0:
             raise ValueError(f"nbytes must be >= 0, got {nbytes}")
         if nbytes == 0 or src == dst:
             return now, now
         start = max(now, self._egress_free[src], self._ingress_free[dst])
-        end = start + nbytes / self.bytes_per_s(src, dst)
+        end = start + latency_s + nbytes / self.bytes_per_s(src, dst)
         self._egress_free[src] = end
         self._ingress_free[dst] = end
         return start, end
@@ -70,7 +77,7 @@ class Network:
         if len(ordered) < 2:
             return float("inf")
         pairs = zip(ordered, ordered[1:] + ordered[:1], strict=True)
-        return min(self.profile.link_gbps(a, b) for a, b in pairs) * GB
+        return min(self.bytes_per_s(a, b) for a, b in pairs)
 
     def allreduce_s(self, ranks: Sequence[int], nbytes: float) -> float:
         """Ring all-reduce time: 2(n−1)/n · bytes over the slowest ring link (nccl-tests PERFORMANCE.md)."""

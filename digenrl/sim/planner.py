@@ -1,38 +1,55 @@
-"""Choose a DigenRL plan for a profile and a cost model: pool split, D × S, fragment size, TAG.
+"""Choose a plan for a profile and a cost model by simulating the candidates (docs/design.md §5, "Simulator
+and planner"), with DigenRL's plan space containing every baseline (docs/design.md §4, "The plan space
+contains the baselines").
 
-The planner is a search over the simulator (docs/design.md §5, "Simulator and planner"): every
-candidate :class:`SchedulePlan` is simulated and ranked by predicted steady-state samples/s. Search space:
+DigenRL's plan space at a staleness budget s (0: on-policy; 1: TCSS allowed):
 
-- trainer / generator split: ``trainers`` in 1..N−1 (generators take the rest, layout convention:
-  trainers first);
-- TSP: every S dividing the generator count with S ≤ min(T, ``max_stages``); D = generators / S;
-- fragment size F: every divisor of P (the runtime needs equal fragments, ``digenrl/gap/fragments.py``);
-  F = P is one fragment, i.e. no streaming;
-- TAG off / on (on = the simulator's bubble-triggered budget search);
-- TCSS only if allowed (it changes the algorithm: opt-in, docs/design.md §3).
+- **no dedicated generator** — every GPU generates and trains (0 generators, TAG in both directions): the
+  colocated schedules ``colocated-sync`` and ``colocated-overlap`` (sub-batches searched), with equal work
+  per GPU or, on a heterogeneous profile, work proportional to GPU speed;
+- **disjoint pools without streaming** — ``separate-sync`` and ``separate-async`` (staleness ≤ s), every
+  split;
+- **DigenRL's mechanisms** — every split, TSP stages S dividing the generator count (S ≤ ``max_stages``),
+  fragment sizes F, TAG off / on (the simulator's budget search), TCSS if s ≥ 1; then, for the best few,
+  the transport (buffered / rendezvous), fragment assignment (dynamic / round-robin), training order
+  (index / arrival) and GAP off, one knob at a time, kept where they help.
 
-Every other knob (transport, fragment assignment, training order) comes from ``template``, whose
-defaults mirror the runtime (``digenrl/systems/digenrl_system.py``).
+So the best plan is never worse than the best baseline of equal staleness: it is chosen from a superset
+(:meth:`Planner.search`; the tables check it). Every candidate first gets the memory knobs it can run
+(:func:`digenrl.sim.memory.fit_plan`: micro-batch, activation checkpointing, generator batch, parking);
+a candidate nothing fits is rejected with its reason (:attr:`PlannerResult.rejected`).
 
 Pruning is exact with respect to this search: splits are visited in decreasing order of an upper bound
 on their throughput, and a split is skipped once its bound cannot beat the current runner-up. The bound
 takes the cheapest per-sample generation and per-unit training cost over the profile's device types and
 candidate batch sizes, spreads generation over the generators (and the trainers, when TAG may help) and
-training over the trainers, and ignores every transfer, sync and dependency — no schedule can be faster.
+training over the trainers, and ignores every transfer, sync, switch, memory limit and dependency — no
+schedule can be faster.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from digenrl.runtime.profiles import HardwareProfile, load_profile
-from digenrl.sim.costs import CostModel
+from digenrl.sim.costs import CFG_KEYS, CostModel
 from digenrl.sim.device_costs import DeviceCosts
+from digenrl.sim.memory import Fit, fit_plan
 from digenrl.sim.schedule_plan import SchedulePlan
-from digenrl.sim.simulator import SimResult, simulate
+from digenrl.sim.simulator import SimResult, search_tag_budget, simulate
 from digenrl.sim.workload import Workload
+
+#: The baselines of docs/design.md §4 (labels of :meth:`Planner.baselines`).
+BASELINES = ("colocated-sync", "colocated-overlap", "separate-sync", "separate-async")
+#: Knob variants tried on the best few DigenRL plans (field → alternative value).
+REFINEMENTS: tuple[tuple[str, object], ...] = (
+    ("transport", "rendezvous"),
+    ("fragment_assignment", "round-robin"),
+    ("train_order", "arrival"),
+    ("gap", False),
+)
 
 
 @dataclass(frozen=True)
@@ -43,18 +60,32 @@ class PlanScore:
     samples_per_s: float
     iteration_s: float
     busy_fraction: Mapping[str, float]
+    bubble_free_samples_per_s: float = math.inf
+    notes: tuple[str, ...] = ()
 
     @classmethod
-    def of(cls, result: SimResult) -> PlanScore:
+    def of(cls, result: SimResult, notes: Iterable[str] = ()) -> PlanScore:
         plan = result.plan
         if plan.tag and not plan.tag_budget:  # the budget search inserted no TAG: it is the plain plan
             plan = plan.with_(tag=False, tag_budget=None)
-        return cls(plan, result.samples_per_s, result.steady_iteration_s, dict(result.busy_fraction))
+        return cls(
+            plan,
+            result.samples_per_s,
+            result.steady_iteration_s,
+            dict(result.busy_fraction),
+            result.bubble_free_samples_per_s,
+            tuple(notes),
+        )
+
+    @property
+    def staleness(self) -> int:
+        return self.plan.staleness
 
     def describe(self) -> str:
         busy = ", ".join(f"{role} {100 * f:.0f}%" for role, f in sorted(self.busy_fraction.items()))
         rate = f"{self.samples_per_s:.4g} samples/s ({self.iteration_s:.4g} s/it; busy {busy})"
-        return f"{rate}: {self.plan.describe()}"
+        memory = f" [{'; '.join(self.notes)}]" if self.notes else ""
+        return f"{rate}: {self.plan.describe()}{memory}"
 
 
 @dataclass
@@ -63,6 +94,7 @@ class PlannerResult:
     runner_up: PlanScore | None
     evaluated: list[PlanScore] = field(default_factory=list)
     skipped_splits: list[int] = field(default_factory=list)
+    rejected: dict[str, str] = field(default_factory=dict)  # plan description → why it cannot run
 
     def describe(self) -> str:
         lines = [f"best:      {self.best.describe()}"]
@@ -70,7 +102,7 @@ class PlannerResult:
             lines.append(f"runner-up: {self.runner_up.describe()}")
         lines.append(
             f"({len(self.evaluated)} distinct plans ranked; trainer counts pruned by the bound: "
-            f"{self.skipped_splits or 'none'})"
+            f"{self.skipped_splits or 'none'}; {len(self.rejected)} rejected for memory)"
         )
         return "\n".join(lines)
 
@@ -84,6 +116,31 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def _rates(
+    costs: DeviceCosts, workload: Workload, ranks: Sequence[int], batches: Sequence[int]
+) -> tuple[float, float]:
+    """(samples/s, training units/s) of ``ranks`` working in perfect balance: each rank at its device's
+    cheapest per-sample generation over ``batches`` and cheapest per-unit training up to the micro-batch."""
+    gen, train = 0.0, 0.0
+    per_type: dict[str, tuple[float, float]] = {}
+    for rank in ranks:
+        cost = costs.for_rank(rank)
+        if cost.device not in per_type:
+            per_sample = min((workload.generation_s(cost, b) + cost.score_s(b)) / b for b in batches)
+            # every micro-batch the memory fit may choose: up to the largest measured one
+            largest = max(
+                workload.micro_batch_size, max(cost.train_points.get(CFG_KEYS[workload.cfg], {1: 0}))
+            )
+            per_unit = min(
+                cost.train_micro_batch_s(m, workload.cfg, False) / m for m in range(1, largest + 1)
+            )
+            per_type[cost.device] = (per_sample, per_unit)
+        per_sample, per_unit = per_type[cost.device]
+        gen += 1 / per_sample if per_sample > 0 else math.inf
+        train += 1 / per_unit if per_unit > 0 else math.inf
+    return gen, train
+
+
 def throughput_bound(
     costs: DeviceCosts,
     workload: Workload,
@@ -91,25 +148,303 @@ def throughput_bound(
     generators: int,
     fragments: Sequence[int],
     tag: bool,
+    prefetch: bool = True,
 ) -> float:
-    """Samples/s no schedule with this split can exceed (see the module docstring)."""
-    types = list(costs.by_type.values())
-    # Every batch a generator may run (fragments, the last partial fragment, a whole share) is at most
-    # the largest fragment or the whole batch; take the cheapest per-sample cost over all of them.
+    """Samples/s no schedule with this split can exceed (see the module docstring): generation spread in
+    perfect balance over the generators (and the trainers, when TAG may help) at each device's cheapest
+    batch, training over the trainers. ``prefetch`` (TCSS may run): a steady window of n iterations may
+    have had one iteration's generation done before it started, so only n − 1 iterations' generation is
+    sure to fall inside it."""
     largest = max([f * workload.group_size for f in fragments] + [workload.samples_per_iteration])
-    gen_per_sample = min(
-        (workload.generation_s(c, b) + c.score_s(b)) / b for c in types for b in range(1, largest + 1)
-    )
-    unit_s = min(
-        c.train_micro_batch_s(m, workload.cfg) / m
-        for c in types
-        for m in range(1, workload.micro_batch_size + 1)
-    )
-    helpers = trainers if tag else 0
-    gen_s = workload.samples_per_iteration * gen_per_sample / (generators + helpers)
-    train_s = workload.units_per_iteration * unit_s / trainers
+    batches = range(1, largest + 1)
+    trainer_ranks = range(trainers)
+    gen_ranks = range(trainers, trainers + generators)
+    gen_rate, _ = _rates(costs, workload, gen_ranks, batches)
+    helper_rate, train_rate = _rates(costs, workload, trainer_ranks, batches)
+    return _bound(workload, gen_rate + (helper_rate if tag else 0.0), train_rate, prefetch)
+
+
+def _bound(workload: Workload, samples_per_s: float, units_per_s: float, prefetch: bool) -> float:
+    steady = len(workload.steady_iterations)
+    gen_s = workload.samples_per_iteration / samples_per_s * ((steady - 1) / steady if prefetch else 1.0)
+    train_s = workload.units_per_iteration / units_per_s
     bound_s = max(gen_s, train_s)
     return workload.samples_per_iteration / bound_s if bound_s > 0 else math.inf
+
+
+def plan_bound(costs: DeviceCosts, workload: Workload, plan: SchedulePlan) -> float:
+    """Samples/s no schedule of this DigenRL ``plan`` can exceed: :func:`throughput_bound` with the batch
+    its generators actually run (a fragment, at most ``samples_per_forward`` per forward)."""
+    w = plan.effective_workload(workload)
+    world = plan.trainers + plan.generators
+    batch = [plan.fragment_groups * w.group_size]
+    gen_rate, _ = _rates(costs, w, plan.generator_ranks(world), batch)
+    helper_rate, train_rate = _rates(costs, w, plan.trainer_ranks(world), batch)
+    return _bound(w, gen_rate + (helper_rate if plan.tag else 0.0), train_rate, plan.tcss)
+
+
+class Planner:
+    """Scores plans of one workload on one profile: memory fit, then simulation, each plan once."""
+
+    def __init__(
+        self,
+        profile: HardwareProfile | str,
+        costs: CostModel | Mapping[str, CostModel] | DeviceCosts,
+        workload: Workload,
+        *,
+        planning_iterations: int = 6,
+    ) -> None:
+        """``planning_iterations`` shortens the simulated run (1 warm-up, 1 cool-down, the rest steady).
+        Sync schedules are periodic after the first iteration; TCSS can settle into a cycle of a few
+        iterations (its prefetch depth alternates), which 4 steady iterations average well enough to rank."""
+        self.profile = load_profile(profile) if isinstance(profile, str) else profile
+        self.costs = costs if isinstance(costs, DeviceCosts) else DeviceCosts(self.profile, costs)
+        iterations = max(3, planning_iterations)
+        self.workload = replace(workload, iterations=iterations, warmup_iterations=1, cooldown_iterations=1)
+        self.rejected: dict[str, str] = {}  # plan → why nothing fits in memory
+        self.invalid: dict[str, str] = {}  # plan → the runtime check it fails
+        self._scores: dict[SchedulePlan, PlanScore | None] = {}
+        self._fits: dict[SchedulePlan, Fit] = {}
+
+    @property
+    def world(self) -> int:
+        return self.profile.world_size
+
+    @property
+    def heterogeneous(self) -> bool:
+        return len({self.profile.device_type(r).name for r in range(self.world)}) > 1
+
+    def score(self, plan: SchedulePlan) -> PlanScore | None:
+        """The simulated score of ``plan`` with the memory knobs it can run; None if it cannot run (the
+        reason is in :attr:`rejected` / :attr:`invalid`). A TAG plan without a budget searches it: budgets
+        0, 1, 2, … per trainer (0 is the TAG-off plan), stopping after two that do not improve, the best
+        kept and ties going to the smaller budget — TAG only where it shortens the makespan."""
+        if plan in self._scores:
+            return self._scores[plan]
+        if plan.system == "digenrl" and plan.tag and plan.tag_budget is None:
+            score = self._search_tag_budget(plan)
+        else:
+            score = self._score_exact(plan)
+        self._scores[plan] = score
+        return score
+
+    def _score_exact(self, plan: SchedulePlan) -> PlanScore | None:
+        if plan in self._scores:
+            return self._scores[plan]
+        score = None
+        try:
+            plan.check(self.world, self.workload)
+        except ValueError as error:
+            self.invalid[plan.describe()] = str(error)
+        else:
+            fit = self._fit(plan)
+            if fit.plan is None:
+                self.rejected[plan.describe()] = "; ".join(fit.notes)
+            else:
+                result = simulate(self.profile, self.costs, self.workload, fit.plan)
+                score = PlanScore.of(result, fit.notes)
+        self._scores[plan] = score
+        return score
+
+    def _fit(self, plan: SchedulePlan) -> Fit:
+        """:func:`fit_plan`, once per memory-relevant shape of a plan (stages, transport, order, TCSS and the
+        TAG budget do not change what a rank holds)."""
+        key = plan.with_(
+            tsp_stages=1,
+            transport=None,
+            train_order="index",
+            tcss=False,
+            tag_budget=None,
+            gap=True,
+            fragment_assignment="dynamic",
+        )
+        if key not in self._fits:
+            self._fits[key] = fit_plan(self.profile, self.costs, self.workload, key)
+        fit = self._fits[key]
+        if fit.plan is None:
+            return fit
+        knobs = (
+            "micro_batch_size",
+            "activation_checkpointing",
+            "samples_per_forward",
+            "train_resident",
+            "reward_resident",
+        )
+        return Fit(plan.with_(**{k: getattr(fit.plan, k) for k in knobs}), fit.notes, fit.checked)
+
+    def _search_tag_budget(self, plan: SchedulePlan) -> PlanScore | None:
+        def run(trial: SchedulePlan) -> PlanScore | None:  # budget 0 is the TAG-off plan (cached)
+            return self._score_exact(trial if trial.tag_budget else trial.with_(tag=False, tag_budget=None))
+
+        return search_tag_budget(plan, self.workload, run)
+
+    # ------------------------------------------------------------------ baselines
+    def baseline_plans(
+        self, system: str, max_staleness: int = 0, work_split: str = "equal"
+    ) -> list[SchedulePlan]:
+        """Every plan of one baseline the way its authors would tune it: pool split, sub-batches,
+        staleness (exactly ``max_staleness`` for separate-async)."""
+        world = self.world
+        if system == "colocated-sync":
+            return [SchedulePlan(system, work_split=work_split)]
+        if system == "colocated-overlap":
+            return [SchedulePlan(system, work_split=work_split, overlap_sub_batches=j) for j in (None, 2, 4)]
+        splits = range(1, world)
+        if system == "separate-sync":
+            return [SchedulePlan(system, trainers=n, generators=world - n) for n in splits]
+        if system == "separate-async":
+            return [
+                SchedulePlan(system, trainers=n, generators=world - n, max_staleness=max_staleness)
+                for n in splits
+            ]
+        raise ValueError(f"unknown baseline {system!r}; choose one of: {', '.join(BASELINES)}")
+
+    def best_of(self, plans: Iterable[SchedulePlan]) -> PlanScore | None:
+        scores = [s for s in (self.score(p) for p in plans) if s is not None]
+        return max(scores, key=lambda s: s.samples_per_s) if scores else None
+
+    def baselines(self, max_staleness: int = 0) -> dict[str, PlanScore | None]:
+        """The baselines of docs/design.md §4 on this profile, each tuned over its own knobs, keyed by a
+        row label: the four systems at staleness 0, ``separate-async s=1`` when ``max_staleness`` ≥ 1, and
+        on a heterogeneous profile the colocated systems a second time with work proportional to GPU
+        speed (``… speed-split``). None: no plan of it fits in memory."""
+        out: dict[str, PlanScore | None] = {}
+        for system in BASELINES:
+            out[system] = self.best_of(self.baseline_plans(system))
+        if max_staleness >= 1 and self.world >= 2:
+            out["separate-async s=1"] = self.best_of(self.baseline_plans("separate-async", 1))
+        if self.heterogeneous:
+            for system in ("colocated-sync", "colocated-overlap"):
+                out[f"{system} speed-split"] = self.best_of(self.baseline_plans(system, work_split="speed"))
+        return out
+
+    # ------------------------------------------------------------------ DigenRL's plan space
+    def search(
+        self,
+        *,
+        max_staleness: int = 0,
+        trainer_counts: Sequence[int] | None = None,
+        fragment_groups: Sequence[int] | None = None,
+        max_stages: int = 8,
+        tag_options: Sequence[bool] = (False, True),
+        include_baselines: bool = True,
+        refine: int = 1,
+        template: SchedulePlan | None = None,
+    ) -> PlannerResult:
+        """The best and runner-up plans of DigenRL's plan space at staleness ≤ ``max_staleness`` (module
+        docstring). ``trainer_counts`` restricts the splits (and then leaves the colocated plans out);
+        ``include_baselines=False`` searches the mechanisms' plans alone."""
+        template = template or SchedulePlan("digenrl")
+        if template.system != "digenrl":
+            raise ValueError(f"template.system must be 'digenrl', got {template.system!r}")
+        world, w = self.world, self.workload
+        if world < 2 and not include_baselines:
+            raise ValueError(f"profile '{self.profile.name}' has {world} device(s); separate pools need 2")
+        counts = list(trainer_counts) if trainer_counts is not None else list(range(1, world))
+        bad = [n for n in counts if not 1 <= n < world]
+        if bad:
+            raise ValueError(
+                f"trainer_counts {bad} must be in [1, {world - 1}] for profile '{self.profile.name}'"
+            )
+        fragments = sorted(set(fragment_groups or fragment_options(w.prompts_per_iteration)))
+        if not fragments or min(fragments) < 1:
+            raise ValueError(f"fragment_groups must be positive ints, got {fragment_groups}")
+        scores: list[PlanScore] = []
+        if include_baselines:
+            if trainer_counts is None:
+                for score in self.baselines(max_staleness).values():
+                    if score is not None and score.staleness <= max_staleness:
+                        scores.append(score)
+            else:
+                for system in ("separate-sync", "separate-async"):
+                    for s in range(0, min(max_staleness, 1) + 1) if system == "separate-async" else (0,):
+                        plans = [p for p in self.baseline_plans(system, s) if p.trainers in counts]
+                        scores += [x for x in (self.score(p) for p in plans) if x is not None]
+        tcss_options = (False, True) if max_staleness >= 1 else (False,)
+        bounds = {
+            n: throughput_bound(self.costs, w, n, world - n, fragments, any(tag_options), max_staleness >= 1)
+            for n in counts
+        }
+        skipped: list[int] = []
+        mechanism_scores: list[PlanScore] = []
+        for trainers in sorted(counts, key=lambda n: -bounds[n]):
+            ranked = sorted(scores + mechanism_scores, key=lambda s: -s.samples_per_s)
+            if len(ranked) >= 2 and bounds[trainers] <= ranked[1].samples_per_s:
+                skipped.append(trainers)
+                continue
+            generators = world - trainers
+            stages = [s for s in _divisors(generators) if s <= min(max_stages, w.num_steps)]
+            for s in stages:
+                for f in fragments:
+                    if template.gap and f * w.group_size < trainers:
+                        continue  # every trainer needs a unit of every fragment (runtime check)
+                    for tcss in tcss_options:
+                        for tag in tag_options:
+                            plan = template.with_(
+                                trainers=trainers,
+                                generators=generators,
+                                fragment_groups=f,
+                                tsp_stages=s,
+                                tag=tag,
+                                tag_budget=None,
+                                tcss=tcss,
+                            )
+                            if self._beaten(plan, scores + mechanism_scores):
+                                continue
+                            score = self.score(plan)
+                            if score is not None:
+                                mechanism_scores.append(score)
+        mechanism_scores += self._refine(mechanism_scores, refine)
+        scores += mechanism_scores
+        if not scores:
+            reasons = "; ".join(f"{k}: {v}" for k, v in list(self.rejected.items())[:3])
+            raise ValueError(f"no candidate plan can run on '{self.profile.name}' ({reasons})")
+        unique = {score.plan: score for score in scores}  # TAG searched down to 0 = the TAG-off plan
+        ranked = sorted(unique.values(), key=lambda s: (-s.samples_per_s, _complexity(s.plan)))
+        return PlannerResult(
+            best=ranked[0],
+            runner_up=ranked[1] if len(ranked) > 1 else None,
+            evaluated=ranked,
+            skipped_splits=sorted(skipped),
+            rejected=dict(self.rejected),
+        )
+
+    def _beaten(self, plan: SchedulePlan, scores: list[PlanScore]) -> bool:
+        """Whether ``plan``'s bound cannot beat the current runner-up (then simulating it cannot change the
+        best two)."""
+        if len(scores) < 2:
+            return False
+        second = sorted((s.samples_per_s for s in scores), reverse=True)[1]
+        return plan_bound(self.costs, self.workload, plan) <= second
+
+    def _refine(self, scores: list[PlanScore], top: int) -> list[PlanScore]:
+        """One knob at a time on the ``top`` best mechanism plans (:data:`REFINEMENTS`); keeps every score."""
+        out: list[PlanScore] = []
+        best = sorted({s.plan: s for s in scores}.values(), key=lambda s: -s.samples_per_s)[:top]
+        for score in best:
+            current = score
+            for name, value in REFINEMENTS:
+                if getattr(current.plan, name) == value:
+                    continue
+                base = current.plan.with_(tag_budget=None) if current.plan.tag else current.plan
+                trial = self.score(base.with_(**{name: value}))
+                if trial is not None:
+                    out.append(trial)
+                    if trial.samples_per_s > current.samples_per_s * (1 + 1e-9):
+                        current = trial
+        return out
+
+
+def _complexity(plan: SchedulePlan) -> tuple[int, ...]:
+    """Tie-break equal throughput toward the simpler plan: a baseline, no TAG, no TCSS, fewer stages, bigger
+    fragments."""
+    return (
+        int(plan.system == "digenrl"),
+        int(plan.tag),
+        int(plan.tcss),
+        plan.tsp_stages,
+        -plan.fragment_groups,
+    )
 
 
 def search_plans(
@@ -117,79 +452,14 @@ def search_plans(
     costs: CostModel | Mapping[str, CostModel] | DeviceCosts,
     workload: Workload,
     *,
-    allow_tcss: bool = False,
-    trainer_counts: Sequence[int] | None = None,
-    fragment_groups: Sequence[int] | None = None,
-    max_stages: int = 8,
-    tag_options: Sequence[bool] = (False, True),
+    max_staleness: int = 0,
     planning_iterations: int = 6,
-    template: SchedulePlan | None = None,
+    **options,
 ) -> PlannerResult:
-    """Best and runner-up ``digenrl`` plans by predicted steady-state samples/s.
-
-    ``planning_iterations`` shortens the simulated run (1 warm-up, 1 cool-down, the rest steady). Sync
-    schedules are periodic after the first iteration; TCSS can settle into a cycle of a few iterations
-    (its prefetch depth alternates), which 4 steady iterations average well enough to rank plans.
-    """
-    profile = load_profile(profile) if isinstance(profile, str) else profile
-    device_costs = costs if isinstance(costs, DeviceCosts) else DeviceCosts(profile, costs)
-    template = template or SchedulePlan("digenrl")
-    if template.system != "digenrl":
-        raise ValueError(f"template.system must be 'digenrl', got {template.system!r}")
-    world = profile.world_size
-    if world < 2:
-        raise ValueError(f"profile '{profile.name}' has {world} device(s); separate pools need at least 2")
-    iterations = max(3, planning_iterations)
-    workload = replace(workload, iterations=iterations, warmup_iterations=1, cooldown_iterations=1)
-    counts = list(trainer_counts) if trainer_counts is not None else list(range(1, world))
-    bad = [n for n in counts if not 1 <= n < world]
-    if bad:
-        raise ValueError(f"trainer_counts {bad} must be in [1, {world - 1}] for profile '{profile.name}'")
-    fragments = sorted(set(fragment_groups or fragment_options(workload.prompts_per_iteration)))
-    if not fragments or min(fragments) < 1:
-        raise ValueError(f"fragment_groups must be positive ints, got {fragment_groups}")
-    tcss_options = (False, True) if allow_tcss else (False,)
-    bounds = {
-        n: throughput_bound(device_costs, workload, n, world - n, fragments, any(tag_options)) for n in counts
-    }
-    scores: list[PlanScore] = []
-    skipped: list[int] = []
-    for trainers in sorted(counts, key=lambda n: -bounds[n]):
-        ranked = sorted(scores, key=lambda s: -s.samples_per_s)
-        if len(ranked) >= 2 and bounds[trainers] <= ranked[1].samples_per_s:
-            skipped.append(trainers)
-            continue
-        generators = world - trainers
-        stages = [s for s in _divisors(generators) if s <= min(max_stages, workload.num_steps)]
-        for s in stages:
-            for f in fragments:
-                for tcss in tcss_options:
-                    for tag in tag_options:
-                        plan = template.with_(
-                            trainers=trainers,
-                            generators=generators,
-                            fragment_groups=f,
-                            tsp_stages=s,
-                            tag=tag,
-                            tag_budget=None,
-                            tcss=tcss,
-                        )
-                        scores.append(PlanScore.of(simulate(profile, device_costs, workload, plan)))
-    if not scores:
-        raise ValueError("no candidate plan was simulated")
-    unique = {score.plan: score for score in scores}  # TAG searched down to 0 = the TAG-off plan
-    ranked = sorted(unique.values(), key=lambda s: (-s.samples_per_s, _complexity(s.plan)))
-    return PlannerResult(
-        best=ranked[0],
-        runner_up=ranked[1] if len(ranked) > 1 else None,
-        evaluated=ranked,
-        skipped_splits=sorted(skipped),
-    )
-
-
-def _complexity(plan: SchedulePlan) -> tuple[int, int, int, int]:
-    """Tie-break equal throughput toward the simpler plan: no TAG, no TCSS, fewer stages, bigger fragments."""
-    return (int(plan.tag), int(plan.tcss), plan.tsp_stages, -plan.fragment_groups)
+    """Best and runner-up plans of DigenRL's plan space (:meth:`Planner.search`; ``options`` are its
+    keyword arguments)."""
+    planner = Planner(profile, costs, workload, planning_iterations=planning_iterations)
+    return planner.search(max_staleness=max_staleness, **options)
 
 
 def predict_baselines(
@@ -197,32 +467,11 @@ def predict_baselines(
     costs: CostModel | Mapping[str, CostModel] | DeviceCosts,
     workload: Workload,
     *,
+    max_staleness: int = 1,
     planning_iterations: int = 6,
 ) -> list[PlanScore]:
     """The baselines of docs/design.md §4 on the same profile, each tuned over its own knobs (pool split,
-    sub-batches, staleness) the way its authors would run it; best first."""
-    profile = load_profile(profile) if isinstance(profile, str) else profile
-    device_costs = costs if isinstance(costs, DeviceCosts) else DeviceCosts(profile, costs)
-    workload = replace(
-        workload, iterations=max(3, planning_iterations), warmup_iterations=1, cooldown_iterations=1
-    )
-    world = profile.world_size
-    candidates: dict[str, list[SchedulePlan]] = {
-        "colocated-sync": [SchedulePlan("colocated-sync")],
-        "colocated-overlap": [SchedulePlan("colocated-overlap", overlap_sub_batches=j) for j in (None, 2, 4)],
-    }
-    if world >= 2:
-        splits = range(1, world)
-        candidates["separate-sync"] = [
-            SchedulePlan("separate-sync", trainers=n, generators=world - n) for n in splits
-        ]
-        candidates["separate-async"] = [
-            SchedulePlan("separate-async", trainers=n, generators=world - n, max_staleness=s)
-            for n in splits
-            for s in (0, 1)
-        ]
-    best: list[PlanScore] = []
-    for plans in candidates.values():
-        scores = [PlanScore.of(simulate(profile, device_costs, workload, plan)) for plan in plans]
-        best.append(max(scores, key=lambda s: s.samples_per_s))
-    return sorted(best, key=lambda s: -s.samples_per_s)
+    sub-batches, staleness, memory knobs); best first (:meth:`Planner.baselines`)."""
+    planner = Planner(profile, costs, workload, planning_iterations=planning_iterations)
+    scores = [s for s in planner.baselines(max_staleness).values() if s is not None]
+    return sorted(scores, key=lambda s: -s.samples_per_s)

@@ -1,7 +1,9 @@
 """Which schedule to simulate and its knobs: the systems of docs/design.md §4 and DigenRL's switches (§3).
 
 Rank placement follows :mod:`digenrl.runtime.layout`: in a separate layout ranks ``[0, trainers)`` train
-and the next ``generators`` ranks generate; colocated schedules use every rank of the profile.
+and the next ``generators`` ranks generate; colocated schedules use every rank of the profile. Every knob
+that the runtime has maps to its config key (:meth:`SchedulePlan.overrides`), so a plan the planner
+chooses is a command line; the one knob the runtime lacks (``work_split="speed"``) says so.
 """
 
 from __future__ import annotations
@@ -17,6 +19,10 @@ COLOCATED_SYSTEMS = ("colocated-sync", "colocated-overlap")
 TRANSPORTS = ("rendezvous", "buffered")
 FRAGMENT_ASSIGNMENTS = ASSIGNMENTS  # the runtime's (digenrl/gap/fragments.py)
 TRAIN_ORDERS = ("index", "arrival")
+#: How a colocated schedule shares the logical batch: ``equal`` prompt groups per rank (what the runtime
+#: and colocated systems do) or in proportion to each device's ``relative_speed`` (the strongest colocated
+#: plan on a heterogeneous profile; simulator only).
+WORK_SPLITS = ("equal", "speed")
 
 
 @dataclass(frozen=True)
@@ -28,10 +34,16 @@ class SchedulePlan:
     reap before launch; ``buffered``: the sender goes on, as digenrl's ``FragmentStream`` and TSP
     hand-offs do, :mod:`digenrl.sim.channel`). None = what the runtime does for ``system``
     (:attr:`transport_mode`).
-    ``colocated-*``: ``residency`` (park the optimizer state during generation, onload it before the
-    optimizer step; reward weights around scoring), ``overlap_sub_batches`` (``colocated-overlap``: each
-    rank's share is generated in this many sub-batches, scoring of one overlapping generation of the
-    next; None = the runtime's rule, ``samples_per_forward // G`` groups per sub-batch).
+    Every system: ``micro_batch_size`` / ``activation_checkpointing`` / ``samples_per_forward`` (None =
+    the workload's ``trainer.micro_batch_size`` / ``trainer.activation_checkpointing`` /
+    ``sampler.samples_per_forward``; the planner lowers them where memory requires,
+    :mod:`digenrl.sim.memory`).
+    ``colocated-*``: ``train_resident`` / ``reward_resident`` (``residency.*``: False parks the optimizer
+    state during generation and accumulation, onloading it before the optimizer step, and the reward
+    weights outside scoring; :mod:`digenrl.sim.residency`), ``work_split`` (:data:`WORK_SPLITS`),
+    ``overlap_sub_batches`` (``colocated-overlap``: each rank's share is generated in this many
+    sub-batches, scoring of one overlapping generation of the next; None = the runtime's rule,
+    ``samples_per_forward // G`` groups per sub-batch).
     ``separate-async`` (UniRL, docs/references.md [000]): ``max_staleness`` (weight syncs a buffered
     batch may lag before eviction), ``weight_sync_interval`` (optimizer steps between syncs),
     ``reap_before_launch``.
@@ -43,13 +55,19 @@ class SchedulePlan:
     per generator pipeline; D = generators / S pipelines), ``tag``
     with ``tag_budget`` (fragments each trainer rank may generate per iteration; None = pick the budget
     with the best predicted throughput, 0 included, so TAG is only inserted where it shortens the
-    makespan), ``tcss`` (one-step-stale generation across the iteration boundary).
+    makespan) and ``park_grads`` (``tag.park_grads``: move pending gradients to the host while helping),
+    ``tcss`` (one-step-stale generation across the iteration boundary).
     """
 
     system: str
     trainers: int = 0
     generators: int = 0
-    residency: bool = True
+    micro_batch_size: int | None = None
+    activation_checkpointing: bool | None = None
+    samples_per_forward: int | None = None
+    train_resident: bool = True
+    reward_resident: bool = True
+    work_split: str = "equal"
     overlap_sub_batches: int | None = None
     max_staleness: int = 1
     weight_sync_interval: int = 1
@@ -62,6 +80,7 @@ class SchedulePlan:
     tsp_stages: int = 1
     tag: bool = False
     tag_budget: int | None = None
+    park_grads: bool = False
     tcss: bool = False
 
     def __post_init__(self) -> None:
@@ -71,6 +90,12 @@ class SchedulePlan:
             raise ValueError(
                 f"SchedulePlan.overlap_sub_batches must be >= 1 or None, got {self.overlap_sub_batches}"
             )
+        for name in ("micro_batch_size", "samples_per_forward"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ValueError(f"SchedulePlan.{name} must be None or an int >= 0, got {value!r}")
+        if self.micro_batch_size == 0:
+            raise ValueError("SchedulePlan.micro_batch_size must be >= 1")
         for name in ("weight_sync_interval", "fragment_groups", "tsp_stages"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -87,6 +112,7 @@ class SchedulePlan:
         for name, allowed in (
             ("fragment_assignment", FRAGMENT_ASSIGNMENTS),
             ("train_order", TRAIN_ORDERS),
+            ("work_split", WORK_SPLITS),
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(
@@ -107,6 +133,22 @@ class SchedulePlan:
     def colocated(self) -> bool:
         return self.system in COLOCATED_SYSTEMS
 
+    @property
+    def staleness(self) -> int:
+        """Most policy versions a trained trajectory may lag (docs/design.md §4 "Equal staleness")."""
+        if self.system == "separate-async":
+            return self.max_staleness
+        return 1 if self.system == "digenrl" and self.tcss else 0
+
+    def effective_workload(self, workload: Workload) -> Workload:
+        """``workload`` with this plan's micro-batch, checkpointing and generator batch cap."""
+        changes = {
+            "micro_batch_size": self.micro_batch_size,
+            "activation_checkpointing": self.activation_checkpointing,
+            "samples_per_forward": self.samples_per_forward,
+        }
+        return replace(workload, **{k: v for k, v in changes.items() if v is not None})
+
     def trainer_ranks(self, world_size: int) -> tuple[int, ...]:
         return tuple(range(world_size)) if self.colocated else tuple(range(self.trainers))
 
@@ -116,8 +158,19 @@ class SchedulePlan:
         return tuple(range(self.trainers, self.trainers + self.generators))
 
     def check(self, world_size: int, workload: Workload) -> None:
-        """Raise ValueError if the plan cannot run ``workload`` on ``world_size`` devices."""
+        """Raise ValueError if the plan cannot run ``workload`` on ``world_size`` devices (the runtime's
+        start-up checks that a plan can violate: ``digenrl/systems/digenrl_system.py`` ``check``)."""
+        p = workload.prompts_per_iteration
         if self.colocated:
+            if self.work_split == "equal" and p % world_size:
+                raise ValueError(
+                    f"{self.system} gives every rank the same whole prompt groups: P={p} is not divisible by "
+                    f"{world_size} ranks (digenrl/systems/base.py)"
+                )
+            if self.work_split == "speed" and p < world_size:
+                raise ValueError(
+                    f"{self.system} gives every rank whole prompt groups: P={p} < {world_size} ranks"
+                )
             return
         if self.trainers < 1 or self.generators < 1:
             raise ValueError(
@@ -129,6 +182,16 @@ class SchedulePlan:
                 f"trainers + generators = {self.trainers + self.generators} exceeds the profile's "
                 f"{world_size} devices"
             )
+        if self.system in ("separate-sync", "separate-async"):  # digenrl/systems/separate.py
+            if p % self.generators:
+                raise ValueError(
+                    f"P={p} is not divisible by {self.generators} generators (whole groups each)"
+                )
+            per_generator = p // self.generators * workload.group_size
+            if per_generator < self.trainers:
+                raise ValueError(
+                    f"each generator produces {per_generator} samples, fewer than {self.trainers} trainers"
+                )
         if self.system == "digenrl":
             if self.generators % self.tsp_stages:
                 raise ValueError(
@@ -141,6 +204,20 @@ class SchedulePlan:
                     "every stage owns at least one step"
                 )
             self.fragment_plan(workload)  # whole groups per fragment, equal fragments (ValueError)
+            samples = self.fragment_groups * workload.group_size
+            if self.gap and samples < self.trainers:
+                raise ValueError(
+                    f"a fragment of {self.fragment_groups} group(s) holds {samples} samples, fewer than "
+                    f"{self.trainers} trainers: every trainer needs a unit of every fragment"
+                )
+            if self.tag and self.fragment_assignment != "dynamic":
+                raise ValueError(
+                    "TAG needs fragment_assignment='dynamic' (helpers claim from the shared queue)"
+                )
+            if self.tag and workload.trainer_mode == "full" and self.trainers > 1:
+                raise ValueError(
+                    "TAG needs a trainer that can generate alone; full fine-tuning shards the model (FSDP2)"
+                )
 
     @property
     def pipelines(self) -> int:
@@ -161,13 +238,30 @@ class SchedulePlan:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def _memory_knobs(self) -> list[str]:
+        knobs = []
+        if self.micro_batch_size is not None:
+            knobs.append(f"micro-batch {self.micro_batch_size}")
+        if self.activation_checkpointing:
+            knobs.append("activation ckpt")
+        if self.samples_per_forward:
+            knobs.append(f"{self.samples_per_forward} samples/forward")
+        return knobs
+
     def describe(self) -> str:
         """One line with only the knobs that matter for this system."""
         if self.colocated:
-            knobs = [f"residency={'on' if self.residency else 'off'}"]
+            knobs = []
+            if self.work_split == "speed":
+                knobs.append("speed-proportional split (simulator only)")
+            if not self.train_resident:
+                knobs.append("optimizer parked")
+            if not self.reward_resident:
+                knobs.append("reward parked")
             if self.system == "colocated-overlap":
                 knobs.append(f"sub_batches={self.overlap_sub_batches or 'runtime rule'}")
-            return f"{self.system} ({', '.join(knobs)})"
+            knobs += self._memory_knobs()
+            return f"{self.system} ({', '.join(knobs)})" if knobs else self.system
         pools = f"{self.trainers} trainers + {self.generators} generators"
         if self.system == "separate-async":
             return (
@@ -179,10 +273,51 @@ class SchedulePlan:
             tag = "off"
             if self.tag:
                 tag = "auto" if self.tag_budget is None else f"{self.tag_budget}/trainer/iter"
+            extra = "".join(f", {k}" for k in self._memory_knobs())
             return (
                 f"digenrl ({pools}, D={self.pipelines} x S={self.tsp_stages}, F={self.fragment_groups} "
                 f"groups/fragment, GAP={'on' if self.gap else 'off'}, TAG={tag}, "
                 f"TCSS={'on' if self.tcss else 'off'}; {self.fragment_assignment}, "
-                f"{self.train_order} order, {self.transport_mode})"
+                f"{self.train_order} order, {self.transport_mode}{extra})"
             )
-        return f"{self.system} ({pools}, {self.transport_mode})"
+        extra = "".join(f", {k}" for k in self._memory_knobs())
+        return f"{self.system} ({pools}, {self.transport_mode}{extra})"
+
+    def overrides(self) -> list[str]:
+        """The ``experiments/run_train.py`` overrides that run this plan (``key=value``). A knob the runtime
+        lacks (``work_split=speed``) or fixes (the separate baselines' transport) is left out;
+        :meth:`describe` names it."""
+        out = [f"system={self.system}"]
+        if self.micro_batch_size is not None:
+            out.append(f"trainer.micro_batch_size={self.micro_batch_size}")
+        if self.activation_checkpointing is not None:
+            out.append(f"trainer.activation_checkpointing={str(self.activation_checkpointing).lower()}")
+        if self.samples_per_forward is not None:
+            out.append(f"sampler.samples_per_forward={self.samples_per_forward}")
+        if self.colocated:
+            if not self.train_resident:
+                out.append("residency.train_resident=false")
+            if not self.reward_resident:
+                out.append("residency.reward_resident=false")
+            return out
+        out += [f"pools.trainers={self.trainers}", f"pools.generators={self.generators}"]
+        if self.system == "separate-async":
+            out.append(f"asynchrony.max_staleness={self.max_staleness}")
+        if self.system == "digenrl":
+            out += [
+                f"gap.enabled={str(self.gap).lower()}",
+                f"gap.fragment_groups={self.fragment_groups}",
+                f"gap.assignment={self.fragment_assignment}",
+                f"gap.train_order={self.train_order}",
+                f"tsp.stages={self.tsp_stages}",
+                f"tag.enabled={str(self.tag).lower()}",
+                f"tcss.enabled={str(self.tcss).lower()}",
+            ]
+            if self.tag:
+                if self.tag_budget is None:
+                    out.append("tag.policy=auto")
+                else:
+                    out += ["tag.policy=always", f"tag.max_fragments={self.tag_budget}"]
+                if self.park_grads:
+                    out.append("tag.park_grads=true")
+        return out

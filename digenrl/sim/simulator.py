@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from digenrl.runtime.event_records import is_work_phase
 from digenrl.runtime.event_summary import union_length
@@ -41,6 +41,7 @@ from digenrl.sim.workload import Workload
 
 #: TAG budgets beyond this many fragments per trainer rank per iteration are not searched.
 MAX_TAG_BUDGET = 16
+R = TypeVar("R")
 
 
 @dataclass
@@ -58,6 +59,14 @@ class SimResult:
     makespan_s: float
     log: SpanLog
     info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def bubble_free_samples_per_s(self) -> float:
+        """Samples/s of a perfect schedule of the same work: the steady window's busy device-seconds spread
+        evenly over every rank (docs/design.md §5, the bubble-free bound)."""
+        ranks = len(self.log.roles)
+        samples = self.workload.samples_per_iteration * len(self.workload.steady_iterations)
+        return samples * ranks / self.busy_gpu_s if self.busy_gpu_s > 0 else math.inf
 
     @property
     def spans(self) -> list[dict[str, Any]]:
@@ -96,7 +105,8 @@ class SimResult:
         lines = [
             f"{self.plan.describe()}",
             f"  {self.samples_per_s:.4g} samples/s steady state, {self.steady_iteration_s:.4g} s/iteration "
-            f"(B = {self.workload.samples_per_iteration}); busy: {busy}",
+            f"(B = {self.workload.samples_per_iteration}, staleness {self.plan.staleness}); busy: {busy}; "
+            f"bubble-free bound {self.bubble_free_samples_per_s:.4g} samples/s",
         ]
         for key, value in self.info.items():
             if isinstance(value, list):
@@ -117,27 +127,35 @@ def simulate(
     where the cost model predicts a shorter makespan)."""
     profile = load_profile(profile) if isinstance(profile, str) else profile
     device_costs = costs if isinstance(costs, DeviceCosts) else DeviceCosts(profile, costs)
+    workload = plan.effective_workload(workload)
     plan.check(profile.world_size, workload)
     if plan.system == "digenrl" and plan.tag and plan.tag_budget is None:
-        return _search_tag_budget(profile, device_costs, workload, plan)
+        best = search_tag_budget(plan, workload, lambda p: _simulate_once(profile, device_costs, workload, p))
+        best.info["tag_budget"] = f"searched from 0, chose {best.plan.tag_budget}"
+        return best
     return _simulate_once(profile, device_costs, workload, plan)
 
 
-def _search_tag_budget(
-    profile: HardwareProfile, costs: DeviceCosts, workload: Workload, plan: SchedulePlan
-) -> SimResult:
+def search_tag_budget(
+    plan: SchedulePlan, workload: Workload, run: Callable[[SchedulePlan], R | None]
+) -> R | None:
+    """TAG's bubble-triggered budget search (docs/design.md §3 (TAG)): ``run`` (anything with
+    ``samples_per_s``, None if the plan cannot run) at budgets 0, 1, 2, … fragments per trainer, stopping
+    after two that do not improve; the best wins, ties go to the smaller budget, so TAG is inserted only
+    where the cost model predicts a shorter makespan. The simulator and the planner share it."""
     limit = min(MAX_TAG_BUDGET, math.ceil(plan.num_fragments(workload) / plan.trainers))
-    best = _simulate_once(profile, costs, workload, plan.with_(tag_budget=0))
+    best = run(plan.with_(tag_budget=0))
+    if best is None:
+        return None
     worse_in_a_row = 0
     for budget in range(1, limit + 1):
-        trial = _simulate_once(profile, costs, workload, plan.with_(tag_budget=budget))
-        if trial.samples_per_s > best.samples_per_s * (1 + 1e-12):
+        trial = run(plan.with_(tag_budget=budget))
+        if trial is not None and trial.samples_per_s > best.samples_per_s * (1 + 1e-12):
             best, worse_in_a_row = trial, 0
         else:
             worse_in_a_row += 1
             if worse_in_a_row == 2:
                 break
-    best.info["tag_budget"] = f"searched 0..{limit}, chose {best.plan.tag_budget}"
     return best
 
 

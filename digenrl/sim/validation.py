@@ -6,6 +6,10 @@ steady state is iterations ``[warmup, n − cooldown)``; throughput is samples p
 Per-phase numbers are the mean seconds per steady iteration summed over the ranks of a role, from
 :func:`digenrl.runtime.event_summary.summarize_records`, so a phase whose predicted time is off shows
 up by name.
+
+:func:`compare_run` does both for a run directory: it simulates the run's own config
+(:func:`plan_from_config`) from the cost file of its device and model and prints predicted next to measured
+seconds per phase (``python experiments/simulate.py validate RUN_DIR``).
 """
 
 from __future__ import annotations
@@ -13,11 +17,19 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from digenrl.runtime.event_records import load_events
 from digenrl.runtime.event_summary import summarize_records
-from digenrl.sim.simulator import SimResult
+from digenrl.runtime.profiles import HardwareProfile, load_profile
+from digenrl.sim.costs import CostModel, cost_path, run_path
+from digenrl.sim.device_costs import DeviceCosts
+from digenrl.sim.schedule_plan import SchedulePlan
+from digenrl.sim.simulator import SimResult, simulate
+from digenrl.sim.workload import Workload
+
+if TYPE_CHECKING:
+    from digenrl.config import Config
 
 
 def steady_state(
@@ -29,14 +41,19 @@ def steady_state(
     for r in records:
         if r.get("type") == "span" and r["phase"] == "optimizer" and r.get("iteration") is not None:
             ends[int(r["iteration"])] = max(ends.get(int(r["iteration"]), 0.0), float(r["t_end"]))
+    # positions, not iteration numbers: a trimmed log (experiments/make_figures.py --real-run) may start
+    # after iteration 0; its first logged iteration then only marks where the window starts
     iterations = sorted(k for k in ends if k >= 0)
-    steady = [k for k in iterations if warmup <= k < len(iterations) - cooldown]
+    first = iterations[0] if iterations else 0
+    skip = max(warmup, 1) if first > 0 else warmup
+    steady = iterations[skip : len(iterations) - cooldown]
     if not steady:
         raise ValueError(
             f"the log has {len(iterations)} finished iteration(s); warmup={warmup} + cooldown={cooldown} "
             "leave no steady state"
         )
-    start = ends[steady[0] - 1] if steady[0] > 0 else 0.0
+    before = iterations.index(steady[0]) - 1
+    start = ends[iterations[before]] if before >= 0 else 0.0
     window = ends[steady[-1]] - start
     summary = summarize_records(records)
     phases: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
@@ -84,3 +101,155 @@ def simulation_error(
         / measured["samples_per_s"],
         "phases": phases,
     }
+
+
+# ----------------------------------------------------------------------------- a real run vs its simulation
+
+#: Goal for every phase of a validated run (docs/design.md §5): |simulated − measured| / measured.
+PHASE_ERROR_GOAL = 0.10
+
+
+def plan_from_config(cfg: Config, world_size: int) -> SchedulePlan:
+    """The simulator's plan of a run's config (pools, knobs) — what ``experiments/run_train.py`` ran."""
+    pools = {}
+    if cfg.system not in ("colocated-sync", "colocated-overlap"):
+        trainers = cfg.pools.trainers or world_size // 2
+        pools = {"trainers": trainers, "generators": cfg.pools.generators or world_size - trainers}
+    knobs: dict[str, Any] = {
+        "train_resident": cfg.residency.train_resident,
+        "reward_resident": cfg.residency.reward_resident,
+    }
+    if cfg.system == "separate-async":
+        knobs["max_staleness"] = cfg.asynchrony.max_staleness
+    if cfg.system == "digenrl":
+        knobs |= {
+            "gap": cfg.gap.enabled,
+            "fragment_groups": cfg.gap.fragment_groups,
+            "fragment_assignment": cfg.gap.assignment,
+            "train_order": cfg.gap.train_order,
+            "tsp_stages": cfg.tsp.stages,
+            "tag": cfg.tag.enabled,
+            "tag_budget": None if cfg.tag.policy == "auto" else (cfg.tag.max_fragments or None),
+            "park_grads": cfg.tag.park_grads,
+            "tcss": cfg.tcss.enabled,
+        }
+    return SchedulePlan(cfg.system, **pools, **knobs)
+
+
+def run_cost_file(cfg: Config, profile: HardwareProfile) -> Path:
+    """``experiments/results/costs/<device>-<model>.json`` of a run's first device type."""
+    kind = profile.device_type(0).name
+    return cost_path("cpu" if kind.startswith("cpu") else kind, cfg.model.name)
+
+
+def compare_run(
+    run_dir: str | Path, cost_file: str | Path | None = None, warmup: int = 1, cooldown: int = 0
+) -> dict[str, Any]:
+    """Simulate the run in ``run_dir`` (its ``config.yaml``) and compare per phase (:func:`simulation_error`).
+
+    The row says which code path the run executed (``model.compile`` / ``model.autocast``, resolved for the
+    profile's device) and which the cost file timed; when they differ the comparison is still made but
+    ``path_mismatch`` says why the error cannot be read as the simulator's."""
+    from digenrl.config import load_config
+
+    run_dir = Path(run_dir)
+    cfg = load_config(run_dir / "config.yaml")
+    profile = load_profile(cfg.profile)
+    costs = CostModel.load(cost_file or run_cost_file(cfg, profile))
+    records = load_events(run_dir)
+    finished = {
+        int(r["iteration"])
+        for r in records
+        if r.get("type") == "span" and r["phase"] == "optimizer" and r.get("iteration") is not None
+    }
+    iterations = max(finished) + 1 if finished else 0
+    workload = Workload.from_config(
+        cfg, iterations=iterations, warmup_iterations=warmup, cooldown_iterations=cooldown
+    )
+    world = profile.world_size if cfg.system in ("colocated-sync", "colocated-overlap") else None
+    plan = plan_from_config(cfg, world or (cfg.pools.trainers + cfg.pools.generators) or profile.world_size)
+    result = simulate(profile, DeviceCosts(profile, costs), workload, plan)
+    error = simulation_error(result, run_dir, warmup, cooldown)
+    device = "cuda" if profile.backend == "nccl" else "cpu"
+    path = run_path(*cfg.model.optimised(device))
+    phases = {
+        role: {
+            phase: v
+            for phase, v in by_phase.items()
+            if not phase.startswith(("wait", "idle")) and phase != "iteration"
+        }
+        for role, by_phase in error["phases"].items()
+    }
+    checked = [
+        v["relative_error"] for by in phases.values() for v in by.values() if v["relative_error"] is not None
+    ]
+    return {
+        "run_dir": str(run_dir),
+        "model": cfg.model.name,
+        "profile": cfg.profile,
+        "system": cfg.system,
+        "plan": plan.describe(),
+        "run_path": path,
+        "cost_path": costs.path,
+        "path_mismatch": ""
+        if path == costs.path
+        else f"the run executed {path}, the cost file timed {costs.path}",
+        "cost_file": str(cost_file or run_cost_file(cfg, profile)),
+        "iterations": iterations,
+        "steady": list(workload.steady_iterations),
+        "measured_iteration_s": workload.samples_per_iteration / error["measured_samples_per_s"],
+        "simulated_iteration_s": workload.samples_per_iteration / error["simulated_samples_per_s"],
+        "measured_samples_per_s": error["measured_samples_per_s"],
+        "simulated_samples_per_s": error["simulated_samples_per_s"],
+        "relative_error": error["relative_error"],
+        "max_phase_error": max((abs(e) for e in checked), default=None),
+        "phase_goal": PHASE_ERROR_GOAL,
+        "phases": phases,
+    }
+
+
+def _pct(value: float | None) -> str:
+    return "—" if value is None else f"{100 * value:+.1f}%"
+
+
+def report_markdown(rows: list[dict[str, Any]], command: str) -> str:
+    """Predicted vs measured per run and per phase, the error beside every predicted number."""
+    lines = [
+        "# Simulator validation against real runs",
+        "",
+        f"`{command}`",
+        "",
+        f"Steady state as in `digenrl.sim.validation.steady_state`; goal: every phase within "
+        f"{100 * PHASE_ERROR_GOAL:.0f}% (docs/design.md §5).",
+        "",
+        "| run | model | profile | system | path (run / costs) | measured s/it | predicted s/it (error) |"
+        " worst abs. phase error |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        worst = "—" if r["max_phase_error"] is None else f"{100 * r['max_phase_error']:.1f}%"
+        lines.append(
+            f"| {Path(r['run_dir']).name} | {r['model']} | {r['profile']} | {r['system']} | "
+            f"{r['run_path']} / {r['cost_path']} | {r['measured_iteration_s']:.3f} | "
+            f"{r['simulated_iteration_s']:.3f} ({_pct(-r['relative_error'] / (1 + r['relative_error']))}) | "
+            f"{worst} |"
+        )
+    lines += ["", "Per phase, seconds per steady iteration summed over the ranks of a role:", ""]
+    lines += [
+        "| run | role | phase | measured s | predicted s (error) | within goal |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        for role, phases in r["phases"].items():
+            for phase, v in phases.items():
+                measured = "—" if v["measured_s"] is None else f"{v['measured_s']:.3f}"
+                predicted = "—" if v["simulated_s"] is None else f"{v['simulated_s']:.3f}"
+                err = v["relative_error"]
+                ok = "—" if err is None else ("yes" if abs(err) <= PHASE_ERROR_GOAL else "no")
+                name = Path(r["run_dir"]).name
+                lines.append(f"| {name} | {role} | {phase} | {measured} | {predicted} ({_pct(err)}) | {ok} |")
+    mismatched = [r for r in rows if r["path_mismatch"]]
+    if mismatched:
+        lines += ["", "Path mismatches (the error is then the path's, not the simulator's):", ""]
+        lines += [f"* {Path(r['run_dir']).name}: {r['path_mismatch']}" for r in mismatched]
+    return "\n".join(lines) + "\n"

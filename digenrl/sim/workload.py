@@ -22,11 +22,15 @@ class Workload:
     """One FlowGRPO iteration's work, repeated ``iterations`` times.
 
     ``samples_per_forward``: most samples in one generator forward (0 = a rank's whole batch, as
-    ``sampler.samples_per_forward``). The first ``warmup_iterations`` (pipeline fill, docs/design.md §5) and
-    the last ``cooldown_iterations`` are excluded from steady-state numbers: schedules that overlap
-    iterations (TCSS, the async buffer) generate iteration k+1 during k, and a run's last iteration has
-    no successor to prefetch, so counting it would credit the window with less work than a steady
-    iteration does.
+    ``sampler.samples_per_forward``). ``activation_checkpointing``: ``trainer.activation_checkpointing``
+    (training recomputes the forward in the backward, :meth:`CostModel.train_micro_batch_s`).
+    ``trainer_mode``: ``lora`` or ``full`` (full fine-tuning: FSDP2 shards weights, gradients and optimizer
+    state over the trainer group, every micro-batch gathers the weights, TAG cannot run).
+
+    The first ``warmup_iterations`` (pipeline fill, docs/design.md §5) and the last
+    ``cooldown_iterations`` are excluded from steady-state numbers: schedules that overlap iterations
+    (TCSS, the async buffer) generate iteration k+1 during k, and a run's last iteration has no successor
+    to prefetch, so counting it would credit the window with less work than a steady iteration does.
     """
 
     prompts_per_iteration: int
@@ -36,6 +40,8 @@ class Workload:
     cfg: bool
     micro_batch_size: int = 4
     samples_per_forward: int = 0
+    activation_checkpointing: bool = False
+    trainer_mode: str = "lora"
     iterations: int = 4
     warmup_iterations: int = 1
     cooldown_iterations: int = 1
@@ -49,6 +55,8 @@ class Workload:
             raise ValueError(
                 f"Workload.train_steps ({self.train_steps}) must be <= num_steps ({self.num_steps})"
             )
+        if self.trainer_mode not in ("lora", "full"):
+            raise ValueError(f"Workload.trainer_mode must be 'lora' or 'full', got {self.trainer_mode!r}")
         if self.samples_per_forward < 0:
             raise ValueError(f"Workload.samples_per_forward must be >= 0, got {self.samples_per_forward}")
         if self.warmup_iterations < 0 or self.cooldown_iterations < 0:
@@ -91,7 +99,11 @@ class Workload:
 
     def train_s(self, cost: CostModel, units: int) -> float:
         """Accumulate ``units`` training units in micro-batches of ``micro_batch_size``."""
-        return cost.train_units_s(units, self.micro_batch_size, self.cfg)
+        return cost.train_units_s(units, self.micro_batch_size, self.cfg, self.activation_checkpointing)
+
+    def micro_batch_s(self, cost: CostModel, units: int) -> float:
+        """One micro-batch of ``units`` units (at most ``micro_batch_size``)."""
+        return cost.train_micro_batch_s(units, self.cfg, self.activation_checkpointing) if units else 0.0
 
     @classmethod
     def from_config(
@@ -123,6 +135,8 @@ class Workload:
             cfg=(not spec.guidance_embedded) and guidance > 1.0,
             micro_batch_size=cfg.trainer.micro_batch_size,
             samples_per_forward=cfg.sampler.samples_per_forward,
+            activation_checkpointing=cfg.trainer.activation_checkpointing,
+            trainer_mode=cfg.trainer.mode,
             iterations=iterations if iterations is not None else cfg.iterations,
             warmup_iterations=warmup_iterations,
             cooldown_iterations=cooldown_iterations,

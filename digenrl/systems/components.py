@@ -102,15 +102,16 @@ def build_rank_components(
             process_group=process_group,
             world_size=torch.distributed.get_world_size(process_group) if ctx.is_distributed else 1,
         )
-    if (cfg.model.compile or cfg.model.autocast or trainer is None) and (generate or train):
+    compile_, autocast = cfg.model.optimised(ctx.device.type)
+    if (compile_ or autocast or trainer is None) and (generate or train):
         # model.attention_backend / model.compile (digenrl/models/optimize.py); a trainer has already chosen
         # the attention backend for backward in PolicyTrainer.__init__
         optimize_flow_model(
             bundle.flow_model,
-            compile=cfg.model.compile,
+            compile=compile_,
             attention_backend=cfg.model.attention_backend,
             needs_backward=trainer is not None,
-            autocast=cfg.model.autocast,
+            autocast=autocast,
         )
     engine = scorer = None
     if score:

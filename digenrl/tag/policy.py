@@ -162,7 +162,9 @@ class TagPolicy:
             latent_bytes_per_sample=0,
             param_bytes=0,
             optimizer_bytes=0,
-            helper_switch_s=statistics.median(o.switch_s) if o.switch_s else 0.0,
+            # the measured switch, whatever it moved (with tag.park_grads the parking is in it, so the plan
+            # below prices no bytes on top: SchedulePlan.park_grads stays False)
+            switch_sync_s=statistics.median(o.switch_s) if o.switch_s else 0.0,
             source="measured",
             command="measured online by digenrl.tag.policy during the run",
         )

@@ -144,7 +144,7 @@ class PolicyTrainer:
             compile=False,
             attention_backend=cfg.model.attention_backend,
             needs_backward=True,
-            autocast=cfg.model.autocast,
+            autocast=cfg.model.optimised(torch.device(device).type)[1],
         )
         if self.backend.world_size != world_size:
             raise ValueError(

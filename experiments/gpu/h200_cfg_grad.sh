@@ -16,14 +16,14 @@ gpu_setup
 
 # 1. SD3.5-medium, 16 samples x 1 trained step, guidance 4.5, micro-batches 4, 8, 16 (the sizes measured
 #    in eager for the threshold: 1.10x, 0.79x, 0.72x of the time of both branches in one graph).
-step cfg-grad-sd35 260 python3 experiments/bench_trainer.py --model sd3.5-medium --modes lora \
+step cfg-grad-sd35 260 python3 experiments/measure.py trainer --model sd3.5-medium --modes lora \
     --micro-batch-sizes 4,8,16 --samples 16 --train-steps 1 --cfg on --cfg-grad cond,both \
     --cfg-split-min-batch 1 --paths optimized --compile --autocast --warmup 1 --iters 3 \
     --time-budget-s 240 --out "$WORK"
 
 # 2. Qwen-Image, 4 samples x 1 trained step, guidance 4.0, micro-batches 1, 2, 4 (both branches in one graph
 #    took 69 GiB at micro-batch 2; 4 may only fit with cond: an out-of-memory row is recorded as skipped).
-step cfg-grad-qwen 270 python3 experiments/bench_trainer.py --model qwen-image --modes lora \
+step cfg-grad-qwen 270 python3 experiments/measure.py trainer --model qwen-image --modes lora \
     --micro-batch-sizes 1,2,4 --samples 4 --train-steps 1 --cfg on --cfg-grad cond,both \
     --cfg-split-min-batch 1 --paths optimized --compile --autocast --warmup 1 --iters 2 \
     --time-budget-s 250 --out "$WORK"

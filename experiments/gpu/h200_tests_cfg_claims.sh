@@ -20,7 +20,7 @@ step tests 230 bash -c "python3 -m pytest -q -n 6 -p no:cacheprovider --duration
 #    both gradients (cond splits off the unconditional pass from 8 samples per micro-batch on, the library's
 #    threshold); eager (diffusers + torch defaults, cuDNN SDPA included) and optimised (safe attention +
 #    regional compile + 16-bit autocast) in the same run.
-step trainer-sd35 300 python3 experiments/bench_trainer.py --model sd3.5-medium --modes lora \
+step trainer-sd35 300 python3 experiments/measure.py trainer --model sd3.5-medium --modes lora \
     --micro-batch-sizes 8,16 --samples 16 --train-steps 1 --cfg both --cfg-grad cond,both \
     --paths optimized,eager --compile --autocast --warmup 1 --iters 3 --time-budget-s 280 --out "$WORK"
 

@@ -14,19 +14,19 @@ gpu_setup
 
 # 1. Wan2.1-14B LoRA trainer, one 33-frame clip (14040 video tokens), no CFG pass; activation checkpointing on
 #    both paths (the counted FLOPs then include the recomputed forward). Eager keeps the safe attention.
-step train-wan14b 200 python3 experiments/bench_trainer.py --model wan2.1-14b --frames 33 --height 480 \
+step train-wan14b 200 python3 experiments/measure.py trainer --model wan2.1-14b --frames 33 --height 480 \
     --width 832 --modes lora --micro-batch-sizes 1 --samples 1 --train-steps 1 --cfg off \
     --paths optimized,eager --eager-sdpa safe --compile --autocast --activation-checkpointing --profile \
     --warmup 0 --iters 2 --time-budget-s 180 --out "$WORK"
-step costs-wan14b 60 python3 experiments/emit_costs.py \
+step costs-wan14b 60 python3 experiments/measure.py emit \
     --generator experiments/results/gpu/h200-trainer-call1/generator-wan2.1-14b.json \
     --trainer "$WORK/trainer-wan2.1-14b.json" --device-name h200 --out-dir "$OUT/costs"
 
 # 2. Qwen-Image LoRA trainer, 2 samples x 1 trained step, CFG off and on.
-step train-qwen 200 python3 experiments/bench_trainer.py --model qwen-image --modes lora \
+step train-qwen 200 python3 experiments/measure.py trainer --model qwen-image --modes lora \
     --micro-batch-sizes 1,2 --samples 2 --train-steps 1 --cfg both --paths optimized,eager --eager-sdpa safe \
     --compile --autocast --profile --warmup 1 --iters 2 --time-budget-s 180 --out "$WORK"
-step costs-qwen 45 python3 experiments/emit_costs.py \
+step costs-qwen 45 python3 experiments/measure.py emit \
     --generator experiments/results/gpu/generator-qwen-image.json \
     --trainer "$WORK/trainer-qwen-image.json" --device-name h200 --out-dir "$OUT/costs"
 cp "$OUT"/costs/*.json "$WORK"/ 2>/dev/null

@@ -24,14 +24,14 @@ experiments/results/costs/h200-qwen-image.json"
 #    flash call per block (vision_attention=auto -> varlen), the language model on SDPA. Its numbers go into
 #    the cost files. Each row also compares the packed vision tower with transformers' per-window loop.
 # shellcheck disable=SC2086
-step vlm-judge 240 python3 experiments/bench_reward.py --reward vlm-judge --batch-sizes 1,4,8,16 \
+step vlm-judge 240 python3 experiments/measure.py reward --reward vlm-judge --batch-sizes 1,4,8,16 \
     --height 512 --width 512 --vision-attention auto --warmup 2 --iters 5 --time-budget-s 220 \
     --out "$WORK" --apply-to $COST_FILES
 cp "$WORK"/costs/*.json "$OUT/costs/" 2>/dev/null
 
 # 2. For comparison, transformers' own vision path: one SDPA call per attention window (launch-bound).
 #    (FlashAttention-2 is not installed on this image, so attn_implementation=flash_attention_2 is not timed.)
-step vlm-judge-loop 200 python3 experiments/bench_reward.py --reward vlm-judge --batch-sizes 1,4,8,16 \
+step vlm-judge-loop 200 python3 experiments/measure.py reward --reward vlm-judge --batch-sizes 1,4,8,16 \
     --height 512 --width 512 --vision-attention loop --warmup 2 --iters 5 --ceiling-size 0 --no-flops \
     --time-budget-s 180 --out "$WORK/loop.json"
 

@@ -1,22 +1,18 @@
-"""Smoke test of experiments/bench_generator.py on the tiny CPU models (no timing assertions)."""
+"""Smoke test of the generator benchmark (``experiments/measure.py generator``) on the tiny CPU models (no
+timing assertions)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "experiments" / "bench_generator.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_generator", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from digenrl.perf import bench_generator
+
+    return bench_generator
 
 
 def test_bench_writes_json_with_flops_linear_in_batch(bench, tmp_path, capsys):

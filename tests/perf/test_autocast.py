@@ -100,7 +100,7 @@ def test_trainer_applies_model_autocast_and_the_on_policy_ratio_stays_at_one():
     trainer = PolicyTrainer(cfg, flow_model, sampler, uncond=None, device="cpu")
     assert trainer.optimizations.autocast and flow_model.autocast_dtype == torch.bfloat16
 
-    from experiments.bench_trainer import synthetic_batch
+    from digenrl.perf.bench_trainer import synthetic_batch
 
     class Args:
         samples, train_steps = 3, 2

@@ -1,9 +1,9 @@
-"""experiments/bench_reward.py on the tiny VLM judge (CPU): a valid report whose cost fragment is what it
-measured, and ``--apply-to`` rewriting only the cost files it fits (no timing assertions)."""
+"""The reward benchmark (``experiments/measure.py reward``) on the tiny VLM judge (CPU): a valid report whose
+cost fragment is what it measured, and ``--apply-to`` rewriting only the cost files it fits (no timing
+assertions)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -12,15 +12,12 @@ import pytest
 
 from digenrl.sim.costs import COSTS_DIR, CostModel
 
-BENCH = Path(__file__).resolve().parents[2] / "experiments" / "bench_reward.py"
-
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_reward", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from digenrl.perf import bench_reward
+
+    return bench_reward
 
 
 def test_help(bench, capsys) -> None:
@@ -74,7 +71,7 @@ def test_bench_reports_costs_and_applies_them_where_they_fit(bench, tmp_path: Pa
     assert written.reward_points == {int(b): s for b, s in fragment["reward_points"].items()}
     assert written.reward_param_bytes == report["reward_param_bytes"]
     assert written.meta["reward"] == "tiny-vlm-judge" and original.meta["reward"] == "brightness"
-    assert written.meta["reward_costs"]["command"].startswith("python experiments/bench_reward.py")
+    assert written.meta["reward_costs"]["command"].startswith("python experiments/measure.py reward")
     for field in (
         "generator_step_points",
         "vae_decode_points",

@@ -3,7 +3,7 @@ assertions: timings on a shared CPU mean nothing)."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import math
 from pathlib import Path
@@ -14,14 +14,16 @@ import torch
 from digenrl.perf import backward_check, logprob_agreement, roofline
 from digenrl.sim.costs import CostModel, cost_path
 
-EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
+MODULES = {
+    "bench_generator": "digenrl.perf.bench_generator",
+    "bench_trainer": "digenrl.perf.bench_trainer",
+    "emit_costs": "digenrl.sim.emit",
+}
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"perf_{name}", EXPERIMENTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The benchmark modules behind ``experiments/measure.py generator|trainer|emit``."""
+    return importlib.import_module(MODULES[name])
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +129,13 @@ def test_trainer_json_and_cost_file(bench_outputs, tmp_path):
         )
         / 1e3
     )
-    assert model.weight_sync_bytes == costs["weight_sync_bytes"] and model.meta["path"] == "optimized"
+    assert model.weight_sync_bytes == costs["weight_sync_bytes"]
+    assert model.path == "eager" and model.meta["generator_path"] == "eager"  # no --compile: nothing compiled
+    assert model.text_encoder_bytes > 0 and model.vae_param_bytes > 0
+    assert model.meta["grad_park_s"] > 0  # what tag.park_grads=true adds to a switch, kept apart
+    # a path the benchmarks did not run is missing, never filled from another path
+    with pytest.raises(ValueError, match="no timed rows"):
+        emit.generator_points({"results": rows_of(bench_outputs, "eager")}, "optimized")
 
 
 def test_emit_costs_takes_the_train_points_of_one_cfg_grad():
@@ -216,3 +224,30 @@ def test_flop_count_and_ceiling_of_a_matmul():
     assert ceiling["tflops"] == pytest.approx(2 * 32**3 / (ceiling["ms"] / 1e3) / 1e12)
     times = roofline.time_calls_ms(lambda: a @ b, torch.device("cpu"), warmup=1, iters=4)
     assert len(times) == 4 and min(times) >= 0
+
+
+def test_emit_merges_trainer_benchmarks_a_later_one_winning():
+    """A refresh measures only the missing micro-batches; emit takes the committed benchmark and the new one
+    together, the newer point replacing the older at the same micro-batch."""
+    emit = _load("emit_costs")
+
+    def report(points, argv=()):
+        rows = [
+            {"path": "optimized", "mode": "lora", "cfg": False, "micro_batch_size": m, "micro_batch_ms": ms,
+             "optimizer_step_ms": 1.0}
+            for m, ms in points.items()
+        ]  # fmt: skip
+        return {
+            "model": "tiny-sd3",
+            "results": rows,
+            "costs": {"lora/optimized": {"grad_bytes": 1}},
+            "argv": list(argv),
+        }
+
+    old, new = report({4: 10.0, 8: 16.0}), report({2: 6.0, 4: 9.0}, ["--activation-checkpointing"])
+    merged = emit.merge_trainer_reports([old, new])
+    points = emit.trainer_points(merged, "lora", "optimized", "cond")[0]["no_cfg"]
+    assert points == pytest.approx({2: 0.006, 4: 0.009, 8: 0.016})
+    assert "--activation-checkpointing" in merged["argv"]
+    with pytest.raises(ValueError, match="different models"):
+        emit.merge_trainer_reports([old, {**new, "model": "tiny-flux"}])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -77,8 +78,16 @@ def test_json_round_trip(tmp_path):
         latent_bytes_per_sample=rng.randint(0, 10**6),
         param_bytes=rng.randint(0, 10**10),
         optimizer_bytes=rng.randint(0, 10**10),
-        helper_switch_s=rng.uniform(0, 1),
-        command="python experiments/run_profile.py --model sd3.5-medium",
+        text_encoder_bytes=rng.randint(0, 10**10),
+        vae_param_bytes=rng.randint(0, 10**9),
+        switch_sync_s=rng.uniform(0, 1),
+        message_latency_s=rng.uniform(0, 1e-3),
+        weight_load_s=rng.uniform(0, 1e-2),
+        path=rng.choice(["eager", "compiled", "compiled+autocast"]),
+        activation_checkpointing=rng.choice([False, True]),
+        train_peak_bytes={"cfg": {1: rng.randint(1, 10**11), 4: rng.randint(1, 10**11)}},
+        generator_peak_bytes={"cfg": {2: rng.randint(1, 10**11)}},
+        command="python experiments/measure.py costs --model sd3.5-medium",
         meta={"dtype": "bfloat16"},
     )
     path = costs.save(tmp_path / "h200-sd3.5-medium.json")
@@ -89,6 +98,64 @@ def test_json_round_trip(tmp_path):
     assert cost_path("h200", "sd3.5-medium", tmp_path) == path
     data = json.loads(path.read_text())
     assert all(isinstance(k, str) for k in data["vae_decode_points"])  # JSON keys, converted back on load
+    assert data["format"] == 2
+
+
+def test_a_format_1_file_loads_with_its_switch_time_kept_apart():
+    """Format 1 timed a TAG switch as a gradient-parking round trip; format 2 prices a switch by what it
+    moves, so the old number is kept in meta, never charged to every switch."""
+    data = toy_costs().to_dict()
+    for key in ("switch_sync_s", "message_latency_s", "weight_load_s", "path", "text_encoder_bytes"):
+        data.pop(key)
+    seconds = random.uniform(0.01, 0.2)
+    settings = {"compile": True, "autocast": True}
+    v1 = {
+        **data,
+        "format": 1,
+        "helper_switch_s": seconds,
+        "meta": {"path": "optimized", "trainer_path_settings": str(settings)},
+    }
+    loaded = CostModel.from_dict(v1)
+    assert loaded.switch_sync_s == 0.0 and loaded.meta["v1_helper_switch_s"] == seconds
+    assert loaded.path == "compiled+autocast"
+    assert CostModel.from_dict({**v1, "meta": {}}).path == "eager"
+    with pytest.raises(ValueError, match="format"):
+        CostModel.from_dict({**data, "format": 3})
+
+
+def test_training_beyond_the_measured_micro_batches_follows_the_measured_forward():
+    """Above the largest measured micro-batch m0 a training micro-batch costs (training/forward ratio at m0) x
+    the measured forward at that size; activation checkpointing adds one forward of the micro-batch."""
+    rng = random.Random()
+    costs = toy_costs()
+    forward = {1: rng.uniform(0.01, 0.05), 4: rng.uniform(0.06, 0.1), 16: rng.uniform(0.2, 0.4)}
+    costs.generator_step_points = {"no_cfg": forward}
+    train = {1: rng.uniform(0.1, 0.2), 2: rng.uniform(0.2, 0.3)}
+    costs.train_points = {"no_cfg": train}
+    costs.forget()
+    ratio = train[2] / interpolate(forward, 2)
+    assert costs.train_forward_ratio(False) == pytest.approx(ratio)
+    m = rng.randint(3, 16)
+    assert costs.train_micro_batch_s(m, False) == pytest.approx(ratio * interpolate(forward, m))
+    assert costs.train_micro_batch_s(2, False) == pytest.approx(train[2])  # measured: unchanged
+    with_ckpt = costs.train_micro_batch_s(m, False, checkpointing=True)
+    assert with_ckpt == pytest.approx(ratio * interpolate(forward, m) + interpolate(forward, m))
+    measured_with = replace(costs, activation_checkpointing=True)
+    assert measured_with.train_micro_batch_s(2, False, checkpointing=False) == pytest.approx(
+        train[2] - interpolate(forward, 2)
+    )
+
+
+def test_memory_peaks_are_linear_in_the_batch():
+    costs = toy_costs()
+    costs.train_peak_bytes = {"no_cfg": {2: 10 * 2**30, 4: 14 * 2**30}}
+    costs.generator_peak_bytes = {"no_cfg": {1: 5 * 2**30}}
+    assert costs.has_memory(False) and not costs.has_memory(True)
+    assert costs.train_peak(8, False) == pytest.approx(22 * 2**30)
+    assert costs.train_peak(3, False) == pytest.approx(12 * 2**30)
+    assert costs.generator_peak(16, False) == pytest.approx(5 * 2**30)  # one point: no slope known
+    with pytest.raises(ValueError, match="bytes"):
+        CostModel.from_dict({**costs.to_dict(), "train_peak_bytes": {"cfg": {"1": -5}}})
 
 
 def test_bad_cost_files_name_the_problem(tmp_path):
@@ -112,7 +179,8 @@ def test_scale_to_uses_spec_ratios_and_marks_extrapolated():
     h100, a100 = profile.gpu_types["h100"], profile.gpu_types["a100"]
     rng = random.Random()
     costs = toy_costs(step=rng.uniform(0.01, 1), unit=rng.uniform(0.01, 1), decode=0.5, reward=0.25)
-    costs.optimizer_step_s, costs.helper_switch_s = rng.uniform(0.01, 1), rng.uniform(0.01, 1)
+    costs.optimizer_step_s, costs.switch_sync_s = rng.uniform(0.01, 1), rng.uniform(0.01, 1)
+    costs.weight_load_s = rng.uniform(0.01, 1)
     costs.grad_bytes = 12345
     scaled = costs.scale_to(a100, h100)
     compute, memory = h100.bf16_tflops / a100.bf16_tflops, h100.hbm_gbps / a100.hbm_gbps
@@ -123,7 +191,8 @@ def test_scale_to_uses_spec_ratios_and_marks_extrapolated():
     assert scaled.train_unit_s(2, cfg=False) == pytest.approx(costs.train_unit_s(2, cfg=False) * compute)
     assert scaled.score_s(4) == pytest.approx(costs.score_s(4) * compute)
     assert scaled.optimizer_step_s == pytest.approx(costs.optimizer_step_s * memory)
-    assert scaled.helper_switch_s == pytest.approx(costs.helper_switch_s * memory)
+    assert scaled.weight_load_s == pytest.approx(costs.weight_load_s * memory)
+    assert scaled.switch_sync_s == costs.switch_sync_s  # a device synchronisation: not a GPU-speed cost
     assert scaled.grad_bytes == 12345
     assert scaled.scale_to(h100, a100).source == "extrapolated from toy"  # keeps the measured origin
 
@@ -144,3 +213,37 @@ def test_device_costs_per_type_and_relative_speed():
         DeviceCosts(profile, toy_costs(device="cpu"))
     single = load_profile("cpu-2")
     assert DeviceCosts(single, toy_costs(device="cpu")).for_rank(1).device == "cpu"
+
+
+def test_the_audit_flags_what_does_not_match_what_runs():
+    """A file is stale for a workload when it timed another path, stops short of the workload's
+    micro-batch, timed another CFG gradient, has no memory peaks, or was derived."""
+    from digenrl.sim.cost_audit import GPU_PATH, audit
+    from digenrl.sim.workload import Workload
+
+    work = Workload(
+        prompts_per_iteration=4, group_size=2, num_steps=4, train_steps=2, cfg=True, micro_batch_size=4
+    )
+    costs = replace(
+        toy_costs(),
+        path=GPU_PATH,
+        train_points={"cfg": {1: 0.1, 2: 0.2, 4: 0.3}, "no_cfg": {1: 0.1}},
+        train_peak_bytes={"cfg": {1: 10**9}},
+        generator_peak_bytes={"cfg": {1: 10**9}},
+        meta={"cfg_grad": "cond"},
+    )
+    assert audit(costs, work) == []
+    eager = audit(replace(costs, path="eager"), work)
+    assert len(eager) == 1 and "eager" in eager[0]
+    short = audit(replace(costs, train_points={"cfg": {1: 0.1, 2: 0.2}}), work)
+    assert len(short) == 1 and "micro-batch 1, 2" in short[0] and "trains 4" in short[0]
+    both = audit(replace(costs, meta={"cfg_grad": "both"}), work)
+    assert len(both) == 1 and "cfg_grad=both" in both[0]
+    assert "no measured memory peaks" in audit(replace(costs, train_peak_bytes={}), work)[0]
+    derived = audit(
+        replace(costs, meta={"cfg_grad": "cond", "derivation": ["reshape: 33 -> 81 frames"]}), work
+    )
+    assert derived == ["derived: reshape: 33 -> 81 frames"]
+    mixed = audit(replace(costs, meta={"cfg_grad": "cond", "generator_path": "eager"}), work)
+    assert len(mixed) == 1 and "generator points" in mixed[0]
+    assert audit(replace(costs, meta={"cfg_grad": "cond", "generator_path": "compiled"}), work) == []

@@ -1,9 +1,9 @@
-"""experiments/run_profile.py measures the real tiny-sd3 components; run_plan.py plans from the file.
-No timed assertions: only that every cost was measured and the byte counts are what the tensors hold."""
+"""``experiments/measure.py costs`` measures the real tiny-sd3 components; ``experiments/simulate.py plan``
+plans from the file. No timed assertions: only that every cost was measured and the byte counts are what
+the tensors hold."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 
@@ -11,15 +11,7 @@ import pytest
 
 from digenrl.rollout.sampler import CFG_SPLIT_MIN_BATCH
 from digenrl.sim.costs import CostModel
-
-EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, EXPERIMENTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from experiments import measure, simulate
 
 
 @pytest.fixture(scope="module")
@@ -27,19 +19,20 @@ def measured(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("costs") / "cpu-tiny-sd3.json"
     args = ["--batches", "1,2", "--micro-batches", "1,2", "--iters", "1", "--warmup", "0", "--device", "cpu"]
     args += ["--out", str(out)]  # --device cpu: on a GPU machine "auto" would measure CUDA
-    assert _load("run_profile").main(args) == 0
+    assert measure.main(["costs", *args]) == 0
     return out
 
 
 def test_profile_cli_writes_a_complete_measured_cost_model(measured, capsys):
     costs = CostModel.load(measured)
     assert costs.source == "measured" and costs.device == "cpu" and costs.model == "tiny-sd3"
-    assert "run_profile.py" in costs.command
+    assert costs.command.startswith("python experiments/measure.py costs")
+    assert costs.path == "eager" and costs.text_encoder_bytes > 0 and costs.vae_param_bytes > 0
     for table in (*costs.generator_step_points.values(), *costs.train_points.values()):
         assert sorted(table) == [1, 2] and all(t > 0 and math.isfinite(t) for t in table.values())
     assert set(costs.generator_step_points) == {"cfg", "no_cfg"}
     assert sorted(costs.vae_decode_points) == [1, 2] and sorted(costs.reward_points) == [1, 2]
-    assert costs.optimizer_step_s > 0 and costs.helper_switch_s > 0
+    assert costs.optimizer_step_s > 0 and costs.meta["grad_park_s"] > 0
     assert costs.meta["cfg_grad"] == "cond" and costs.meta["cfg_split_min_batch"] == CFG_SPLIT_MIN_BATCH
     # tiny-sd3 latents are [4, 8, 8] float32; a trajectory record holds latents and next latents for every
     # trained step, so it is at least 2 * K latents; LoRA is a strict subset of the transformer.
@@ -58,6 +51,7 @@ def test_profile_cli_writes_a_complete_measured_cost_model(measured, capsys):
 
 
 def test_plan_cli_plans_from_the_measured_file(measured, capsys):
-    assert _load("run_plan").main(["--profile", "cpu-4", "--costs", str(measured), "--baselines"]) == 0
+    assert simulate.main(["plan", "--profile", "cpu-4", "--costs", str(measured), "--baselines"]) == 0
     printed = capsys.readouterr().out
     assert "best:" in printed and "runner-up:" in printed and "colocated-sync" in printed
+    assert "run it: python experiments/run_train.py system=" in printed

@@ -1,18 +1,33 @@
-"""The planner: the pruned search finds what the exhaustive one finds; the bound really bounds."""
+"""The planner: the pruned search finds what the exhaustive one finds, the bound really bounds, DigenRL's
+plan space contains every baseline of equal staleness, and memory decides which knobs a plan runs with."""
 
 from __future__ import annotations
 
 import random
+from dataclasses import replace
+
+import pytest
 
 from digenrl.runtime.profiles import load_profile
 from digenrl.sim.device_costs import DeviceCosts
-from digenrl.sim.planner import fragment_options, predict_baselines, search_plans, throughput_bound
+from digenrl.sim.memory import check_plan, fit_plan
+from digenrl.sim.planner import (
+    Planner,
+    fragment_options,
+    plan_bound,
+    predict_baselines,
+    search_plans,
+    throughput_bound,
+)
+from digenrl.sim.schedule_plan import SchedulePlan
 from digenrl.sim.workload import Workload
 from tests.sim.toy_costs import toy_costs
 
+GIB = 2**30
 
-def _setup():
-    rng = random.Random()
+
+def _setup(rng: random.Random | None = None):
+    rng = rng or random.Random()
     costs = toy_costs(
         step=rng.uniform(0.01, 0.1),
         decode=rng.uniform(0, 0.05),
@@ -31,10 +46,12 @@ def _setup():
 
 def test_pruned_search_matches_exhaustive_and_bound_holds():
     profile, costs, workload = _setup()
-    result = search_plans(profile, costs, workload, allow_tcss=True)
+    result = search_plans(profile, costs, workload, max_staleness=1, include_baselines=False)
     assert result.best.samples_per_s >= result.runner_up.samples_per_s
     exhaustive = [
-        search_plans(profile, costs, workload, allow_tcss=True, trainer_counts=[n]).best
+        search_plans(
+            profile, costs, workload, max_staleness=1, trainer_counts=[n], include_baselines=False
+        ).best
         for n in range(1, profile.world_size)
     ]
     assert result.best.samples_per_s == max(s.samples_per_s for s in exhaustive)
@@ -42,12 +59,35 @@ def test_pruned_search_matches_exhaustive_and_bound_holds():
     fragments = fragment_options(workload.prompts_per_iteration)
     for score in result.evaluated:
         plan = score.plan
-        bound = throughput_bound(device_costs, workload, plan.trainers, plan.generators, fragments, tag=True)
+        w = replace(workload, iterations=6)  # the planner's window: 4 steady iterations
+        bound = throughput_bound(device_costs, w, plan.trainers, plan.generators, fragments, tag=True)
         assert score.samples_per_s <= bound * (1 + 1e-9), plan.describe()
-    assert all(not s.plan.tcss for s in search_plans(profile, costs, workload).evaluated)
+        assert score.samples_per_s <= plan_bound(device_costs, w, plan) * (1 + 1e-9), plan.describe()
+    on_policy = search_plans(profile, costs, workload, include_baselines=False)
+    assert all(not s.plan.tcss for s in on_policy.evaluated)
 
 
-def test_baselines_are_tuned_and_ranked():
+def test_digenrl_plan_space_contains_every_baseline_of_equal_staleness():
+    """The best plan is chosen from a superset of the baselines' plans, so it is never slower than the best
+    baseline allowed the same staleness; with TCSS allowed it is never slower than the on-policy best."""
+    rng = random.Random()
+    for _ in range(3):
+        profile, costs, workload = _setup(rng)
+        planner = Planner(profile, costs, workload, planning_iterations=5)
+        baselines = planner.baselines(max_staleness=1)
+        assert set(baselines) >= {"colocated-sync", "colocated-overlap", "separate-sync", "separate-async"}
+        on = planner.search(max_staleness=0)
+        stale = planner.search(max_staleness=1)
+        assert on.best.staleness == 0 and stale.best.staleness <= 1
+        for label, score in baselines.items():
+            best = stale if score.staleness == 1 else on
+            assert best.best.samples_per_s >= score.samples_per_s * (1 - 1e-12), label
+        assert stale.best.samples_per_s >= on.best.samples_per_s * (1 - 1e-12)
+        # and the search really considered the colocated point (0 dedicated generators)
+        assert any(s.plan.colocated for s in on.evaluated)
+
+
+def test_baselines_are_tuned_and_ranked_and_heterogeneous_profiles_get_a_speed_split():
     profile, costs, workload = _setup()
     scores = predict_baselines(profile, costs, workload)
     assert [s.samples_per_s for s in scores] == sorted((s.samples_per_s for s in scores), reverse=True)
@@ -57,3 +97,111 @@ def test_baselines_are_tuned_and_ranked():
         "separate-sync",
         "separate-async",
     }
+    assert {s.staleness for s in scores} == {0, 1}
+    hetero = load_profile("hetero-h100-a100-16")
+    costs = DeviceCosts(hetero, toy_costs(step=0.05, unit=0.01, device="h100"), reference_type="h100")
+    w = replace(workload, prompts_per_iteration=32)
+    labels = Planner(hetero, costs, w, planning_iterations=4).baselines()
+    equal, speed = labels["colocated-sync"], labels["colocated-sync speed-split"]
+    assert speed.plan.work_split == "speed" and speed.samples_per_s > equal.samples_per_s
+
+
+def _with_memory(costs, *, weights_gib, train_gib_per_unit, gen_gib_per_sample, optimizer_gib=1):
+    costs = replace(
+        costs,
+        param_bytes=int(weights_gib * GIB),
+        optimizer_bytes=int(optimizer_gib * GIB),
+        train_peak_bytes={
+            "no_cfg": {m: int((weights_gib + optimizer_gib + m * train_gib_per_unit) * GIB) for m in (1, 2)}
+        },
+        generator_peak_bytes={
+            "no_cfg": {b: int((weights_gib + b * gen_gib_per_sample) * GIB) for b in (1, 2)}
+        },
+    )
+    return costs
+
+
+def test_memory_lowers_the_micro_batch_or_rejects_the_plan_with_its_reason():
+    profile = load_profile("hetero-h100-a100-16")  # 80 GB devices
+    w = Workload(
+        prompts_per_iteration=16, group_size=4, num_steps=4, train_steps=2, cfg=False, micro_batch_size=8
+    )
+    base = toy_costs(step=0.05, unit=0.01, device="h100")
+    # 40 GiB of weights, 4 GiB per training unit: micro-batch 8 needs ~73 GiB of the 73.6 usable, 4 fits
+    costs = DeviceCosts(
+        profile,
+        _with_memory(base, weights_gib=40, train_gib_per_unit=5, gen_gib_per_sample=0.5),
+        reference_type="h100",
+    )
+    plan = SchedulePlan("separate-sync", trainers=8, generators=8)
+    assert not all(m.fits for m in check_plan(profile, costs, w, plan))
+    fit = fit_plan(profile, costs, w, plan)
+    assert fit.feasible and fit.plan.micro_batch_size in (4, 2, 1)
+    assert all(m.fits for m in check_plan(profile, costs, w, fit.plan))
+    assert any("micro-batch" in note for note in fit.notes)
+    # weights alone exceed the device: nothing fits, and the reason names the rank and the sizes
+    huge = DeviceCosts(
+        profile,
+        _with_memory(base, weights_gib=90, train_gib_per_unit=1, gen_gib_per_sample=0.5),
+        reference_type="h100",
+    )
+    fit = fit_plan(profile, huge, w, plan)
+    assert not fit.feasible and "GiB" in fit.notes[0] and "rank" in fit.notes[0]
+    planner = Planner(profile, huge, w, planning_iterations=4)
+    assert planner.score(plan) is None and planner.rejected
+    with pytest.raises(ValueError, match="no candidate plan"):
+        planner.search(trainer_counts=[8], include_baselines=False)
+
+
+def test_a_colocated_rank_parks_the_reward_model_when_it_must():
+    """A heavy reward model a colocated rank cannot keep resident is parked around scoring (the runtime's
+    residency.reward_resident=false), and the swap is paid every iteration."""
+    profile = load_profile("h200-8")
+    w = Workload(
+        prompts_per_iteration=8, group_size=4, num_steps=4, train_steps=2, cfg=False, micro_batch_size=2
+    )
+    # 139.8 GiB H200: 20 GiB weights + 95 GiB reward + 100 GiB of activations at micro-batch 1 cannot all be
+    # resident (not even with activation checkpointing), but scoring and training can take turns
+    costs = _with_memory(
+        toy_costs(step=0.05, unit=0.01, device="h200"),
+        weights_gib=20,
+        train_gib_per_unit=100,
+        gen_gib_per_sample=1,
+    )
+    costs = replace(costs, reward_param_bytes=95 * GIB)
+    costs = DeviceCosts(profile, costs)
+    fit = fit_plan(profile, costs, w, SchedulePlan("colocated-sync"))
+    assert fit.feasible and not fit.plan.reward_resident
+    planner = Planner(profile, costs, w, planning_iterations=4)
+    score = planner.score(SchedulePlan("colocated-sync"))
+    assert "reward model parked" in score.notes
+    # the separate baseline keeps the reward on its generators: nothing is swapped there
+    separate = fit_plan(profile, costs, w, SchedulePlan("separate-sync", trainers=4, generators=4))
+    assert separate.feasible and separate.plan.reward_resident
+
+
+def test_the_bound_holds_when_memory_lets_a_plan_train_at_a_larger_micro_batch():
+    """A system runs at its best micro-batch (up to the largest measured one, memory permitting), which
+    may be above the workload's: the pruning bound must price that micro-batch too, or it would prune
+    plans that win."""
+    profile, _, workload = _setup()
+    costs = toy_costs(step=0.001, unit=0.1, unit_bytes=10**5)  # training is the bottleneck
+    costs = _with_memory(costs, weights_gib=1, train_gib_per_unit=0.1, gen_gib_per_sample=0.01)
+    costs = replace(costs, train_points={"no_cfg": {m: 0.1 * m**0.5 for m in (1, 2, 4, 8)}})
+    planner = Planner(profile, costs, workload, planning_iterations=6)
+    device_costs = DeviceCosts(profile, costs)
+    direct = []
+    for trainers in (1, 2, 3):
+        for f in (1, 2, 4):
+            plan = SchedulePlan("digenrl", trainers=trainers, generators=4 - trainers, fragment_groups=f)
+            score = planner.score(plan)  # scored directly: no pruning in the way
+            if score is None:
+                continue
+            assert score.plan.micro_batch_size == 8  # the fit chose the largest measured micro-batch
+            assert score.samples_per_s <= plan_bound(device_costs, planner.workload, plan) * (1 + 1e-9)
+            bound = throughput_bound(device_costs, planner.workload, trainers, 4 - trainers, [f], tag=False)
+            assert score.samples_per_s <= bound * (1 + 1e-9)
+            direct.append(score.samples_per_s)
+    assert direct
+    # the pruned search never loses a plan that beats its best
+    assert planner.search(max_staleness=1).best.samples_per_s >= max(direct) * (1 - 1e-12)

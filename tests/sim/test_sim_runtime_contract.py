@@ -29,9 +29,10 @@ def test_both_map_fragments_to_the_same_pipelines_and_stages():
     for _ in range(8):
         stages = rng.choice([1, 2])
         pipelines = rng.randint(1, 3)
-        trainers = rng.randint(1, 8 - stages * pipelines)
-        generators = stages * pipelines
         groups, fragments = rng.randint(1, 2), rng.randint(1, 6)
+        # every trainer needs a unit of every fragment (2 samples per group): the runtime's check
+        trainers = rng.randint(1, min(8 - stages * pipelines, 2 * groups))
+        generators = stages * pipelines
         w = Workload(
             prompts_per_iteration=groups * fragments,
             group_size=2,

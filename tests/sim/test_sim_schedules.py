@@ -41,8 +41,9 @@ def test_separate_sync_iteration_is_generate_plus_score_plus_train_exactly():
     for _ in range(10):
         step, decode, reward, unit, opt = (_dyadic(rng) for _ in range(5))
         costs = toy_costs(step=step, decode=decode, reward=reward, unit=unit, optimizer=opt)
-        trainers, generators = rng.randint(1, 3), rng.choice([1, 2, 4])
-        groups_per_gen = rng.randint(1, 3)
+        generators, groups_per_gen = rng.choice([1, 2, 4]), rng.randint(1, 3)
+        # every trainer gets samples of every generator (the runtime's check): at most 2 per group
+        trainers = rng.randint(1, min(3, 2 * groups_per_gen))
         w = _workload(prompts_per_iteration=groups_per_gen * generators, iterations=4)
         samples = groups_per_gen * w.group_size  # per generator
         # every generator gives trainer 0 the largest part, ceil(samples / trainers) samples; the
@@ -77,10 +78,11 @@ def test_gap_strictly_shortens_the_iteration_and_gap_off_equals_the_barrier():
             unit_bytes=fragment_bytes // 2,  # K = 2 trained steps per sample below
             sync_bytes=rng.choice([0, 10**7]),
         )
-        generators, trainers = rng.randint(1, 3), rng.randint(1, 3)
         # >= 2 fragments *per generator*: with one fragment each, all fragments land at the same instant
         # and there is nothing to overlap (the simulator then predicts equal times, as it should).
         per_gen, fragment_groups = rng.randint(2, 3), rng.randint(1, 2)
+        # every trainer needs a unit of every fragment (2 samples per group), as the runtime checks
+        generators, trainers = rng.randint(1, 3), rng.randint(1, 2 * fragment_groups)
         w = _workload(prompts_per_iteration=per_gen * generators * fragment_groups, iterations=4)
         transports = ["buffered"] + (["rendezvous"] if fragment_bytes == 0 else [])
         for transport in transports:
@@ -235,8 +237,7 @@ def test_a_device_never_runs_two_things_at_once():
         "train",
         "optimizer",
         "tag_switch",
-        "offload_optimizer",
-        "onload_optimizer",
+        "residency",
     )
     for plan in _all_plans(profile.world_size):
         result = simulate(profile, costs, w, plan)
@@ -316,7 +317,7 @@ def test_heterogeneous_pipeline_gives_the_faster_gpu_more_steps():
     from digenrl.sim.device_costs import DeviceCosts
 
     costs = DeviceCosts(profile, toy_costs(step=0.1, unit=0.01, device="h100"), reference_type="h100")
-    w = _workload(prompts_per_iteration=6, num_steps=12, train_steps=4, iterations=3)
+    w = _workload(prompts_per_iteration=6, group_size=8, num_steps=12, train_steps=4, iterations=3)
     plan = SchedulePlan("digenrl", trainers=7, generators=9, tsp_stages=3)
     result = simulate(profile, costs, w, plan)
     steps = {}

@@ -47,5 +47,5 @@ def toy_costs(
         latent_bytes_per_sample=latent_bytes,
         param_bytes=0,
         optimizer_bytes=optimizer_bytes,
-        helper_switch_s=switch,
+        switch_sync_s=switch,
     )

@@ -12,29 +12,51 @@ unset), as the runtime does, or ``overlap_sub_batches`` equal parts — and one 
 and scores each sub-batch while the next one is generated; training starts when the last score is in.
 
 Assumptions: residency follows ``digenrl.runtime.residency`` — rollout and training share the policy
-weights on a colocated rank, so only the optimizer state moves (parked lazily when generation starts,
-back immediately before the optimizer step) and, with a reward model that has weights, the reward
-weights (onloaded for scoring, parked eagerly after). In ``colocated-overlap`` the reward stays resident
-(it runs beside generation) and the background scorer does not slow the foreground generation (an
-optimistic bound for the baseline: decode and reward models are small next to the DiT forward).
+weights on a colocated rank, so at most the optimizer state moves (``train_resident=False``: parked when
+generation starts, back immediately before the optimizer step) and, with a reward model that has weights,
+the reward weights (``reward_resident=False``: onloaded for scoring, parked eagerly after); with the
+runtime's defaults nothing moves (:mod:`digenrl.sim.residency`). In ``colocated-overlap`` the reward
+stays resident (it runs beside generation) and the background scorer does not slow the foreground
+generation (an optimistic bound for the baseline: decode and reward models are small next to the DiT
+forward). Full fine-tuning shards the model over every rank (FSDP2): each generator forward gathers the
+weights, each micro-batch gathers them twice and reduce-scatters the gradients
+(:mod:`digenrl.sim.training`). ``work_split="speed"`` gives faster devices more groups (simulator only).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from digenrl.runtime.profiles import HardwareProfile
 from digenrl.sim.cluster import SimCluster
 from digenrl.sim.des import Process, Signal
+from digenrl.sim.residency import colocated_moves, move_s
 from digenrl.sim.schedule_plan import SchedulePlan
+from digenrl.sim.training import generation_s, optimizer_s, sharded, units_s
 from digenrl.sim.workload import split_evenly
 
 
 def run_colocated(cluster: SimCluster, plan: SchedulePlan) -> None:
     """Spawn one process per rank of the profile."""
     ranks = tuple(range(cluster.profile.world_size))
-    groups = split_evenly(cluster.workload.prompts_per_iteration, len(ranks))
+    groups = colocated_shares(cluster.profile, cluster.workload.prompts_per_iteration, plan.work_split)
     for rank in ranks:
         cluster.spawn(_colocated_rank(cluster, plan, rank, ranks, groups[rank]), f"colocated rank {rank}")
+
+
+def colocated_shares(profile: HardwareProfile, prompts: int, work_split: str) -> list[int]:
+    """Prompt groups per rank: ``equal`` (the runtime: the same number everywhere) or ``speed``
+    (proportional to ``relative_speed``, whole groups by largest remainder)."""
+    world = profile.world_size
+    if work_split == "equal":
+        return split_evenly(prompts, world)
+    speeds = [profile.device_type(r).relative_speed for r in range(world)]
+    exact = [prompts * s / sum(speeds) for s in speeds]
+    shares = [int(x) for x in exact]
+    by_remainder = sorted(range(world), key=lambda r: (-(exact[r] - shares[r]), r))
+    for r in by_remainder[: prompts - sum(shares)]:
+        shares[r] += 1
+    return shares
 
 
 def _colocated_rank(
@@ -42,43 +64,50 @@ def _colocated_rank(
 ) -> Process:
     w, cost, net = cluster.workload, cluster.cost(rank), cluster.net
     samples = groups * w.group_size
-    residency = plan.residency
+    trainers = ranks  # every rank trains: FSDP2 shards a full fine-tune over all of them
     for k in range(w.iterations):
         tags = {"iteration": k, "policy_version": k}
-        if residency and cost.optimizer_bytes:
-            yield from _move(cluster, rank, "park", "optimizer", cost.optimizer_bytes, tags)
+        yield from _move(cluster, plan, rank, "generate", tags)
         if plan.system == "colocated-overlap":
             yield from _generate_overlapped(cluster, plan, rank, groups, tags)
         else:
-            yield from cluster.work(rank, "generate", w.generation_s(cost, samples), **tags)
-            if residency and cost.reward_param_bytes:
-                yield from _move(cluster, rank, "unpark", "reward", cost.reward_param_bytes, tags)
+            yield from cluster.work(rank, "generate", generation_s(cluster, rank, ranks, samples), **tags)
+            yield from _move(cluster, plan, rank, "score", tags)
             yield from cluster.work(rank, "score", cost.score_s(samples), samples=samples, **tags)
-            if residency and cost.reward_param_bytes:
-                yield from _move(cluster, rank, "park", "reward", cost.reward_param_bytes, tags)
+            yield from _move(cluster, plan, rank, "after_score", tags)
         # advantages need every rank's rewards (assign_advantages gathers them): a barrier.
         yield from cluster.collective(("advantages", k), rank, ranks, 0.0, "advantages", **tags)
-        yield from cluster.work(rank, "train", w.train_s(cost, samples * w.train_steps), **tags)
-        seconds = net.allreduce_s(ranks, cost.grad_bytes)
-        yield from cluster.collective(("allreduce", k), rank, ranks, seconds, "allreduce", **tags)
-        if residency and cost.optimizer_bytes:
-            yield from _move(cluster, rank, "unpark", "optimizer", cost.optimizer_bytes, tags)
+        yield from cluster.work(
+            rank, "train", units_s(cluster, rank, trainers, samples * w.train_steps), **tags
+        )
+        if not sharded(cluster, trainers):
+            seconds = net.allreduce_s(ranks, cost.grad_bytes)
+            yield from cluster.collective(("allreduce", k), rank, ranks, seconds, "allreduce", **tags)
+        yield from _move(cluster, plan, rank, "optimizer", tags)
         committed = w.samples_per_iteration if rank == ranks[0] else None
-        yield from cluster.work(rank, "optimizer", cost.optimizer_step_s, samples=committed, **tags)
+        yield from cluster.work(
+            rank, "optimizer", optimizer_s(cluster, rank, ranks), samples=committed, **tags
+        )
         cluster.finish_iteration(k)
 
 
-def _move(cluster: SimCluster, rank: int, phase: str, what: str, nbytes: int, tags: dict) -> Process:
-    """A residency transition: ``park`` (device → host) or ``unpark`` (host → device) of ``nbytes``."""
-    extra = {"what": what, "bytes": nbytes}
-    yield from cluster.work(rank, phase, cluster.net.host_copy_s(nbytes), extra=extra, **tags)
+def _move(cluster: SimCluster, plan: SchedulePlan, rank: int, phase: str, tags: dict) -> Process:
+    """The residency transitions the runtime issues before ``phase`` (:mod:`digenrl.sim.residency`), each a
+    ``residency`` span with the runtime's ``extra`` (role ``train`` / ``reward``, kind ``offload`` /
+    ``onload``, bytes); nothing when nothing moves."""
+    cost = cluster.cost(rank)
+    for move in colocated_moves(cost, phase, plan.train_resident, plan.reward_resident):
+        role = "train" if move.what == "optimizer" else move.what
+        extra = {"role": role, "kind": "offload" if move.park else "onload", "bytes": move.nbytes}
+        seconds = move_s(cluster.net, cost, [move], sync=True)
+        yield from cluster.work(rank, "residency", seconds, extra=extra, **tags)
 
 
 def _generate_overlapped(
     cluster: SimCluster, plan: SchedulePlan, rank: int, groups: int, tags: dict
 ) -> Process:
     """Generate sub-batch j+1 while a background worker scores sub-batch j."""
-    w, cost = cluster.workload, cluster.cost(rank)
+    w = cluster.workload
     if plan.overlap_sub_batches is None:  # the runtime's rule (systems/colocated_overlap.py)
         per = max(1, w.samples_per_forward // w.group_size) if w.samples_per_forward else 1
         parts = [min(per, groups - i) for i in range(0, groups, per)]
@@ -87,7 +116,8 @@ def _generate_overlapped(
     last_scored = None
     for j, part in enumerate(parts):
         samples = part * w.group_size
-        yield from cluster.work(rank, "generate", w.generation_s(cost, samples), fragment=j, **tags)
+        seconds = generation_s(cluster, rank, tuple(range(cluster.profile.world_size)), samples)
+        yield from cluster.work(rank, "generate", seconds, fragment=j, **tags)
         scorer = _background_score(cluster, rank, last_scored, samples, fragment=j, **tags)
         last_scored = cluster.spawn(scorer, f"rank {rank} background scorer {tags['iteration']}.{j}")
     if last_scored is not None:

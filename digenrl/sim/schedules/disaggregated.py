@@ -29,12 +29,15 @@ At most S+1 fragments are in flight in one pipeline.
 Trainers — every fragment's units are spread over all trainer ranks (``digenrl.gap.shard_units``),
 balanced per fragment with the larger shares rotating, so each rank trains 1/trainers of them. A rank receives
 fragments in index order (``train_order=index``, as the runtime) or as they become ready (``arrival``).
-GAP on: it trains each fragment as soon as it has it; GAP off: it receives all first. After the last
-fragment: all-reduce, optimizer step, and the first trainer broadcasts θ_{k+1}.
+GAP on: it trains each fragment as soon as it has it, in full micro-batches that span fragments
+(:class:`~digenrl.sim.training.SimPacker`, the runtime's ``UnitPacker``); GAP off: it receives all first.
+After the last fragment: the carried units, all-reduce, optimizer step, and the first trainer broadcasts
+θ_{k+1}.
 
 TAG — a trainer rank whose next fragment is not ready takes a fragment nobody has started (the tail of
 the longest pipeline queue: the fragment the generator pool would reach last) and generates it whole
-on its own GPU with θ_k, paying ``helper_switch_s`` when it switches into and back out of generating.
+on its own GPU with θ_k, paying a switch into and back out of generating priced by what it moves
+(:mod:`digenrl.sim.residency`: a device synchronisation; the pending gradients only with ``park_grads``).
 A ready fragment always wins at the next decision point (fragments are not pre-empted mid-way). The
 shards of a helper-made fragment are sent buffered (two helpers sending to each other with rendezvous
 sends would deadlock). Each trainer rank takes at most ``tag_budget`` fragments per iteration; the
@@ -51,7 +54,9 @@ from digenrl.sim.channel import Channel
 from digenrl.sim.cluster import SimCluster
 from digenrl.sim.des import Mailbox, Process
 from digenrl.sim.generator_weights import GeneratorWeights
+from digenrl.sim.residency import move_s, tag_switch_moves
 from digenrl.sim.schedule_plan import SchedulePlan
+from digenrl.sim.training import SimPacker, optimizer_s, sharded
 from digenrl.sim.workload import Workload
 from digenrl.tsp.pipeline import TspLayout
 from digenrl.tsp.stage_plan import StagePlan, plan_stages
@@ -106,7 +111,7 @@ class _Run:
         self.layout = TspLayout(self.generators, plan.tsp_stages)  # the runtime's rank placement
         self.sizes = [self.fragments.fragment_groups] * self.fragments.num_fragments
         self.queues = [self._queues() for _ in range(w.iterations)]
-        self.weights = GeneratorWeights(cluster, self.trainers[0], self.generators)
+        self.weights = GeneratorWeights(cluster, self.trainers[0], self.generators, self.trainers)
         self.ready_changed = {t: cluster.condition(f"trainer {t} inbox") for t in self.trainers}
         self.shares = unit_shares(self.sizes, w, len(self.trainers))
         self._inbound: dict[tuple[int, int, int], Channel] = {}
@@ -245,33 +250,34 @@ def _trainer(run: _Run, rank: int) -> Process:
     cost = cluster.cost(rank)
     position = run.trainers.index(rank)
     budget = (plan.tag_budget or 0) if plan.tag else 0
+    packer = SimPacker(cluster, rank, run.trainers)
     for k in range(w.iterations):
         tags = {"iteration": k, "policy_version": k}
         pending = list(range(len(run.sizes)))  # fragments not yet received, index order
         received: list[int] = []  # received, not yet trained
-        helping, tag_left = False, budget
+        helper = _Helper(run, rank, tags)
+        tag_left = budget
         while pending or received:
             if received and (plan.gap or not pending):
-                helping = yield from _switch_back(cluster, rank, helping, tags)
+                yield from helper.leave(packer)
                 f = received.pop(0)
-                units = run.shares[f][position]
-                yield from cluster.work(rank, "train", w.train_s(cost, units), fragment=f, **tags)
+                yield from _train(cluster, rank, packer.add(run.shares[f][position]), fragment=f, **tags)
                 continue
-            ready = [f for f in pending if run.inbound(rank, k, f).ready]
-            nxt = pending[0] if plan.train_order == "index" else (ready[0] if ready else None)
-            if nxt is not None and nxt in ready:
-                helping = yield from _switch_back(cluster, rank, helping, tags)
+            if plan.train_order == "index":
+                nxt = pending[0] if run.inbound(rank, k, pending[0]).ready else None
+            else:
+                nxt = next((f for f in pending if run.inbound(rank, k, f).ready), None)
+            if nxt is not None:
+                yield from helper.leave(packer)
                 yield from _receive(run, rank, k, nxt, pending, received, tags)
                 continue
             stolen = _steal(run, k) if tag_left > 0 else None
             if stolen is not None:
-                if not helping:
-                    helping = True
-                    yield from cluster.work(rank, "tag_switch", cost.helper_switch_s, **tags)
+                yield from helper.enter(packer)
                 yield from _helper_generate(run, rank, _Fragment(k, stolen, run.sizes[stolen], k))
                 tag_left -= 1
                 continue
-            helping = yield from _switch_back(cluster, rank, helping, tags)
+            yield from helper.leave(packer)
             if plan.train_order == "index":
                 yield from _receive(run, rank, k, pending[0], pending, received, tags)
             else:
@@ -282,20 +288,51 @@ def _trainer(run: _Run, rank: int) -> Process:
                     lambda pending=pending, k=k: any(run.inbound(rank, k, f).ready for f in pending),
                     **tags,
                 )
-        seconds = cluster.net.allreduce_s(run.trainers, cost.grad_bytes)
-        yield from cluster.collective(("allreduce", k), rank, run.trainers, seconds, "allreduce", **tags)
+        yield from _train(cluster, rank, packer.flush(), **tags)
+        if not sharded(cluster, run.trainers):  # FSDP2 reduce-scatters inside every micro-batch
+            seconds = cluster.net.allreduce_s(run.trainers, cost.grad_bytes)
+            yield from cluster.collective(("allreduce", k), rank, run.trainers, seconds, "allreduce", **tags)
         committed = w.samples_per_iteration if rank == run.trainers[0] else None
-        yield from cluster.work(rank, "optimizer", cost.optimizer_step_s, samples=committed, **tags)
+        yield from cluster.work(
+            rank, "optimizer", optimizer_s(cluster, rank, run.trainers), samples=committed, **tags
+        )
         cluster.finish_iteration(k)
         if rank == run.trainers[0] and k + 1 < w.iterations:
             yield from run.weights.publish(k + 1, iteration=k)
 
 
-def _switch_back(cluster: SimCluster, rank: int, helping: bool, tags: dict) -> Process:
-    """Leave TAG helper mode (paying the switch) before receiving or training; returns False."""
-    if helping:
-        yield from cluster.work(rank, "tag_switch", cluster.cost(rank).helper_switch_s, **tags)
-    return False
+def _train(cluster: SimCluster, rank: int, seconds: float, **tags) -> Process:
+    """A ``train`` span for the micro-batches the packer ran (none when it only carried units)."""
+    if seconds > 0:
+        yield from cluster.work(rank, "train", seconds, **tags)
+
+
+class _Helper:
+    """A trainer rank's TAG mode within one iteration: a switch into generating and back, each priced by
+    the one residency model (:mod:`digenrl.sim.residency`): a device synchronisation, plus the pending
+    gradients when ``park_grads`` is on and any are pending."""
+
+    def __init__(self, run: _Run, rank: int, tags: dict) -> None:
+        self.run, self.rank, self.tags = run, rank, tags
+        self.helping = False
+
+    def _switch(self, packer: SimPacker, entering: bool) -> Process:
+        cluster = self.run.cluster
+        cost = cluster.cost(self.rank)
+        moves = tag_switch_moves(cost, self.run.plan.park_grads, packer.trained > 0, entering)
+        extra = {"direction": "in" if entering else "out", "bytes": sum(m.nbytes for m in moves)}
+        seconds = move_s(cluster.net, cost, moves, sync=True)
+        yield from cluster.work(self.rank, "tag_switch", seconds, extra=extra, **self.tags)
+
+    def enter(self, packer: SimPacker) -> Process:
+        if not self.helping:
+            self.helping = True
+            yield from self._switch(packer, entering=True)
+
+    def leave(self, packer: SimPacker) -> Process:
+        if self.helping:
+            self.helping = False
+            yield from self._switch(packer, entering=False)
 
 
 def _receive(

@@ -27,6 +27,7 @@ from digenrl.sim.des import Mailbox, Process, Signal
 from digenrl.sim.generator_weights import GeneratorWeights
 from digenrl.sim.schedule_plan import SchedulePlan
 from digenrl.sim.schedules.separate_sync import trainer_units
+from digenrl.sim.training import optimizer_s, sharded, units_s
 from digenrl.sim.workload import split_evenly
 
 
@@ -59,7 +60,7 @@ class _AsyncRun:
         self.trainers = plan.trainer_ranks(world)
         self.generators = plan.generator_ranks(world)
         self.rendezvous = plan.transport_mode == "rendezvous"
-        self.weights = GeneratorWeights(cluster, self.trainers[0], self.generators)
+        self.weights = GeneratorWeights(cluster, self.trainers[0], self.generators, self.trainers)
         ranks = (*self.generators, *self.trainers)
         self.commands = {r: Mailbox(cluster.sim, f"rank {r} commands") for r in ranks}
         shares = split_evenly(cluster.workload.prompts_per_iteration, len(self.generators))
@@ -210,9 +211,12 @@ def _train_step(run: _AsyncRun, rank: int, j: int, tags: dict) -> Process:
     cluster, trainers = run.cluster, run.trainers
     w, cost = cluster.workload, cluster.cost(rank)
     units = trainer_units(cluster, trainers, run.generators, rank)
-    yield from cluster.work(rank, "train", w.train_s(cost, units), **tags)
-    seconds = cluster.net.allreduce_s(trainers, cost.grad_bytes)
-    yield from cluster.collective(("allreduce", j), rank, trainers, seconds, "allreduce", **tags)
+    yield from cluster.work(rank, "train", units_s(cluster, rank, trainers, units), **tags)
+    if not sharded(cluster, trainers):  # FSDP2 reduce-scatters inside every micro-batch
+        seconds = cluster.net.allreduce_s(trainers, cost.grad_bytes)
+        yield from cluster.collective(("allreduce", j), rank, trainers, seconds, "allreduce", **tags)
     committed = w.samples_per_iteration if rank == trainers[0] else None
-    yield from cluster.work(rank, "optimizer", cost.optimizer_step_s, samples=committed, **tags)
+    yield from cluster.work(
+        rank, "optimizer", optimizer_s(cluster, rank, trainers), samples=committed, **tags
+    )
     cluster.finish_iteration(j)

@@ -18,13 +18,14 @@ from digenrl.sim.cluster import SimCluster
 from digenrl.sim.des import Process
 from digenrl.sim.generator_weights import GeneratorWeights
 from digenrl.sim.schedule_plan import SchedulePlan
+from digenrl.sim.training import optimizer_s, sharded, units_s
 from digenrl.sim.workload import split_evenly
 
 
 def run_separate_sync(cluster: SimCluster, plan: SchedulePlan) -> None:
     world = cluster.profile.world_size
     trainers, generators = plan.trainer_ranks(world), plan.generator_ranks(world)
-    weights = GeneratorWeights(cluster, trainers[0], generators)
+    weights = GeneratorWeights(cluster, trainers[0], generators, trainers)
     rendezvous = plan.transport_mode == "rendezvous"
     groups = split_evenly(cluster.workload.prompts_per_iteration, len(generators))
     for rank, share in zip(generators, groups, strict=True):
@@ -79,11 +80,14 @@ def _trainer(
         tags = {"iteration": k, "policy_version": k}
         for g in generators:
             yield from cluster.channel(("batch", k, g, rank), g, rank).recv("wait_transfer", **tags)
-        yield from cluster.work(rank, "train", w.train_s(cost, units), **tags)
-        seconds = cluster.net.allreduce_s(trainers, cost.grad_bytes)
-        yield from cluster.collective(("allreduce", k), rank, trainers, seconds, "allreduce", **tags)
+        yield from cluster.work(rank, "train", units_s(cluster, rank, trainers, units), **tags)
+        if not sharded(cluster, trainers):  # FSDP2 reduce-scatters inside every micro-batch
+            seconds = cluster.net.allreduce_s(trainers, cost.grad_bytes)
+            yield from cluster.collective(("allreduce", k), rank, trainers, seconds, "allreduce", **tags)
         committed = w.samples_per_iteration if rank == trainers[0] else None
-        yield from cluster.work(rank, "optimizer", cost.optimizer_step_s, samples=committed, **tags)
+        yield from cluster.work(
+            rank, "optimizer", optimizer_s(cluster, rank, trainers), samples=committed, **tags
+        )
         cluster.finish_iteration(k)
         if rank == trainers[0] and k + 1 < w.iterations:
             yield from weights.publish(k + 1, iteration=k)

@@ -1,9 +1,9 @@
 """Benchmark one denoising step of a zoo generator, diffusers-eager path and the project's optimised path
 side by side, with random weights.
 
-    python experiments/bench_generator.py                                    # tiny-sd3, CPU or GPU
-    python experiments/bench_generator.py --model sd3.5-medium --batch-sizes 1,4,16 --compile --out out/perf
-    python experiments/bench_generator.py --model wan2.1-14b --frames 17 --batch-sizes 1 --compile --out o
+    python experiments/measure.py generator                                    # tiny-sd3, CPU or GPU
+    python experiments/measure.py generator --model sd3.5-medium --batch-sizes 1,4,16 --compile --out out/perf
+    python experiments/measure.py generator --model wan2.1-14b --frames 17 --batch-sizes 1 --compile --out o
 
 A step is what the rollout engine issues per denoising step: ``Sampler.velocity`` (the transformer forward of
 B samples, or of 2B = cond ++ uncond with true classifier-free guidance) and ``Sampler.transition`` (flow-SDE
@@ -36,14 +36,8 @@ import json
 import sys
 import time
 import traceback
-from pathlib import Path
 
 import torch
-
-try:
-    import digenrl  # noqa: F401
-except ImportError:  # running from a checkout without `pip install -e .`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from digenrl.config import Config, apply_overrides
 from digenrl.models import MODEL_SPECS, FlowModel, TextCondition, build_flow_model, get_model_spec
@@ -59,7 +53,11 @@ DYNAMIC = {"auto": None, "true": True, "false": False}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="experiments/measure.py generator",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--model", default="tiny-sd3", choices=sorted(MODEL_SPECS), help="zoo entry (model.name)")
     p.add_argument("--batch-sizes", default="1,4", help="comma-separated samples per step, e.g. 1,4,16")
     p.add_argument("--cfg", default="both", choices=["on", "off", "both"], help="classifier-free guidance")
@@ -401,7 +399,3 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         print(f"wrote {output_paths(args.out, 'generator', report['model'])[0]}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -2,11 +2,11 @@
 diffusers-eager path and the project's optimised path side by side, plus an attention-backward regression
 check.
 
-    python experiments/bench_trainer.py                                     # tiny-sd3, CPU or GPU
-    python experiments/bench_trainer.py --model sd3.5-medium --modes lora --micro-batch-sizes 1,2,4 \
+    python experiments/measure.py trainer                                     # tiny-sd3, CPU or GPU
+    python experiments/measure.py trainer --model sd3.5-medium --modes lora --micro-batch-sizes 1,2,4 \
         --samples 4 --train-steps 1 --paths optimized,eager --out out/perf
-    python experiments/bench_trainer.py --regression-only --regression-model flux.1-dev --out out/perf
-    python experiments/bench_trainer.py --model sd3.5-medium --modes lora --micro-batch-sizes 4,8,16 \
+    python experiments/measure.py trainer --regression-only --regression-model flux.1-dev --out out/perf
+    python experiments/measure.py trainer --model sd3.5-medium --modes lora --micro-batch-sizes 4,8,16 \
         --samples 16 --train-steps 1 --cfg on --cfg-grad cond,both --paths optimized --out out/perf
 
 For each training mode (LoRA / full), path, guidance setting and micro-batch size it times one logical batch
@@ -39,7 +39,7 @@ reported as pass/fail. Text conditions are random tensors with the spec's shapes
 
 ``--out`` is a directory (``trainer-<model>.json`` and ``.md``) or a ``.json`` path; the JSON is rewritten
 after every configuration. The JSON also carries the byte counts the simulator's cost model needs
-(experiments/emit_costs.py reads it).
+(``experiments/measure.py emit`` reads it, :mod:`digenrl.sim.emit`).
 """
 
 from __future__ import annotations
@@ -53,14 +53,8 @@ import time
 import traceback
 from dataclasses import replace
 from itertools import product
-from pathlib import Path
 
 import torch
-
-try:
-    import digenrl  # noqa: F401
-except ImportError:  # running from a checkout without `pip install -e .`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from digenrl.config import Config, apply_overrides
 from digenrl.models import MODEL_SPECS, FlowModel, TextCondition, build_flow_model
@@ -71,7 +65,7 @@ from digenrl.perf.bench_cli import fmt, int_list, name_list, output_paths
 from digenrl.perf.kernel_profile import format_profile, profile_call
 from digenrl.rollout.sampler import CFG_GRAD_MODES, CFG_SPLIT_MIN_BATCH, Sampler
 from digenrl.rollout.trajectory import TrajectoryBatch
-from digenrl.sim.measure import time_helper_switch, wire_bytes
+from digenrl.sim.measure import time_grad_park, wire_bytes
 from digenrl.trainer import PolicyTrainer
 from digenrl.trainer.micro_batches import plan_micro_batches
 
@@ -81,7 +75,11 @@ DYNAMIC = {"auto": None, "true": True, "false": False}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="experiments/measure.py trainer",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--model", default="tiny-sd3", choices=sorted(MODEL_SPECS), help="zoo entry (model.name)")
     p.add_argument("--modes", default="lora,full", help="comma-separated training modes: lora, full")
     p.add_argument("--micro-batch-sizes", default="1,2,4", help="training units per forward/backward")
@@ -483,7 +481,7 @@ class Bench:
                     [t for st in trainer.optimizer.state.values() for t in st.values() if torch.is_tensor(t)]
                 ),
                 **shipped_bytes(batch),
-                "helper_switch_s": time_helper_switch(trainer, batch, device, warmup=1, iters=3),
+                "grad_park_s": time_grad_park(trainer, batch, device, warmup=1, iters=3),
                 "train_steps_per_sample": batch.num_train_steps,
             }
         except Exception as exc:
@@ -715,7 +713,3 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         print(f"# wrote {output_paths(args.out, 'trainer', args.model)[0]}")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

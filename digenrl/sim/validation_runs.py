@@ -1,8 +1,8 @@
 """Validate the simulator against real runs on this machine (docs/design.md §5, "Simulator and planner":
 the simulator is trusted only as far as it matches real runs, so its error is reported).
 
-    python experiments/validate_sim.py          # 4 configurations on cpu-2, ~2 min on 2 idle cores
-    python experiments/validate_sim.py --configs digenrl-gap-f4 --iterations 6 --out /tmp/val
+    python experiments/measure.py validation-runs          # 4 configurations on cpu-2, ~2 min on 2 idle cores
+    python experiments/measure.py validation-runs --configs digenrl-gap-f4 --iterations 6 --out /tmp/val
 
 In ONE invocation: (1) measure the per-operation cost model of the run's model on this CPU with the
 runs' thread count (``digenrl.sim.measure.measure_costs``, 1 thread), (2) run every configuration for
@@ -25,15 +25,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-try:
-    import digenrl  # noqa: F401
-except ImportError:  # running from a checkout without `pip install -e .`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from digenrl.launch import launch_torchrun
 
-REPO = Path(__file__).resolve().parents[1]
-DEFAULT_OUT = REPO / "experiments" / "results" / "validation"
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_OUT = REPO / "runs" / "validation"
 
 
 @dataclass(frozen=True)
@@ -79,7 +74,11 @@ WORKLOAD_OVERRIDES = ("algo.prompts_per_iteration=8", "sampler.num_steps=16", "t
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="experiments/measure.py validation-runs",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--config", type=Path, default=REPO / "experiments" / "configs" / "tiny.yaml")
     p.add_argument("--profile", default="cpu-2", help="profile of the real runs and of the simulation")
     p.add_argument("--nproc", type=int, default=2)
@@ -92,7 +91,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--runs-dir", type=Path, default=None, help="where real runs write (default: runs/validation)"
     )
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="report folder (cpu.md / cpu.json)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_OUT,
+        help="report folder (default: runs/validation; cpu.md / cpu.json)",
+    )
     p.add_argument("--name", default="cpu", help="report file stem")
     p.add_argument("--timeout", type=float, default=300, help="seconds per real run")
     p.add_argument("--measure-iters", type=int, default=5, help="timed calls per cost measurement")
@@ -206,7 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     from digenrl.sim.workload import Workload
 
     torch.set_num_threads(args.threads)
-    command = "python experiments/validate_sim.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    command = "python experiments/measure.py validation-runs " + shlex.join(
+        sys.argv[1:] if argv is None else argv
+    )
     runs_dir = args.runs_dir or (REPO / "runs" / "validation")
     cfg = load_config(
         str(args.config), [f"iterations={args.iterations}", *WORKLOAD_OVERRIDES, *args.overrides]

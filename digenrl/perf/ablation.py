@@ -14,7 +14,7 @@ bound (the samples/s a perfect schedule of the same busy device-seconds would re
 variant allows and the fraction of samples that were one version stale, and the ratio of samples/s to
 ``separate-sync`` measured in the same invocation.
 
-    python experiments/run_ablation.py --nproc 2 --trainers 1 --profile cpu-2 --out runs/ablation-cpu2
+    python experiments/measure.py ablation --nproc 2 --trainers 1 --profile cpu-2 --out runs/ablation-cpu2
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from pathlib import Path
 from digenrl.launch import launch_torchrun
 from digenrl.runtime.event_summary import steady_window
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DIGENRL = ["system=digenrl", "tag=false", "tcss=false"]
 
 
@@ -147,8 +147,10 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="experiments/measure.py ablation", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--config", type=Path, default=REPO / "experiments" / "configs" / "tiny.yaml")
     parser.add_argument("--profile", default="cpu-4")
     parser.add_argument("--nproc", type=int, default=4)
@@ -172,7 +174,7 @@ def main() -> None:
     parser.add_argument(
         "overrides", nargs="*", help="extra key=value overrides for every variant (keys every system reads)"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     generators = args.nproc - args.trainers
     variants = ladder(generators, args.tsp_stages or generators, args.fragment_groups)
     chosen = args.variants or list(variants)
@@ -195,7 +197,7 @@ def main() -> None:
     rows = [summarize(runs[name]) for name in chosen]
     text = table(rows)
     print(text)
-    command = "python experiments/run_ablation.py " + " ".join(sys.argv[1:])
+    command = "python experiments/measure.py ablation " + " ".join(sys.argv[2:] if argv is None else argv)
     meta = {
         "command": command,
         "date": time.strftime("%Y-%m-%d"),
@@ -208,7 +210,4 @@ def main() -> None:
     (args.out / "ablation.md").write_text(
         f"# Ablation ({meta['date']}, {meta['hardware']})\n\n`{command}`\n\n{text}\n"
     )
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -1,9 +1,9 @@
 """Benchmark a reward's scoring call on batches of decoded images: seconds per batch and peak memory, and
 the simulator's reward costs (``reward_points``, ``reward_param_bytes``) as a cost-file fragment.
 
-    python experiments/bench_reward.py                                           # tiny-vlm-judge, CPU or GPU
-    python experiments/bench_reward.py --reward vlm-judge --batch-sizes 1,4,8,16 --out out/perf
-    python experiments/bench_reward.py --reward vlm-judge --batch-sizes 1,4,8,16 --out out/perf \
+    python experiments/measure.py reward                                   # tiny-vlm-judge, CPU or GPU
+    python experiments/measure.py reward --reward vlm-judge --batch-sizes 1,4,8,16 --out runs/perf
+    python experiments/measure.py reward --reward vlm-judge --batch-sizes 1,4,8,16 --out runs/perf \
         --apply-to experiments/results/costs/h200-sd3.5-medium.json \
         experiments/results/costs/h200-flux.1-dev.json
 
@@ -43,11 +43,6 @@ from pathlib import Path
 
 import torch
 
-try:
-    import digenrl  # noqa: F401
-except ImportError:  # running from a checkout without `pip install -e .`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from digenrl.perf import roofline
 from digenrl.perf.bench_cli import fmt, int_list, output_paths
 from digenrl.rewards.registry import available_rewards, build_reward, reward_class
@@ -57,7 +52,11 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="experiments/measure.py reward",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument(
         "--reward", default="tiny-vlm-judge", help=f"registry name ({', '.join(available_rewards())})"
     )
@@ -433,13 +432,9 @@ def format_markdown(report: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    command = "python experiments/bench_reward.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    command = "python experiments/measure.py reward " + shlex.join(sys.argv[2:] if argv is None else argv)
     report = run(args, command=command.strip())
     print(format_markdown(report))
     if args.out:
         print(f"wrote {output_paths(args.out, 'reward', report['reward'])[0]}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,285 @@
+"""``python experiments/simulate.py <command>``: everything that simulates (nothing here measures or plots).
+
+    plan        the best plan for a profile and cost file, with the tuned baselines
+    throughput  the table of every system per scenario × profile      (out: runs/simulate/throughput)
+    scaling     strong scaling with the GPU count                      (out: runs/simulate/scaling)
+    split       the generator : trainer split                          (out: runs/simulate/split)
+    validate    predicted vs measured seconds, per phase, of real runs (out: runs/simulate/validation)
+
+Tables are written where ``--out`` says, by default under ``runs/``; ``--regenerate`` writes the committed
+folder under ``experiments/results/`` (the command goes into the table's header and into
+``experiments/results/README.md``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from digenrl.sim import tables
+from digenrl.sim.costs import CostModel, load_costs
+from digenrl.sim.device_costs import SCALINGS, DeviceCosts
+
+DEFAULT_RUNS = tables.REPO / "runs" / "simulate"
+
+
+def _parser(command: str, doc: str) -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(
+        prog=f"experiments/simulate.py {command}",
+        description=doc,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+def _out(args: argparse.Namespace, name: str) -> Path:
+    if args.regenerate and args.out is not None:
+        raise SystemExit("--regenerate writes experiments/results/" + name + "; do not pass --out with it")
+    if args.regenerate:
+        return tables.RESULTS / name
+    return args.out if args.out is not None else DEFAULT_RUNS / name
+
+
+def _table_args(p: argparse.ArgumentParser, name: str) -> None:
+    p.add_argument("--max-stages", type=int, default=4, help="largest TSP stage count the planner tries")
+    p.add_argument(
+        "--quick", action="store_true", help="tiny-sd3 from its CPU cost file, tiny workload (tests)"
+    )
+    p.add_argument("--costs", type=Path, default=None, help="cost file to use (one scenario)")
+    p.add_argument("--out", type=Path, default=None, help=f"output folder (default: runs/simulate/{name})")
+    p.add_argument("--regenerate", action="store_true", help=f"write experiments/results/{name}")
+
+
+def _flux_by_default(args: argparse.Namespace) -> tuple[list[tables.Scenario], Path | None]:
+    """The scenarios of a scaling / split table (FLUX.1-dev LoRA unless named) and the cost file."""
+    chosen = tables.scenarios(args.quick, args.scenarios or (None if args.quick else ["flux.1-dev"]))
+    chosen = [s for s in chosen if args.quick or s.variant == "lora" or args.scenarios]
+    return chosen, args.costs or (tables.QUICK_COST_FILE if args.quick else None)
+
+
+def _command(name: str, argv: list[str] | None) -> str:
+    return f"python experiments/simulate.py {name} " + shlex.join(sys.argv[2:] if argv is None else argv)
+
+
+# ----------------------------------------------------------------------------- plan
+
+
+def plan(argv: list[str] | None = None) -> int:
+    """Ask the planner for the best plan on a hardware profile (and, with --baselines, the baselines)."""
+    from digenrl.config import load_config
+    from digenrl.runtime.profiles import load_profile
+    from digenrl.sim.planner import Planner
+    from digenrl.sim.workload import Workload
+
+    p = _parser("plan", plan.__doc__)
+    p.add_argument("--profile", required=True, help="hardware profile name or YAML path")
+    p.add_argument("--costs", action="append", default=[], help="cost file (PATH) or TYPE=PATH; repeatable")
+    p.add_argument(
+        "--model", default=None, help="with --device: experiments/results/costs/<device>-<model>.json"
+    )
+    p.add_argument("--device", default=None, help="device name of the cost file (e.g. h200, cpu)")
+    p.add_argument(
+        "--reference-type", default=None, help="profile device type a single cost file was measured on"
+    )
+    p.add_argument(
+        "--scaling", default="relative_speed", choices=SCALINGS, help="how to extrapolate to other types"
+    )
+    p.add_argument("--config", default=None, help="experiment YAML for the workload (algo/sampler/trainer)")
+    p.add_argument("--prompts", type=int, default=None, help="prompts per iteration (P)")
+    p.add_argument("--group-size", type=int, default=None, help="samples per prompt (G)")
+    p.add_argument("--steps", type=int, default=None, help="denoising steps (T)")
+    p.add_argument("--train-steps", type=int, default=None, help="trained timesteps per sample (K)")
+    p.add_argument("--cfg", default=None, choices=["on", "off"], help="classifier-free guidance")
+    p.add_argument("--micro-batch", type=int, default=None, help="training units per micro-batch")
+    p.add_argument("--max-staleness", type=int, default=0, choices=[0, 1], help="1: TCSS plans allowed")
+    p.add_argument("--max-stages", type=int, default=8, help="largest TSP stage count to consider")
+    p.add_argument("--baselines", action="store_true", help="also print the tuned baselines' predictions")
+    args = p.parse_args(argv)
+    profile = load_profile(args.profile)
+    if args.model and args.device:
+        models: CostModel | dict[str, CostModel] = load_costs(args.device, args.model)
+    elif not args.costs:
+        p.error("give --costs PATH (or TYPE=PATH, repeatable), or --model with --device")
+    elif all("=" in c for c in args.costs):
+        models = {key: CostModel.load(path) for key, path in (c.split("=", 1) for c in args.costs)}
+    elif len(args.costs) == 1 and "=" not in args.costs[0]:
+        models = CostModel.load(args.costs[0])
+    else:
+        p.error("--costs: either one PATH, or TYPE=PATH for every file")
+    costs = DeviceCosts(profile, models, reference_type=args.reference_type, scaling=args.scaling)
+    model_name = next(iter(costs.by_type.values())).model
+    cfg = load_config(args.config, [f"model.name={model_name}"] if args.config is None else None)
+    workload = Workload.from_config(cfg, iterations=6)
+    changes = {
+        "prompts_per_iteration": args.prompts,
+        "group_size": args.group_size,
+        "num_steps": args.steps,
+        "micro_batch_size": args.micro_batch,
+        "cfg": None if args.cfg is None else args.cfg == "on",
+    }
+    changes = {k: v for k, v in changes.items() if v is not None}
+    if args.steps is not None:
+        changes["train_steps"] = args.train_steps or max(1, int(args.steps * cfg.algo.timestep_fraction))
+    elif args.train_steps is not None:
+        changes["train_steps"] = args.train_steps
+    workload = replace(workload, **changes)
+    print(
+        f"profile {profile.name} ({profile.world_size} devices), model {model_name}: "
+        f"P={workload.prompts_per_iteration} G={workload.group_size} T={workload.num_steps} "
+        f"K={workload.train_steps} cfg={'on' if workload.cfg else 'off'} "
+        f"micro-batch={workload.micro_batch_size}"
+    )
+    for type_name, cost in sorted(costs.by_type.items()):
+        print(f"  costs for {type_name}: {cost.device}-{cost.model} ({cost.source}, path {cost.path})")
+    start = time.perf_counter()
+    planner = Planner(profile, costs, workload)
+    result = planner.search(max_staleness=args.max_staleness, max_stages=args.max_stages)
+    print(result.describe())
+    print("  run it: python experiments/run_train.py " + " ".join(result.best.plan.overrides()))
+    if args.baselines:
+        print("baselines (each tuned over its own knobs):")
+        for label, score in planner.baselines(max_staleness=1).items():
+            print(f"  {label}: {score.describe() if score else 'no plan fits in memory'}")
+    print(f"planned in {time.perf_counter() - start:.1f} s")
+    return 0
+
+
+# ----------------------------------------------------------------------------- tables
+
+
+def throughput(argv: list[str] | None = None) -> int:
+    """Throughput per scenario × profile × system (module docstring of digenrl.sim.tables)."""
+    p = _parser("throughput", tables.__doc__)
+    p.add_argument("--scenarios", nargs="*", default=None, help="labels or models (default: all)")
+    p.add_argument("--profiles", nargs="*", default=None, help=f"default: {' '.join(tables.PROFILES)}")
+    p.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the rows of the existing table for the scenario x profile pairs not computed now "
+        "(a table built in several runs; every run's command stays in the header)",
+    )
+    _table_args(p, "throughput")
+    args = p.parse_args(argv)
+    out = _out(args, "throughput")
+    chosen = tables.scenarios(args.quick, args.scenarios)
+    cost_file = args.costs or (tables.QUICK_COST_FILE if args.quick else None)
+    profiles = args.profiles or (tables.QUICK_PROFILES if args.quick else tables.PROFILES)
+    rows = []
+    for profile in profiles:
+        for scenario in chosen:
+            rows += tables.throughput_rows(scenario, profile, max_stages=args.max_stages, cost_file=cost_file)
+    commands = [_command("throughput", argv)]
+    if args.merge and (out / "table.csv").is_file():
+        done = {(r["scenario"], r["profile"]) for r in rows}
+        old_commands, old_rows = tables.read_table(out / "table.csv")
+        rows = [r for r in old_rows if (r["scenario"], r["profile"]) not in done] + rows
+        commands = [c for c in old_commands if c not in commands] + commands
+        rows = tables.panel_order(rows)
+    tables.attach_validation(rows, tables.validation_errors())
+    header = tables.header_lines(commands, "Throughput per scenario x profile x system.")
+    csv_path, md_path = tables.write_table(rows, out, "table", header)
+    print(f"[throughput] wrote {csv_path} and {md_path}")
+    return 0
+
+
+def scaling(argv: list[str] | None = None) -> int:
+    """Strong scaling: the same logical batch on 8, 16, 24, 32 GPUs of an H800 cluster."""
+    p = _parser("scaling", scaling.__doc__)
+    p.add_argument("--scenarios", nargs="*", default=None, help="labels or models (default: flux.1-dev)")
+    p.add_argument("--base-profile", default="h800-32", help="one-node-group profile to cut")
+    p.add_argument("--nodes", nargs="*", type=int, default=[1, 2, 3, 4], help="node counts")
+    _table_args(p, "scaling")
+    args = p.parse_args(argv)
+    out = _out(args, "scaling")
+    chosen, cost_file = _flux_by_default(args)
+    base = tables.load_profile(args.base_profile)
+    nodes = [1, 2] if args.quick else args.nodes
+    rows = []
+    for scenario in chosen:
+        rows += tables.scaling_rows(scenario, base, nodes, max_stages=args.max_stages, cost_file=cost_file)
+    header = tables.header_lines(
+        [_command("scaling", argv)],
+        f"Strong scaling (fixed logical batch) on {args.base_profile} cut to nodes.",
+    )
+    csv_path, md_path = tables.write_table(rows, out, "scaling", header)
+    print(f"[scaling] wrote {csv_path} and {md_path}")
+    return 0
+
+
+def split(argv: list[str] | None = None) -> int:
+    """Generator : trainer split sensitivity: separate-sync and DigenRL's mechanisms per pool split."""
+    p = _parser("split", split.__doc__)
+    p.add_argument("--scenarios", nargs="*", default=None, help="labels or models (default: flux.1-dev)")
+    p.add_argument("--base-profile", default="h800-32", help="one-node-group profile to cut")
+    p.add_argument("--nodes", type=int, default=2, help="8-GPU nodes (2 = 16 GPUs)")
+    _table_args(p, "split")
+    args = p.parse_args(argv)
+    out = _out(args, "split")
+    profile = tables.sub_cluster(tables.load_profile(args.base_profile), 1 if args.quick else args.nodes)
+    chosen, cost_file = _flux_by_default(args)
+    rows = []
+    for scenario in chosen:
+        start = time.perf_counter()
+        rows += tables.split_rows(scenario, profile, max_stages=args.max_stages, cost_file=cost_file)
+        print(f"[split] {scenario.label} on {profile.name} [{time.perf_counter() - start:.1f} s]", flush=True)
+    header = tables.header_lines(
+        _command("split", argv), f"Generator:trainer split sensitivity on {profile.name}."
+    )
+    csv_path, md_path = tables.write_table(rows, out, "split", header)
+    print(f"[split] wrote {csv_path} and {md_path}")
+    return 0
+
+
+# ----------------------------------------------------------------------------- validate
+
+
+def validate(argv: list[str] | None = None) -> int:
+    """Predicted vs measured seconds per phase of real runs (digenrl.sim.validation.compare_run): each
+    RUN_DIR's config.yaml is simulated on its profile from a cost file of the run's code path."""
+    from digenrl.sim.validation import compare_run, report_markdown
+
+    p = _parser("validate", validate.__doc__)
+    p.add_argument("run_dirs", nargs="+", type=Path, help="out_dir of real runs (config.yaml, events/)")
+    p.add_argument("--costs", type=Path, default=None, help="cost file (default: <device>-<model>.json)")
+    p.add_argument("--warmup", type=int, default=1, help="iterations excluded at the start (both sides)")
+    p.add_argument("--cooldown", type=int, default=0, help="iterations excluded at the end (both sides)")
+    p.add_argument("--name", default="validation", help="report file stem")
+    p.add_argument("--out", type=Path, default=None, help="report folder (default: runs/simulate/validation)")
+    p.add_argument("--regenerate", action="store_true", help="write experiments/results/validation")
+    args = p.parse_args(argv)
+    out = _out(args, "validation")
+    rows = [
+        compare_run(d, cost_file=args.costs, warmup=args.warmup, cooldown=args.cooldown)
+        for d in args.run_dirs
+    ]
+    text = report_markdown(rows, _command("validate", argv))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{args.name}.md").write_text(text)
+    (out / f"{args.name}.json").write_text(json.dumps({"rows": rows}, indent=2, default=str) + "\n")
+    print(text)
+    print(f"[validate] wrote {out / (args.name + '.md')} and .json")
+    return 0
+
+
+COMMANDS = {"plan": plan, "throughput": throughput, "scaling": scaling, "split": split, "validate": validate}
+
+
+def dispatch(doc: str, commands: dict, argv: list[str] | None) -> int:
+    """Run ``argv[0]`` of ``commands`` (a function, or a module with ``main``) with the rest of ``argv``;
+    the usage ``doc`` without a known command (the entry points experiments/measure.py and simulate.py)."""
+    import importlib
+
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
+        print(doc)
+        if argv and argv[0] not in ("-h", "--help"):
+            print(f"unknown command {argv[0]!r}; choose one of: {', '.join(commands)}", file=sys.stderr)
+            return 2
+        return 0 if argv else 2
+    command = commands[argv[0]]
+    run = command if callable(command) else importlib.import_module(command).main
+    return run(argv[1:]) or 0

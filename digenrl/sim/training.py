@@ -1,0 +1,103 @@
+"""How long a trainer rank takes for the units it is given, as the runtime forms its micro-batches.
+
+* :class:`SimPacker` is the runtime's :class:`~digenrl.gap.unit_packer.UnitPacker` in time: units of the
+  fragments a rank receives are trained in full micro-batches of ``trainer.micro_batch_size`` as they
+  arrive, the remainder carried to the next fragment and flushed (one last, partial micro-batch) at the
+  end of the iteration. Under a lockstep backend (FSDP2 for full fine-tuning: every micro-batch is a
+  collective) the runtime packs nothing: each fragment's units are trained in their own micro-batches.
+* :func:`micro_batch_s`: one micro-batch's forward + backward (:meth:`Workload.micro_batch_s`); with full
+  fine-tuning sharded over a group of ranks, FSDP2 gathers the weights for the forward and again for the
+  backward and reduce-scatters the gradients, three ring passes of ``param_bytes`` per micro-batch,
+  prefetched under the compute (the micro-batch takes the longer of the two).
+* :func:`generation_s`: a rank's denoising steps; a colocated rank of a sharded full fine-tune generates
+  with the sharded model, so every forward gathers the weights once (the gather of FSDP shards for
+  generation that a colocated system pays and a dedicated generator, holding whole weights, does not).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from digenrl.sim.cluster import SimCluster
+
+
+def sharded(cluster: SimCluster, group: Sequence[int]) -> bool:
+    """Whether the trainer ``group`` shards the model (full fine-tuning over several ranks, FSDP2)."""
+    return cluster.workload.trainer_mode == "full" and len(group) > 1
+
+
+def fsdp_gather_s(cluster: SimCluster, group: Sequence[int], nbytes: float) -> float:
+    """One ring all-gather (or reduce-scatter) of ``nbytes`` over ``group``: (n−1)/n of the bytes over the
+    slowest ring link (nccl-tests PERFORMANCE.md)."""
+    n = len(set(group))
+    if n < 2 or nbytes == 0:
+        return 0.0
+    return (n - 1) / n * nbytes / cluster.net.ring_bottleneck_bytes_per_s(group)
+
+
+def micro_batch_s(cluster: SimCluster, rank: int, group: Sequence[int], units: int) -> float:
+    """Seconds of one micro-batch of ``units`` units on ``rank`` whose trainer group is ``group``."""
+    w = cluster.workload
+    compute = w.micro_batch_s(cluster.cost(rank), units)
+    if not units or not sharded(cluster, group):
+        return compute
+    return max(compute, 3 * fsdp_gather_s(cluster, group, cluster.cost(rank).param_bytes))
+
+
+def generation_s(
+    cluster: SimCluster, rank: int, group: Sequence[int], samples: int, steps: int | None = None
+) -> float:
+    """``steps`` (default all) denoising steps of ``samples`` on ``rank``, whose model is sharded over
+    ``group`` when the workload is a full fine-tune and ``group`` has several ranks."""
+    w = cluster.workload
+    cost = cluster.cost(rank)
+    if not sharded(cluster, group) or samples <= 0:
+        return w.generation_s(cost, samples, steps)
+    chunk = w.samples_per_forward or samples
+    full, rest = divmod(samples, chunk)
+    gather = fsdp_gather_s(cluster, group, cost.param_bytes)
+    step = full * max(w.step_s(cost, chunk), gather) + (max(w.step_s(cost, rest), gather) if rest else 0.0)
+    return (w.num_steps if steps is None else steps) * step
+
+
+def optimizer_s(cluster: SimCluster, rank: int, group: Sequence[int]) -> float:
+    """The optimizer step of ``rank``: each rank of a sharded full fine-tune steps its shard only."""
+    seconds = cluster.cost(rank).optimizer_step_s
+    return seconds / len(group) if sharded(cluster, group) else seconds
+
+
+def units_s(cluster: SimCluster, rank: int, group: Sequence[int], units: int) -> float:
+    """``units`` units in micro-batches of ``micro_batch_size``, the last one partial."""
+    mb = cluster.workload.micro_batch_size
+    full, rest = divmod(units, mb)
+    return full * micro_batch_s(cluster, rank, group, mb) + micro_batch_s(cluster, rank, group, rest)
+
+
+class SimPacker:
+    """The seconds a rank spends training as fragments arrive (see the module docstring)."""
+
+    def __init__(self, cluster: SimCluster, rank: int, group: Sequence[int]) -> None:
+        self.cluster = cluster
+        self.rank = rank
+        self.group = tuple(group)
+        self.packing = not sharded(cluster, group)
+        self.carry = 0
+        self.trained = 0  # units trained so far this iteration: pending gradients exist when > 0
+
+    def add(self, units: int) -> float:
+        """Train what ``units`` more units allow now; returns the seconds (0 if nothing is trained)."""
+        if not self.packing:
+            self.trained += units
+            return units_s(self.cluster, self.rank, self.group, units)
+        mb = self.cluster.workload.micro_batch_size
+        total = self.carry + units
+        full = total - total % mb
+        self.carry = total - full
+        self.trained += full
+        return full // mb * micro_batch_s(self.cluster, self.rank, self.group, mb)
+
+    def flush(self) -> float:
+        """The carried units as one last micro-batch; resets for the next iteration."""
+        rest, self.carry = self.carry, 0
+        self.trained = 0
+        return micro_batch_s(self.cluster, self.rank, self.group, rest)

@@ -1,0 +1,45 @@
+"""Measure: everything that times real components on this machine's device (nothing here simulates or plots).
+
+    python experiments/measure.py costs      --model tiny-sd3               # cost file, real components
+    python experiments/measure.py generator  --model sd3.5-medium --compile  # generator step benchmark
+    python experiments/measure.py trainer    --model flux.1-dev --compile --autocast   # trainer benchmark
+    python experiments/measure.py reward     --reward vlm-judge --batch-sizes 1,4,8,16  # reward benchmark
+    python experiments/measure.py emit       --generator G.json --trainer T.json --device-name h200
+    python experiments/measure.py missing                                    # stale cost points to re-measure
+    python experiments/measure.py ablation   --nproc 2 --trainers 1 --profile cpu-2   # real runs side by side
+    python experiments/measure.py validation-runs                            # real CPU runs vs the simulator
+
+``python experiments/measure.py COMMAND --help`` describes each. Outputs go under ``runs/`` unless
+``--out`` names another folder (``--out experiments/results/...`` replaces a committed result).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+try:
+    import digenrl  # noqa: F401
+except ImportError:  # running from a checkout without `pip install -e .`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from digenrl.sim.cli import dispatch
+
+COMMANDS = {
+    "costs": "digenrl.sim.measure",
+    "generator": "digenrl.perf.bench_generator",
+    "trainer": "digenrl.perf.bench_trainer",
+    "reward": "digenrl.perf.bench_reward",
+    "emit": "digenrl.sim.emit",
+    "missing": "digenrl.sim.cost_audit",
+    "ablation": "digenrl.perf.ablation",
+    "validation-runs": "digenrl.sim.validation_runs",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    return dispatch(__doc__, COMMANDS, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
