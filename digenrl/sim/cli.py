@@ -227,7 +227,7 @@ def split(argv: list[str] | None = None) -> int:
         rows += tables.split_rows(scenario, profile, max_stages=args.max_stages, cost_file=cost_file)
         print(f"[split] {scenario.label} on {profile.name} [{time.perf_counter() - start:.1f} s]", flush=True)
     header = tables.header_lines(
-        _command("split", argv), f"Generator:trainer split sensitivity on {profile.name}."
+        [_command("split", argv)], f"Generator:trainer split sensitivity on {profile.name}."
     )
     csv_path, md_path = tables.write_table(rows, out, "split", header)
     print(f"[split] wrote {csv_path} and {md_path}")

@@ -373,23 +373,57 @@ def comparison_rows(
 # ----------------------------------------------------------------------------- validation errors
 
 
-def validation_errors(folder: Path = RESULTS / "validation") -> dict[tuple[str, str, str], float]:
-    """(model, profile, system) → relative error of the simulated samples/s against a real run, from every
-    ``*.json`` report of ``simulate.py validate`` in ``folder``."""
-    out = {}
+def _results_relative(path: str) -> str:
+    """A cost-file path as the tables name it (from ``experiments/results/`` on), wherever it was run."""
+    marker = "experiments/results/"
+    return path[path.index(marker) :] if marker in path else path
+
+
+@dataclass(frozen=True)
+class ValidationRecord:
+    """One real run compared with the simulator by ``simulate.py validate``."""
+
+    model: str
+    profile: str
+    system: str
+    cost_file: str  # relative to the repository root, as the tables' ``cost_file`` column
+    relative_error: float  # simulated vs measured samples/s
+
+
+def validation_errors(folder: Path = RESULTS / "validation") -> list[ValidationRecord]:
+    """Every comparison of every ``*.json`` report of ``simulate.py validate`` in ``folder``."""
+    out = []
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         data = json.loads(path.read_text())
         for row in data.get("rows", []):
-            if {"model", "profile", "system", "relative_error"} <= set(row):
-                out[(row["model"], row["profile"], row["system"])] = row["relative_error"]
+            if {"model", "profile", "system", "relative_error", "cost_file"} <= set(row):
+                out.append(
+                    ValidationRecord(
+                        row["model"], row["profile"], row["system"], _results_relative(row["cost_file"]),
+                        row["relative_error"],
+                    )
+                )  # fmt: skip
     return out
 
 
-def attach_validation(rows: list[dict[str, Any]], errors: dict[tuple[str, str, str], float]) -> None:
-    """Fill ``validation_error`` where a real run of the row's model, profile and system was compared."""
+def attach_validation(rows: list[dict[str, Any]], records: Sequence[ValidationRecord]) -> None:
+    """Fill ``validation_error`` from the real runs of the row's model and system priced by the row's own
+    cost file: the error on the row's profile, else the error on the profile the run had, named (a
+    single-GPU run checks the per-operation costs every profile's row is carried from). Only the model's
+    plain workload (``scenario`` = model) takes it: a full fine-tuning or heavy-reward scenario prices work
+    that no validation run did."""
     for row in rows:
-        key = (row.get("model_name"), row.get("profile"), row.get("system"))
-        row["validation_error"] = f"{100 * errors[key]:+.1f}%" if key in errors else "no measurement"
+        plain = row.get("scenario", row.get("model_name")) == row.get("model_name")
+        key = (row.get("model_name"), row.get("system"), row.get("cost_file"))
+        matches = [r for r in records if plain and (r.model, r.system, r.cost_file) == key]
+        same_profile = [r for r in matches if r.profile == row.get("profile")]
+        if same_profile:
+            row["validation_error"] = f"{100 * same_profile[-1].relative_error:+.1f}%"
+        elif matches:
+            record = matches[-1]
+            row["validation_error"] = f"{100 * record.relative_error:+.1f}% (on {record.profile})"
+        else:
+            row["validation_error"] = "no measurement"
 
 
 # ----------------------------------------------------------------------------- writing
@@ -425,6 +459,8 @@ def _fmt(value: Any) -> str:
 
 
 def header_lines(commands: Sequence[str], what: str) -> str:
+    if isinstance(commands, str):  # one command is a list of one, not a sequence of characters
+        raise TypeError("header_lines takes a list of commands")
     lines = [what, *(f"command: {c}" for c in commands)]
     lines.append(
         f"date: {time.strftime('%Y-%m-%d')}; hardware: none measured here (every row is simulated by "

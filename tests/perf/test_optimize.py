@@ -85,7 +85,11 @@ def test_bad_compile_mode_is_rejected():
 
 
 def test_model_compile_config_key():
-    assert Config().model.compile is False
+    """Unset, compile follows the device (the GPU path on CUDA, eager elsewhere); set, it is what runs."""
+    default = Config().model
+    assert default.compile is None
+    assert default.optimised("cpu")[0] is False and default.optimised("cuda")[0] is True
+    assert load_config(None, ["model.compile=false"]).model.optimised("cuda")[0] is False
     assert load_config(None, ["model.compile=true"]).model.compile is True
     with pytest.raises(ValueError, match=r"model\.compile"):
         load_config(None, ["model.compile=3"])
