@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# One device call on a lent H200: the whole test suite on a GPU machine (tests must pass where users run them,
+# not only on CI's CPU), with DeepSpeed installed from .whl/ds/ as the `test` extra installs it on CI.
+#
+#   device run (kind nvidia-h200, carry [".whl"], timeout 420):
+#     bash experiments/gpu/h200_suite.sh
+#
+# Results under $OUT: log.txt, summary.md, pytest.txt (experiments/gpu/steps.sh).
+OUT=${OUT:-/tmp/h200_suite_out} WORK=/tmp/h200_suite DEADLINE_S=${DEADLINE_S:-400}
+source experiments/gpu/steps.sh
+gpu_setup
+if compgen -G ".whl/ds/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        .whl/ds/*.whl || echo "## WARNING: deepspeed wheel install failed"
+fi
+
+# 6 workers (pytest-xdist is on the image; every multi-process test picks free ports and its own tmp dirs).
+# The CPU tests run as on CI; tests that pick a device by "auto" meet CUDA here.
+step tests 360 bash -c "python3 -m pytest -q -n 6 -p no:cacheprovider --durations=10 -rs 2>&1 | tee $OUT/pytest.txt"
+
+finish
