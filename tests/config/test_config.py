@@ -96,7 +96,7 @@ def test_parse_errors_name_the_key(overrides, needle):
         (
             ["trainer.backend=deepspeed", "trainer.deepspeed_stage=7"],
             1,
-            ["trainer.deepspeed_stage=7", "0, 1 or 2"],
+            ["trainer.deepspeed_stage=7", "0, 1, 2, 3"],
         ),
         (["trainer.deepspeed_stage=1"], 1, ["trainer.deepspeed_stage", "trainer.backend='auto'"]),
         (["gap.assignment=contiguous"], 1, ["gap.assignment", "dynamic"]),
