@@ -489,6 +489,27 @@ class DeepSpeedBackend(ParallelBackend):
                     p.copy_(value.to(device=p.device, dtype=p.dtype))
                 safe_set_full_fp32_param(p, value.to(device=self.device, dtype=torch.float32))
 
+    def _create_optimizer_state(self, keys: set[str]) -> None:
+        """Give every partition the torch optimizer wraps the state entries it would create at its first
+        step (ZeRO-3 creates them lazily), so a checkpoint can be loaded before any step has run."""
+        zero = self.engine.optimizer
+        inner = getattr(zero, "optimizer", zero)
+        # the flat fp32 partitions: ZeRO-3 puts them into the param groups only while it steps
+        flats = [p for group in inner.param_groups for p in group["params"]]
+        for attr in (
+            "fp32_partitioned_groups_flat",
+            "single_partition_of_fp32_groups",
+            "fp32_groups_flat_partition",
+        ):
+            flats += list(getattr(zero, attr, None) or [])
+        for flat in {id(f): f for f in flats}.values():
+            st = inner.state[flat]
+            for key in sorted(keys - st.keys()):  # one order on every rank
+                st[key] = torch.zeros((), dtype=torch.float32) if key == "step" else torch.zeros_like(flat)
+        link = getattr(zero, "_lazy_init_hp_params_optimizer_state", None)  # ZeRO-1/2, bf16: map moments
+        if link is not None:
+            link()
+
     def _inner_optimizer_states(self) -> list[dict[str, Any]]:
         inner = getattr(self.engine.optimizer, "optimizer", self.engine.optimizer)
         return list(inner.state.values())
@@ -503,7 +524,8 @@ class DeepSpeedBackend(ParallelBackend):
         states = self._inner_optimizer_states()
         step = states[0].get("step") if states else None
         first = states[0] if states else {}
-        keys = [k for k, v in first.items() if isinstance(v, torch.Tensor) and v.dim()]  # the moments
+        # the moments, in one order on every rank: each full-tensor read below is a collective
+        keys = sorted(k for k, v in first.items() if isinstance(v, torch.Tensor) and v.dim())
         keep = self.rank == 0
         state: dict[str, dict[str, Any]] = {}
         for name, p in self.named_trainable():
@@ -529,6 +551,7 @@ class DeepSpeedBackend(ParallelBackend):
         saved_names = sorted(n for g in state["param_groups"] for n in g["params"])
         if saved_names != sorted(named):
             raise ValueError("optimizer state names other parameters than this trainer trains")
+        self._create_optimizer_state({k for entry in state["state"].values() for k in entry})
         steps = set()
         for name, entry in state["state"].items():
             for key, value in entry.items():

@@ -95,7 +95,13 @@ def _worker(rank, world_size, tmp):
                 units, step = _run_iteration(trainer, batch, SHARES[rank])
                 steps.append({**step, "units": units})
             state = trainer.state_dict()
-            # resume from the single-process state after iteration 1 and redo iteration 2 under ZeRO
+            # a fresh trainer (no step yet: ZeRO-3 has no optimizer state) resumes from the single-process
+            # state after iteration 1 and redoes iteration 2 under ZeRO
+            trainer.backend.engine.destroy()
+            model = build_model(seed=0)  # LoRA: the frozen base must be the reference's
+            trainer = PolicyTrainer(
+                cfg, model, make_sampler(cfg, model), uncond=None, device="cpu", world_size=world_size
+            )
             trainer.load_state_dict(ref["states"][0])
             _, redo = _run_iteration(trainer, ref["batches"][1], SHARES[rank])
             out[name] = {
@@ -121,7 +127,13 @@ def _assert_states_close(a, b, atol):
     for n, entry in a["optimizer"]["state"].items():
         assert entry.keys() == b["optimizer"]["state"][n].keys(), n
         for k, v in entry.items():
-            torch.testing.assert_close(v, b["optimizer"]["state"][n][k], rtol=1e-5, atol=atol)
+            torch.testing.assert_close(
+                v,
+                b["optimizer"]["state"][n][k],
+                rtol=1e-5,
+                atol=atol,
+                msg=lambda m, n=n, k=k: f"{n} {k}: {m}",
+            )
 
 
 def test_two_rank_deepspeed_zero2_and_zero3_equal_the_single_process_update():
