@@ -33,8 +33,6 @@ import contextlib
 import gc
 import json
 import math
-import os
-import socket
 import statistics
 import sys
 import time
@@ -52,6 +50,7 @@ from digenrl.perf.bench_trainer import synthetic_batch
 from digenrl.rollout.sampler import Sampler
 from digenrl.rollout.trajectory import TrajectoryBatch
 from digenrl.trainer import PolicyTrainer
+from digenrl.trainer.parallel import init_one_rank_group
 
 #: ``--backends`` names → (trainer.backend, trainer.deepspeed_stage)
 BACKENDS = {
@@ -101,21 +100,6 @@ def require_deepspeed(backends: list[str]) -> None:
                 f"--backends {','.join(backends)} needs DeepSpeed: pip install digenrl[deepspeed] "
                 f"({type(exc).__name__}: {exc})"
             ) from None
-
-
-def init_single_process_group(device: torch.device) -> None:
-    """A one-rank process group (NCCL on a GPU, gloo on CPU) with the environment DeepSpeed reads."""
-    if dist.is_initialized():
-        return
-    if "MASTER_PORT" not in os.environ:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
-    for key, value in {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
-        os.environ.setdefault(key, value)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
 
 
 def mode_config(args: argparse.Namespace, mode: str, backend: str) -> Config:
@@ -340,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     require_deepspeed(args.backends)
     bench = Bench(args)
-    init_single_process_group(bench.device)
+    init_one_rank_group(bench.device)
     try:
         report = bench.run()
     finally:

@@ -29,6 +29,8 @@ checkpoints and weight sync do not depend on the process layout that wrote them.
 from __future__ import annotations
 
 import contextlib
+import os
+import socket
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -392,6 +394,7 @@ class DeepSpeedBackend(ParallelBackend):
         self.engine: Any = None
         self.last_grad_norm = float("nan")
         self._deepspeed = import_deepspeed()
+        init_one_rank_group(self.device)  # a single-process run has no process group; the engine needs one
 
     def _engine_config(self) -> dict[str, Any]:
         trainable = self.trainable_parameters()
@@ -576,6 +579,22 @@ def _full_shape(p: torch.Tensor) -> tuple[int, ...]:
 
 def _full_numel(p: torch.Tensor) -> int:
     return p.ds_numel if hasattr(p, "ds_numel") else p.numel()
+
+
+def init_one_rank_group(device: torch.device) -> None:
+    """A one-rank default process group (NCCL on a GPU, gloo on CPU) with the environment DeepSpeed reads,
+    for a single process that has none: DeepSpeed's engine always talks through torch.distributed."""
+    if dist.is_initialized():
+        return
+    if "MASTER_PORT" not in os.environ:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+    for key, value in {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
+        os.environ.setdefault(key, value)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
 
 
 def import_deepspeed() -> Any:
