@@ -34,9 +34,11 @@ setup(
     extras_require={
         # The CPU wheel this project's CI machines serve locally; GPU users keep their own torch.
         "cpu": ["torch==2.13.0"],
-        "test": ["pytest>=8", "ruff>=0.6"],
+        # deepspeed: tests/trainer/test_trainer_deepspeed.py runs ZeRO-2/3 on CPU (gloo); it installs from its
+        # sdist with its ops left to JIT compilation (DS_BUILD_OPS unset), in seconds
+        "test": ["pytest>=8", "ruff>=0.6", "deepspeed>=0.19.8"],
         # Optional GPU kernels: never needed on CPU; DigenRL falls back to torch SDPA without them.
         "gpu": ["flash-attn>=2.6", "xformers>=0.0.28"],
-        "deepspeed": ["deepspeed>=0.16"],
+        "deepspeed": ["deepspeed>=0.19.8"],  # managed_gradient_accumulation=false (parallel.py)
     },
 )

@@ -90,6 +90,10 @@ class AlgoConfig:
     cfg_grad: str = "cond"
 
 
+#: ZeRO stages of trainer.backend=deepspeed (3 partitions parameters too; docs/design.md §3)
+DEEPSPEED_STAGES = (0, 1, 2, 3)
+
+
 @dataclass
 class TrainerConfig:
     """How the policy is updated."""
@@ -105,7 +109,7 @@ class TrainerConfig:
     grad_clip: float = 1.0
     micro_batch_size: int = 4  # training units per forward/backward
     backend: str = "auto"  # auto | none | ddp | fsdp2 | deepspeed
-    deepspeed_stage: int = 2
+    deepspeed_stage: int = 2  # ZeRO stage, one of DEEPSPEED_STAGES
     activation_checkpointing: bool = False
     # a step whose gradient or resulting parameters are not finite is never committed; "stop" raises naming
     # the iteration, "skip" drops the step (weights and optimizer state stay, counted in the metrics)

@@ -27,7 +27,7 @@ import math
 import os
 from pathlib import Path
 
-from digenrl.config import Config, ConfigError, explicit_keys
+from digenrl.config import DEEPSPEED_STAGES, Config, ConfigError, explicit_keys
 
 #: Sections (and keys) that only some systems read; everything else is shared by every system.
 SYSTEM_SPECIFIC = ("pools", "sync", "asynchrony", "residency", "gap", "tsp", "tag", "tcss")
@@ -127,10 +127,10 @@ def validate_config(cfg: Config, world_size: int | None = None) -> None:
             "trainer.nonfinite=skip cannot restore the optimizer state DeepSpeed owns; use "
             "trainer.nonfinite=stop with trainer.backend=deepspeed (or another backend)"
         )
-    if cfg.trainer.deepspeed_stage not in (0, 1, 2):
+    if cfg.trainer.deepspeed_stage not in DEEPSPEED_STAGES:
         raise ConfigError(
-            f"trainer.deepspeed_stage={cfg.trainer.deepspeed_stage} is not supported; choose 0, 1 or 2 "
-            "(or trainer.backend=fsdp2 to shard parameters)"
+            f"trainer.deepspeed_stage={cfg.trainer.deepspeed_stage} is not supported; choose one of "
+            f"{', '.join(map(str, DEEPSPEED_STAGES))} (ZeRO stages)"
         )
     if "trainer.deepspeed_stage" in explicit_keys(cfg) and cfg.trainer.backend != "deepspeed":
         raise ConfigError(

@@ -4,6 +4,7 @@
     python experiments/measure.py generator  --model sd3.5-medium --compile  # generator step benchmark
     python experiments/measure.py trainer    --model flux.1-dev --compile --autocast   # trainer benchmark
     python experiments/measure.py reward     --reward vlm-judge --batch-sizes 1,4,8,16  # reward benchmark
+    python experiments/measure.py backends   --config experiments/configs/sd35-medium-lora.yaml  # vs ZeRO
     python experiments/measure.py emit       --generator G.json --trainer T.json --device-name h200
     python experiments/measure.py missing                                    # stale cost points to re-measure
     python experiments/measure.py ablation   --nproc 2 --trainers 1 --profile cpu-2   # real runs side by side
@@ -30,6 +31,7 @@ COMMANDS = {
     "generator": "digenrl.perf.bench_generator",
     "trainer": "digenrl.perf.bench_trainer",
     "reward": "digenrl.perf.bench_reward",
+    "backends": "digenrl.perf.bench_backends",
     "emit": "digenrl.sim.emit",
     "missing": "digenrl.sim.cost_audit",
     "ablation": "digenrl.perf.ablation",

@@ -504,8 +504,12 @@ def optimizer_transitions(optimizer: torch.optim.Optimizer, device: torch.device
     """(onload, offload) moving an optimizer's state tensors (e.g. Adam moments) off ``device``.
 
     The parameters themselves belong to the module (``module_transitions``); state created lazily by the
-    first step is picked up by the next offload.
+    first step is picked up by the next offload. DeepSpeed's ZeRO optimizers wrap a torch optimizer that
+    holds the (partitioned) moments: that one is moved.
     """
+    inner = getattr(optimizer, "optimizer", None)
+    if not isinstance(optimizer, torch.optim.Optimizer) and isinstance(inner, torch.optim.Optimizer):
+        optimizer = inner
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ValueError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
 

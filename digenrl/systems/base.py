@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+import torch
+
 from digenrl.config import Config, ConfigError, save_config
 from digenrl.runtime.distributed import DistContext
 from digenrl.runtime.events import agree_clock_origin, merge_chrome_trace
@@ -153,6 +155,8 @@ class System:
         records = []
         for iteration in range(start, cfg.iterations):
             inject_fault(ctx.rank, iteration)
+            if ctx.device.type == "cuda":  # peak_mem_gib: this iteration's peak on this rank's GPU
+                torch.cuda.reset_peak_memory_stats(ctx.device)
             t0 = time.perf_counter()
             report = self.run_iteration(iteration)
             wall = time.perf_counter() - t0
@@ -170,6 +174,8 @@ class System:
                 "wall_s": wall,
                 **{f"{phase}_s": s for phase, s in report.phase_s.items()},
             }
+            if ctx.device.type == "cuda":
+                record["peak_mem_gib"] = torch.cuda.max_memory_allocated(ctx.device) / 2**30
             self.parts.metrics.log(record)
             records.append(record)
             last = iteration + 1 == cfg.iterations

@@ -59,7 +59,12 @@ from digenrl.systems.phases import (
     train_on,
     units_per_sample,
 )
-from digenrl.systems.separate import SeparateSystem, generator_report, separate_layout
+from digenrl.systems.separate import (
+    SeparateSystem,
+    check_trainer_pool_backend,
+    generator_report,
+    separate_layout,
+)
 from digenrl.tag.helper import TagHelper, gathered_weights_fit, tag_supported
 from digenrl.tag.policy import TagDecision, TagPolicy
 from digenrl.trainer.parallel import ParallelBackend, resolve_backend
@@ -86,6 +91,7 @@ class DigenRL(SeparateSystem):
     def check(cls, cfg: Config, world_size: int) -> None:
         from digenrl.models.specs import get_model_spec
 
+        check_trainer_pool_backend(cfg)
         layout = separate_layout(cfg, world_size)
         tsp = TspLayout(layout.generator_ranks, cfg.tsp.stages)
         num_steps = cfg.sampler.num_steps or get_model_spec(cfg.model.name).default_num_steps

@@ -85,6 +85,16 @@ def generator_report(rewards: torch.Tensor, samples: int, phase_s: dict[str, flo
     )
 
 
+def check_trainer_pool_backend(cfg: Config) -> None:
+    """DeepSpeed trains on the whole world, never on a trainer pool beside generators (startup check)."""
+    if cfg.trainer.backend == "deepspeed":
+        raise ConfigError(
+            "trainer.backend=deepspeed needs every rank to train (DeepSpeed's data-parallel group is "
+            f"the default group), but system={cfg.system!r} trains on the trainer pool only; use "
+            "trainer.backend=fsdp2 or ddp, or a colocated system (colocated-sync, colocated-overlap)"
+        )
+
+
 class SeparateSystem(System):
     """Base of the schedules on disjoint generator / trainer pools."""
 
@@ -93,6 +103,7 @@ class SeparateSystem(System):
     @classmethod
     def check(cls, cfg: Config, world_size: int) -> None:
         """Pools fit the world; every generator produces whole groups; every trainer gets samples."""
+        check_trainer_pool_backend(cfg)
         layout = separate_layout(cfg, world_size)
         gens, trainers = len(layout.generator_ranks), len(layout.trainer_ranks)
         p = cfg.algo.prompts_per_iteration

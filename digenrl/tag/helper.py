@@ -20,8 +20,9 @@ Rules, and how they hold here:
   *together* at the head of the iteration (:meth:`ParallelBackend.generation_weights`: one all-gather,
   then forwards without collectives, released after — the gradients stay on the shards) and each helps
   from there; the memory it needs is checked at startup (:func:`gathered_weights_fit`): ``tag.policy=always``
-  is rejected and ``auto`` turns TAG off, with the numbers, when a trainer cannot hold it. DeepSpeed's
-  engine owns its forward: no TAG (:func:`tag_supported`);
+  is rejected and ``auto`` turns TAG off, with the numbers, when a trainer cannot hold it. DeepSpeed
+  trains on every rank of the world, so it runs in colocated systems only and never meets TAG
+  (:func:`tag_supported` says so all the same);
 * the switch into and out of helping is its own span (``tag_switch``), measured and counted: parking or
   restoring gradients, gathering or releasing sharded weights, waiting for the device. Consecutive helper
   fragments switch once.
@@ -54,8 +55,8 @@ def tag_supported(backend: str) -> str | None:
     if backend in TAG_BACKENDS:
         return None
     return (
-        f"trainer backend {backend!r}: the DeepSpeed engine owns the model's forward, so a trainer rank "
-        "cannot generate with it"
+        f"trainer backend {backend!r}: DeepSpeed trains on every rank of the world (colocated systems "
+        "only), so there are no trainer ranks beside generators to help them"
     )
 
 

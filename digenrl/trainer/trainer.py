@@ -97,6 +97,7 @@ class PolicyTrainer:
 
     ``process_group`` is the group of trainer ranks (``None``: the default group if torch.distributed is
     initialised, else a single process); ``world_size`` must equal its size and is checked.
+    ``exact_backend``: use ``trainer.backend`` as named even with one trainer process (backend benchmarks).
     ``steps`` counts optimizer steps (several per policy version with ``algo.num_updates_per_batch`` > 1;
     the version itself is owned by :class:`digenrl.runtime.policy_version.PolicyVersion`).
     """
@@ -111,6 +112,7 @@ class PolicyTrainer:
         device: torch.device | str,
         process_group: Any = None,
         world_size: int = 1,
+        exact_backend: bool = False,
     ) -> None:
         self.cfg = cfg
         self.flow_model = flow_model
@@ -136,6 +138,7 @@ class PolicyTrainer:
             deepspeed_stage=tcfg.deepspeed_stage,
             grad_clip=tcfg.grad_clip,
             activation_checkpointing=tcfg.activation_checkpointing,
+            exact_backend=exact_backend,
         )
         # Never train through an attention backend known to fail in backward (falls back with a logged
         # reason; may turn cuDNN SDPA off): digenrl/models/attention_safety.py
@@ -188,7 +191,7 @@ class PolicyTrainer:
         """Add ``unit_weight · ∇ Σ_units loss`` of ``batch``'s units to the pending gradient.
 
         ``unit_weight`` must be ``1 / (units of the logical batch summed over all trainer ranks)`` (see the
-        module docstring). With a lockstep backend (FSDP2, ZeRO-2) this call is a collective: every trainer
+        module docstring). With a lockstep backend (FSDP2, ZeRO-2/3) this call is a collective: every trainer
         rank calls it once per fragment, possibly with a different number of units; ranks with fewer
         micro-batches run zero-weight copies of a unit so that all ranks run the same number.
         Returns sums for the caller to reduce: loss_sum, ratio_sum, ratio_min, ratio_max, clipped_count,
@@ -213,7 +216,7 @@ class PolicyTrainer:
             else:
                 raise RuntimeError(
                     f"trainer rank {self.backend.rank} has no training unit in its first fragment while "
-                    "other ranks do; lockstep backends (fsdp2, deepspeed stage 2) need at least one unit "
+                    "other ranks do; lockstep backends (fsdp2, deepspeed stage >= 2) need at least one unit "
                     "per rank in the first accumulate() call"
                 )
             total, terms, kl = self.unit_losses(mb)
@@ -265,7 +268,7 @@ class PolicyTrainer:
         deepspeed = self.backend.name == "deepspeed"  # clips inside its own step: norm known only after it
         if not deepspeed and self._on_any_rank(not math.isfinite(grad_norm)):
             return self._reject(f"gradient norm ({grad_norm})", iteration, grad_norm)
-        params = [_local(p).detach() for p in self.backend.trainable_parameters()]
+        params = [self.backend.local_view(p).detach() for p in self.backend.trainable_parameters()]
         # One flat copy instead of a clone and a norm per tensor: a LoRA has ~10³ small tensors, and
         # per-tensor kernels made the update-norm bookkeeping slower than the AdamW step itself.
         before = torch.cat([p.reshape(-1) for p in params]) if params else None
@@ -308,7 +311,7 @@ class PolicyTrainer:
 
     def _first_nonfinite_parameter(self) -> str:
         for name, param in self.backend.named_trainable():
-            if not bool(torch.isfinite(_local(param).detach()).all()):
+            if not bool(torch.isfinite(self.backend.local_view(param).detach()).all()):
                 return f"first: {name}"
         return "in another trainer rank's shard"
 
@@ -368,10 +371,6 @@ class PolicyTrainer:
         self.backend.load_full_state(state["model"])
         self.backend.load_optimizer_state(self.optimizer, state["optimizer"])
         self.steps = int(state["steps"])
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def _copy_flat_into(flat: torch.Tensor | None, tensors: list[torch.Tensor]) -> None:

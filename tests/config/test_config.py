@@ -96,9 +96,14 @@ def test_parse_errors_name_the_key(overrides, needle):
         (
             ["trainer.backend=deepspeed", "trainer.deepspeed_stage=7"],
             1,
-            ["trainer.deepspeed_stage=7", "0, 1 or 2"],
+            ["trainer.deepspeed_stage=7", "0, 1, 2, 3"],
         ),
         (["trainer.deepspeed_stage=1"], 1, ["trainer.deepspeed_stage", "trainer.backend='auto'"]),
+        (
+            ["system=separate-sync", "trainer.backend=deepspeed"],
+            2,
+            ["trainer.backend=deepspeed", "every rank", "colocated-sync"],
+        ),
         (["gap.assignment=contiguous"], 1, ["gap.assignment", "dynamic"]),
         (["tag.policy=sometimes"], 1, ["tag.policy", "auto"]),
         (["algo.kl_beta=0.1", "trainer.mode=full"], 1, ["algo.kl_beta", "lora"]),

@@ -122,7 +122,7 @@ def test_a_resumed_run_with_gap_tsp_and_tag_replays_the_uninterrupted_run_exactl
         (["gap.assignment=round-robin"], ["tag.enabled", "gap.assignment=dynamic"]),
         (
             ["trainer.mode=full", "trainer.backend=deepspeed", "tag.policy=always"],
-            ["tag.policy=always", "deepspeed", "DeepSpeed engine owns"],
+            ["trainer.backend=deepspeed", "every rank", "colocated-sync"],
         ),
         (["tsp_stages=2", "tsp.boundaries=[0, 9, 8]"], ["tsp.boundaries"]),
     ],

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
+import sys
 
 import pytest
 
@@ -16,6 +16,8 @@ def test_resolve_backend():
     assert resolve_backend("auto", world_size=4, mode="full") == "fsdp2"
     assert resolve_backend("auto", world_size=4, mode="lora") == "ddp"
     assert resolve_backend("fsdp2", world_size=1, mode="full") == "none"
+    assert resolve_backend("fsdp2", world_size=1, mode="full", exact=True) == "fsdp2"  # backend benchmarks
+    assert resolve_backend("auto", world_size=1, mode="full", exact=True) == "none"
     assert resolve_backend("deepspeed", world_size=2, mode="full") == "deepspeed"
     with pytest.raises(ValueError, match="single-process"):
         resolve_backend("none", world_size=2, mode="lora")
@@ -25,8 +27,8 @@ def test_resolve_backend():
         resolve_backend("auto", world_size=2, mode="qlora")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is not None, reason="deepspeed is installed")
-def test_deepspeed_without_the_extra_says_how_to_install_it():
+def test_deepspeed_without_the_extra_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "deepspeed", None)  # import deepspeed now raises ImportError
     cfg = make_config("trainer.backend=deepspeed")
     model = build_model()
     with pytest.raises(ImportError, match=r"pip install digenrl\[deepspeed\]"):
