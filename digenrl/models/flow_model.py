@@ -96,7 +96,7 @@ class FlowModel(nn.Module):
 
     # --- mixed precision ---------------------------------------------------------------------------------
 
-    def set_autocast(self, enabled: bool) -> None:
+    def set_autocast(self, enabled: bool, dtype: torch.dtype | None = None) -> None:
         """Run the transformer under ``torch.autocast`` in its own 16-bit dtype (``model.autocast``).
 
         Why: LoRA adapters keep fp32 weights (AdamW's master copy, digenrl/trainer/lora.py), and peft then
@@ -110,12 +110,15 @@ class FlowModel(nn.Module):
         adapters (``apply_lora`` does).
         """
         if enabled:
-            if self.dtype not in (torch.bfloat16, torch.float16):
+            # ``dtype``: the compute dtype when it is not the parameters' own (FSDP2 full fine-tuning keeps
+            # fp32 master shards and computes in the bf16 the model was built in)
+            dtype = dtype or self.dtype
+            if dtype not in (torch.bfloat16, torch.float16):
                 raise ValueError(
                     f"model.autocast=true needs a 16-bit model.dtype (bfloat16 or float16), "
-                    f"{self.spec.name} computes in {self.dtype}"
+                    f"{self.spec.name} computes in {dtype}"
                 )
-            self.autocast_dtype = self.dtype
+            self.autocast_dtype = dtype
         else:
             self.autocast_dtype = None
         for module in self.transformer.modules():

@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict, dataclass, field
 
+import torch
 from torch import nn
 
 from digenrl.models.attention_safety import AttentionChoice, apply_attention_backend, select_attention_backend
@@ -142,6 +143,7 @@ def optimize_flow_model(
     needs_backward: bool = False,
     compile_settings: CompileSettings | None = None,
     autocast: bool = False,
+    compute_dtype: torch.dtype | None = None,
 ) -> AppliedOptimizations:
     """Apply the safe attention backend and, if ``compile``, ``torch.compile`` to ``flow_model`` in place.
 
@@ -149,13 +151,14 @@ def optimize_flow_model(
     backends whose backward is known to fail). With ``compile=False`` and the default ``native`` backend
     the forward is unchanged bit for bit. Compile is skipped (with the reason) when the transformer is
     already FSDP2-sharded: torchtitan compiles blocks *before* ``fully_shard``, and the trainer here shards
-    first.
+    first. ``compute_dtype``: the dtype autocast computes in when the parameters are not in it (fp32 master
+    shards of FSDP2 full fine-tuning); default the model's own.
     """
     choice = select_attention_backend(
         attention_backend, needs_backward=needs_backward, device=flow_model.device
     )
     apply_attention_backend(flow_model, choice.backend)
-    flow_model.set_autocast(autocast)
+    flow_model.set_autocast(autocast, compute_dtype)
     if not compile:
         return AppliedOptimizations(attention=choice, compiled=False, autocast=autocast)
     settings = compile_settings or CompileSettings()

@@ -50,7 +50,7 @@ from digenrl.perf.bench_trainer import synthetic_batch
 from digenrl.rollout.sampler import Sampler
 from digenrl.rollout.trajectory import TrajectoryBatch
 from digenrl.trainer import PolicyTrainer
-from digenrl.trainer.parallel import init_one_rank_group
+from digenrl.trainer.parallel import import_deepspeed, init_one_rank_group
 
 #: ``--backends`` names → (trainer.backend, trainer.deepspeed_stage)
 BACKENDS = {
@@ -90,16 +90,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def require_deepspeed(backends: list[str]) -> None:
-    """Fail before any model is built when a DeepSpeed backend is asked for and cannot run."""
+def require_deepspeed(backends: list[str], device: torch.device) -> None:
+    """Fail before any model is built when a DeepSpeed backend is asked for and cannot run (not installed,
+    or its accelerator is not ``device``'s type: :func:`digenrl.trainer.parallel.import_deepspeed`)."""
     if any(BACKENDS[b][0] == "deepspeed" for b in backends):
         try:
-            import deepspeed  # noqa: F401
-        except ImportError as exc:
-            raise SystemExit(
-                f"--backends {','.join(backends)} needs DeepSpeed: pip install digenrl[deepspeed] "
-                f"({type(exc).__name__}: {exc})"
-            ) from None
+            import_deepspeed(device)
+        except (ImportError, RuntimeError) as exc:
+            raise SystemExit(f"--backends {','.join(backends)}: {exc}") from None
 
 
 def mode_config(args: argparse.Namespace, mode: str, backend: str) -> Config:
@@ -322,8 +320,8 @@ def format_markdown(report: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    require_deepspeed(args.backends)
     bench = Bench(args)
+    require_deepspeed(args.backends, bench.device)
     init_one_rank_group(bench.device)
     try:
         report = bench.run()

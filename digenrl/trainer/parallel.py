@@ -393,7 +393,7 @@ class DeepSpeedBackend(ParallelBackend):
         self.grad_clip = grad_clip
         self.engine: Any = None
         self.last_grad_norm = float("nan")
-        self._deepspeed = import_deepspeed()
+        self._deepspeed = import_deepspeed(self.device)
         init_one_rank_group(self.device)  # a single-process run has no process group; the engine needs one
 
     def _engine_config(self) -> dict[str, Any]:
@@ -592,18 +592,35 @@ def init_one_rank_group(device: torch.device) -> None:
             os.environ["MASTER_PORT"] = str(s.getsockname()[1])
     for key, value in {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
         os.environ.setdefault(key, value)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    if device.type == "cuda":  # "cuda" without an index means the current device
+        torch.cuda.set_device(device.index if device.index is not None else torch.cuda.current_device())
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
 
 
-def import_deepspeed() -> Any:
+def import_deepspeed(device: torch.device | None = None) -> Any:
+    """``deepspeed``, with its accelerator matching the training ``device``.
+
+    DeepSpeed picks one accelerator per process (CUDA whenever a GPU is visible, unless ``DS_ACCELERATOR``
+    says otherwise) and moves the engine's model there: a CPU-device run on a GPU machine (the CPU
+    profiles, the tests) would silently train on the GPU, or fail with a device mismatch. So a CPU run
+    asks for DeepSpeed's CPU accelerator, and a mismatch that can no longer be changed is an error."""
+    if device is not None and device.type == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     try:
         import deepspeed
     except ImportError as exc:
         raise ImportError(
             "trainer.backend=deepspeed needs the 'deepspeed' extra: pip install digenrl[deepspeed]"
         ) from exc
+    if device is not None:
+        from deepspeed.accelerator import get_accelerator
+
+        chosen = get_accelerator().device_name()
+        if chosen != device.type:
+            raise RuntimeError(
+                f"trainer.backend=deepspeed: DeepSpeed's accelerator is {chosen!r} but this rank trains on "
+                f"{device.type!r}; set DS_ACCELERATOR={device.type} before the process starts"
+            )
     return deepspeed
 
 
@@ -657,5 +674,5 @@ def wrap_for_training(
         return DDPBackend(flow_model, **common)
     if name == "fsdp2":
         return FSDP2Backend(flow_model, mode=mode, **common)
-    import_deepspeed()  # fail at startup, not at the first step
+    import_deepspeed(torch.device(device))  # fail at startup, not at the first step
     return DeepSpeedBackend(flow_model, stage=deepspeed_stage, grad_clip=grad_clip, **common)

@@ -129,6 +129,7 @@ class PolicyTrainer:
             enable_full_finetune(flow_model)
         else:
             raise ValueError(f"trainer.mode={tcfg.mode!r} is not allowed; choose one of: lora, full")
+        compute_dtype = flow_model.dtype  # before FSDP2 full fine-tuning turns the weights into fp32 masters
         self.backend: ParallelBackend = wrap_for_training(
             flow_model,
             tcfg.backend,
@@ -148,6 +149,7 @@ class PolicyTrainer:
             attention_backend=cfg.model.attention_backend,
             needs_backward=True,
             autocast=cfg.model.optimised(torch.device(device).type)[1],
+            compute_dtype=compute_dtype,
         )
         if self.backend.world_size != world_size:
             raise ValueError(

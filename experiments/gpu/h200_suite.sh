@@ -16,6 +16,6 @@ fi
 
 # 6 workers (pytest-xdist is on the image; every multi-process test picks free ports and its own tmp dirs).
 # The CPU tests run as on CI; tests that pick a device by "auto" meet CUDA here.
-step tests 360 bash -c "python3 -m pytest -q -n 6 -p no:cacheprovider --durations=10 -rs 2>&1 | tee $OUT/pytest.txt"
+step tests 360 bash -c "python3 -m pytest -q -n 6 -p no:cacheprovider --durations=10 -rfEs 2>&1 | tee $OUT/pytest.txt"
 
 finish

@@ -36,6 +36,19 @@ def test_autocast_needs_a_16bit_model_at_startup_and_at_build():
         build_flow_model("tiny-sd3").set_autocast(True)
 
 
+def test_fp32_master_weights_of_a_16bit_model_keep_its_autocast():
+    """FSDP2 full fine-tuning on a GPU turns a bf16 model's weights into fp32 master shards before the
+    trainer applies model.autocast: autocast then computes in the dtype the model was built in (it raised
+    here on one H200 before the trainer passed that dtype)."""
+    flow_model = build_flow_model("tiny-sd3", dtype=torch.bfloat16)
+    compute_dtype = flow_model.dtype
+    flow_model.float()  # what FSDP2's full mode does to the parameters
+    optimize_flow_model(
+        flow_model, compile=False, attention_backend="native", autocast=True, compute_dtype=compute_dtype
+    )
+    assert flow_model.autocast_dtype == torch.bfloat16
+
+
 @pytest.mark.parametrize("name", ["tiny-sd3", "tiny-flux"])
 def test_lora_adapters_compute_in_bf16_and_keep_fp32_weights_and_grads(name):
     torch.manual_seed(0)

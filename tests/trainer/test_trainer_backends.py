@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
+import torch
 
 from digenrl.trainer import PolicyTrainer, resolve_backend
 
@@ -33,6 +35,20 @@ def test_deepspeed_without_the_extra_says_how_to_install_it(monkeypatch):
     model = build_model()
     with pytest.raises(ImportError, match=r"pip install digenrl\[deepspeed\]"):
         PolicyTrainer(cfg, model, make_sampler(cfg, model), uncond=None, device="cpu")
+
+
+def test_a_cpu_run_gets_deepspeeds_cpu_accelerator(monkeypatch):
+    """On a GPU machine DeepSpeed would pick CUDA and move a CPU run's model there (the backend benchmark's
+    CPU test failed so on an H200): a CPU device asks for the CPU accelerator before deepspeed is imported."""
+    pytest.importorskip("deepspeed", reason="the test extra installs deepspeed")
+    from digenrl.trainer.parallel import import_deepspeed
+
+    monkeypatch.delenv("DS_ACCELERATOR", raising=False)
+    deepspeed = import_deepspeed(torch.device("cpu"))
+    from deepspeed.accelerator import get_accelerator
+
+    assert deepspeed.__name__ == "deepspeed" and get_accelerator().device_name() == "cpu"
+    assert os.environ["DS_ACCELERATOR"] == "cpu"
 
 
 def test_activation_checkpointing_gives_the_same_gradient():
