@@ -1,10 +1,10 @@
 """Ablation bars: the baselines and DigenRL's mechanisms one at a time (docs/design.md §3, §5), one panel per
 model or profile.
 
-Rows are the ``experiment=ablation`` rows of a results table, or the JSON ``experiments/run_ablation.py``
+Rows are the ``experiment=ablation`` rows of a results table, or the JSON ``experiments/measure.py ablation``
 writes (read by ``paper_figures.logs`` as such rows, ``model`` = the profile). A row's ``system`` names a
 variant: the cumulative steps ``separate-sync``, ``+GAP``, ``+TSP``, ``+TAG``, ``+TCSS`` (case-insensitive,
-the ``+`` optional, drawn in that order) or any other name (drawn in table order, e.g. run_ablation's
+the ``+`` optional, drawn in that order) or any other name (drawn in table order, e.g. measure.py ablation's
 ``digenrl gap+tag``).
 
 Bars are grouped and coloured by the staleness the variant allows (``staleness_allowed``; ``+TCSS`` allows 1,
@@ -80,7 +80,7 @@ def staleness_label(staleness: int | None) -> str:
 
 def panel_order(rows: Sequence[ResultRow]) -> list[ResultRow]:
     """Staleness groups ascending (unknown last); inside a group the cumulative steps in their order when the
-    panel has only those, else table order (run_ablation.py writes its ladder in order); measured before
+    panel has only those, else table order (measure.py ablation writes its ladder in order); measured before
     simulated."""
     steps_only = all(row.system in ABLATION_STEPS for row in rows)
 
@@ -107,7 +107,7 @@ def plural(count: int, noun: str) -> str:
 
 
 def provenance(rows: Sequence[ResultRow]) -> str:
-    """``, measured <date> on <hardware>`` when every row says the same (run_ablation.py's meta)."""
+    """``, measured <date> on <hardware>`` when every row says the same (measure.py ablation's meta)."""
     dates = {str(r.extra.get("date", "")) for r in rows}
     hardware = {str(r.extra.get("hardware", "")) for r in rows}
     if len(dates) == 1 and len(hardware) == 1 and all(r.source == "measured" for r in rows):
@@ -129,7 +129,7 @@ def ablation_figure(
     canonical = [replace(row, system=ablation_step(row.system)) for row in ablation]
     unique_rows(canonical, ("model", "system", "source"))
     models = list(dict.fromkeys(row.model for row in canonical))
-    # Runs, bounds and stale fractions are samples/s facts (run_ablation.py); another metric draws bars only.
+    # Runs, bounds and stale fractions are samples/s facts (measure.py ablation); other metrics: bars only.
     detailed = metric == "samples_per_s"
     widest = max(sum(r.model == m for r in canonical) for m in models)
 

@@ -6,8 +6,8 @@ A *run directory* is what ``experiments/run_*.py`` writes (README.md, "Outputs i
 
 A *results table* is a CSV or JSON file of rows, one per (model, system[, GPU count / split]) measurement or
 simulation; the columns are documented in ``paper_figures/README.md`` and validated here with errors that
-name the file, the row and the key. The JSON that ``experiments/run_ablation.py`` writes (``meta`` and rows
-keyed by ``variant``) is read as a table of ``experiment=ablation`` rows, one panel per profile.
+name the file, the row and the key. The JSON that ``experiments/measure.py ablation`` writes (``meta`` and
+rows keyed by ``variant``) is read as a table of ``experiment=ablation`` rows, one panel per profile.
 """
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ class ResultRow:
     gpus: int | None = None
     generators: int | None = None
     trainers: int | None = None
-    # Optional ablation columns (what experiments/run_ablation.py measures, all about samples_per_s): the
+    # Optional ablation columns (what experiments/measure.py ablation measures, all about samples_per_s): the
     # samples/s of each repeated run, the bubble-free bound, the staleness the variant allows and the
     # fraction of trained samples that were stale.
     runs: tuple[float, ...] = ()
@@ -220,7 +220,7 @@ def read_results_table(path: str | Path) -> list[ResultRow]:
 
 
 def is_ablation_file(loaded: Mapping[str, Any]) -> bool:
-    """Whether a JSON object is what ``experiments/run_ablation.py`` writes: rows named by ``variant``."""
+    """Whether a JSON object is what ``experiments/measure.py ablation`` writes: rows named by ``variant``."""
     rows = loaded.get("rows")
     return (
         isinstance(rows, list)
@@ -230,7 +230,7 @@ def is_ablation_file(loaded: Mapping[str, Any]) -> bool:
 
 
 def ablation_file_rows(loaded: Mapping[str, Any], origin: str) -> list[dict[str, Any]]:
-    """``run_ablation.py``'s rows as results-table rows: ``experiment=ablation``, ``model`` = the profile
+    """``measure.py ablation``'s rows as results-table rows: ``experiment=ablation``, ``model`` = the profile
     (one panel per profile), ``system`` = the variant, measured.
 
     Both formats the script has written are read: the current one (``samples_per_s_runs``,

@@ -10,7 +10,7 @@ Inputs are found recursively under each ``--logs`` folder (see paper_figures/REA
   names start with each folder's path below their common parent, so ``--logs runs/a runs/b`` compares
   ``a/…`` with ``b/…``);
 - results tables (``*.csv`` / ``*.json`` outside the run directories' own files, including the
-  ``ablation.json`` of ``experiments/run_ablation.py``) -> ``<table>_throughput.png``,
+  ``ablation.json`` of ``experiments/measure.py ablation``) -> ``<table>_throughput.png``,
   ``<table>_ablation.png``, ``<table>_scaling.png``, ``<table>_split.png`` for the experiment kinds the
   table has rows of.
 
