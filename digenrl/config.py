@@ -92,6 +92,7 @@ class AlgoConfig:
 
 #: ZeRO stages of trainer.backend=deepspeed (3 partitions parameters too; docs/design.md §3)
 DEEPSPEED_STAGES = (0, 1, 2, 3)
+CHECKPOINT_FORMATS = ("auto", "full", "sharded")
 
 
 @dataclass
@@ -114,6 +115,10 @@ class TrainerConfig:
     # a step whose gradient or resulting parameters are not finite is never committed; "stop" raises naming
     # the iteration, "skip" drops the step (weights and optimizer state stay, counted in the metrics)
     nonfinite: str = "stop"
+    # checkpoint layout, one of CHECKPOINT_FORMATS: "sharded" = every trainer rank writes its own shards of
+    # weights and optimizer state (torch.distributed.checkpoint); "full" = one rank writes full tensors;
+    # "auto" = sharded for FSDP2 full fine-tuning, full otherwise (README "Runs")
+    checkpoint_format: str = "auto"
 
 
 @dataclass
@@ -457,12 +462,14 @@ RESUMABLE_KEYS = (
     "out_dir",
     "checkpoint_every",
     "checkpoint_keep",
+    "trainer.checkpoint_format",
     "runtime.timeout_s",
 )
 """Keys a resumed run may set differently from the checkpoint it continues (README, "Runs"): how long the
-run goes on, where and how often it saves, how long a wait may take. Everything else defines what the
-run computes (the system, the model, the algorithm, the layout), so a resume that changes it is refused
-instead of mixing two runs' data in one out_dir."""
+run goes on, where, how often and in which format it saves (the loader reads the format from the
+checkpoint), how long a wait may take. Everything else defines what the run computes (the system, the
+model, the algorithm, the layout), so a resume that changes it is refused instead of mixing two runs'
+data in one out_dir."""
 
 
 def dotted_items(tree: dict[str, Any]) -> dict[str, Any]:

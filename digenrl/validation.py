@@ -27,7 +27,7 @@ import math
 import os
 from pathlib import Path
 
-from digenrl.config import DEEPSPEED_STAGES, Config, ConfigError, explicit_keys
+from digenrl.config import CHECKPOINT_FORMATS, DEEPSPEED_STAGES, Config, ConfigError, explicit_keys
 
 #: Sections (and keys) that only some systems read; everything else is shared by every system.
 SYSTEM_SPECIFIC = ("pools", "sync", "asynchrony", "residency", "gap", "tsp", "tag", "tcss")
@@ -137,6 +137,7 @@ def validate_config(cfg: Config, world_size: int | None = None) -> None:
             f"trainer.deepspeed_stage is set but trainer.backend={cfg.trainer.backend!r}; it only applies "
             "to trainer.backend=deepspeed"
         )
+    check_checkpoint_format(cfg)
     if cfg.runtime.backend is not None:
         one_of("runtime.backend", cfg.runtime.backend, ("gloo", "nccl"))
     one_of("gap.assignment", cfg.gap.assignment, ("dynamic", "round-robin"))
@@ -213,6 +214,26 @@ def validate_config(cfg: Config, world_size: int | None = None) -> None:
         )
     if world_size is not None:
         get_system(cfg.system).check(cfg, world_size)
+
+
+def check_checkpoint_format(cfg: Config) -> None:
+    """``trainer.checkpoint_format=sharded`` only where the trainer state is sharded FSDP2 state: LoRA
+    checkpoints are small and stay full; DDP replicates and DeepSpeed reads full tensors through its own
+    accessors (digenrl/trainer/checkpoint.py)."""
+    tcfg = cfg.trainer
+    one_of("trainer.checkpoint_format", tcfg.checkpoint_format, CHECKPOINT_FORMATS)
+    if tcfg.checkpoint_format != "sharded":
+        return
+    if tcfg.mode != "full":
+        raise ConfigError(
+            f"trainer.checkpoint_format=sharded needs trainer.mode=full; trainer.mode={tcfg.mode!r} saves "
+            "only the adapter, which stays in the full format (use trainer.checkpoint_format=auto or full)"
+        )
+    if tcfg.backend not in ("auto", "fsdp2"):
+        raise ConfigError(
+            f"trainer.checkpoint_format=sharded needs trainer.backend=fsdp2 (or auto); trainer.backend="
+            f"{tcfg.backend!r} cannot write sharded checkpoints (use trainer.checkpoint_format=auto or full)"
+        )
 
 
 # ------------------------------------------------------------------------------------- model and files

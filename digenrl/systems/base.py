@@ -96,20 +96,23 @@ class System:
         """Hook after the last iteration, before the logs are merged (generators join the last push)."""
 
     # ------------------------------------------------------------------ checkpoint
-    def checkpoint_payload(self, next_iteration: int) -> dict:
+    def checkpoint_payload(self, next_iteration: int) -> tuple[dict, dict | None]:
+        """(the writer's payload, this rank's trainer shards in the sharded format or ``None``)."""
         trainer = self.parts.trainer
-        return {
+        state, shards = trainer.checkpoint_state() if trainer is not None else (None, None)
+        payload = {
             "next_iteration": next_iteration,
             "policy_version": self.version.current,
-            "trainer": trainer.state_dict() if trainer is not None else None,
+            "trainer": state,
             "run_id": self.run_start.run_id,
             "config": self.cfg.to_dict(),
         }
+        return payload, shards
 
     def restore(self, payload: dict) -> int:
         self.version = PolicyVersion(int(payload["policy_version"]))
         if self.parts.trainer is not None:
-            self.parts.trainer.load_state_dict(payload["trainer"])
+            self.parts.trainer.load_state_dict(payload["trainer"], checkpoint_dir=payload["path"])
         return int(payload["next_iteration"])
 
     def checkpoint_ranks(self) -> tuple[bool, object]:
@@ -120,14 +123,17 @@ class System:
         takes_part, group = self.checkpoint_ranks()
         if not takes_part:
             return
+        payload, shards = self.checkpoint_payload(next_iteration)
         save_checkpoint(
             self.cfg.out_dir,
             next_iteration,
-            self.checkpoint_payload(next_iteration),
+            payload,
             rank=self.ctx.rank,
             is_writer=self.ctx.rank == 0,
             group=group,
             keep=self.cfg.checkpoint_keep,
+            sharded=shards,
+            timeout_s=self.cfg.runtime.timeout_s,
         )
 
     # ------------------------------------------------------------------ the loop

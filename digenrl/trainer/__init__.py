@@ -2,6 +2,7 @@
 
 from digenrl.trainer.checkpoint import (
     capture_rng_state,
+    full_trainer_state,
     latest_checkpoint_dir,
     load_latest_checkpoint,
     restore_rng_state,
@@ -30,6 +31,7 @@ __all__ = [
     "capture_rng_state",
     "default_lora_targets",
     "enable_full_finetune",
+    "full_trainer_state",
     "has_lora",
     "latest_checkpoint_dir",
     "load_latest_checkpoint",

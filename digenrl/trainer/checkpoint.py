@@ -3,26 +3,42 @@
 Layout of one checkpoint::
 
     step_<n>/trainer.pt        payload from the writer rank (trainer state, iteration, config, …)
+    step_<n>/trainer_dcp/      sharded format only: weights and optimizer state, one ``__<r>_0.distcp`` file
+                               per trainer rank plus DCP's ``.metadata`` (torch.distributed.checkpoint)
     step_<n>/rng/rank_<r>.pt   RNG states of every participating rank (python, numpy, torch, cuda)
     step_<n>/config.yaml       the resolved config, for humans (when the payload carries one)
-    step_<n>/meta.json         step, file list and the run's identity (``run_id``, ``config``: read at
-                               startup without loading the tensors) — written last inside the temporary dir
+    step_<n>/meta.json         step, file list, ``trainer_format`` (full | sharded) and the run's identity
+                               (``run_id``, ``config``: read at startup without loading the tensors) —
+                               written last inside the temporary dir
     latest                     text file naming the newest complete step directory
 
-Atomicity: everything is written into ``.step_<n>.tmp`` beside the final directory, every file and the
-directory are fsync'ed, then the directory is renamed with ``os.replace`` and the ``latest`` file is
-replaced the same way (POSIX rename is atomic within a file system). A crash at any point leaves either the
-previous ``latest`` or the new one, never a half-written step directory under a ``step_<n>`` name;
-leftover ``.tmp`` directories are ignored by the loader and removed by the next save of that step.
+Atomicity: every rank writes into ``.step_<n>.tmp`` beside the final directory (its RNG state, and in the
+sharded format its shards); after a barrier the writer rank fsyncs every file and the directory, renames
+the directory with ``os.replace`` and replaces the ``latest`` file the same way (POSIX rename is atomic
+within a file system). A crash at any point leaves either the previous ``latest`` or the new one, never a
+half-written step directory under a ``step_<n>`` name; leftover ``.tmp`` directories are ignored by the
+loader and removed by the next save of that step.
 
-Trainer state is stored as full (unsharded) tensors keyed by parameter name (see
-:meth:`PolicyTrainer.state_dict`), so a run can resume under another process layout (e.g. 4 → 2 FSDP2
-ranks). RNG states are per rank: a resumed rank r restores ``rank_r.pt`` when it exists.
+Two formats for the trainer state (``trainer.checkpoint_format``, docs/design.md §3):
+
+* ``full``: full (unsharded) tensors keyed by parameter name in ``trainer.pt`` (see
+  :meth:`PolicyTrainer.state_dict`), gathered to the writer rank. LoRA checkpoints (the adapter and its
+  Adam moments: megabytes) and DDP / DeepSpeed runs use it.
+* ``sharded``: FSDP2 full fine-tuning. Gathering 12B weights plus Adam state (~190 GB) to one rank cannot
+  work, so every trainer rank writes its own shards with ``torch.distributed.checkpoint`` (as torchtitan
+  does); ``trainer.pt`` keeps only the small rest (step count, mode). The keys are the same as the full
+  format's (``model.<name>``, ``optimizer.state.<name>.exp_avg`` …), and DCP reshards on load, so a run
+  saved by N FSDP2 ranks resumes under M ranks or in one process; :func:`full_trainer_state` converts one
+  offline.
+
+Either way a run can resume under another process layout (e.g. 4 → 2 FSDP2 ranks): the loader reads the
+format from ``meta.json``. RNG states are per rank: a resumed rank r restores ``rank_r.pt`` when it exists.
 
 Retention: ``keep`` > 0 deletes all but the newest ``keep`` step directories, after the new one is
 published, so a crash during a save never leaves fewer complete checkpoints than before. A payload holding
-a non-finite floating-point tensor is refused before anything is written: a NaN checkpoint would make
-``resume=true`` continue from garbage.
+a non-finite floating-point tensor is refused before anything is written (each rank checks its own shards
+and the ranks agree before anyone writes): a NaN checkpoint would make ``resume=true`` continue from
+garbage.
 """
 
 from __future__ import annotations
@@ -31,6 +47,9 @@ import json
 import os
 import random
 import shutil
+import tempfile
+import warnings
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +58,11 @@ import torch
 import torch.distributed as dist
 import yaml
 
+from digenrl.runtime.errors import DistributedTimeoutError
+
 CHECKPOINT_DIR = "checkpoints"
 LATEST = "latest"
+SHARDED_DIR = "trainer_dcp"  # the sharded format's torch.distributed.checkpoint directory
 
 
 def capture_rng_state() -> dict[str, Any]:
@@ -86,9 +108,36 @@ def _torch_save_synced(obj: Any, path: Path) -> None:
     _fsync_file(path)
 
 
-def _barrier(group: Any) -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier(group=group)
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _barrier(group: Any, what: str, timeout_s: float) -> None:
+    """All ranks of ``group`` meet; fails after ``timeout_s`` naming this rank and ``what`` (gloo: a
+    monitored barrier that lists the missing ranks; NCCL: a barrier whose wait has the timeout)."""
+    if not _distributed():
+        return
+    try:
+        if dist.get_backend(group) == "gloo":
+            dist.monitored_barrier(group=group, timeout=timedelta(seconds=timeout_s), wait_all_ranks=True)
+        else:
+            work = dist.barrier(group=group, async_op=True)
+            work.wait(timeout=timedelta(seconds=timeout_s))
+    except RuntimeError as error:
+        raise DistributedTimeoutError(
+            f"rank {dist.get_rank()} failed or timed out after {timeout_s:g} s in checkpoint barrier "
+            f"'{what}': {error}"
+        ) from error
+
+
+def _on_any_rank(flag: bool, group: Any) -> bool:
+    """Whether ``flag`` holds on any rank of ``group`` (one tiny all-reduce when distributed)."""
+    if not _distributed():
+        return flag
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else "cpu"
+    value = torch.tensor([int(flag)], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
+    return bool(value.item())
 
 
 def step_dir_name(step: int) -> str:
@@ -98,6 +147,7 @@ def step_dir_name(step: int) -> str:
 def nonfinite_entries(tree: Any, prefix: str = "") -> list[str]:
     """Dotted paths of the floating-point tensors in a nested payload that hold NaN or ±inf."""
     if isinstance(tree, torch.Tensor):
+        tree = tree.to_local() if hasattr(tree, "to_local") else tree  # a DTensor: this rank's shard
         bad = tree.is_floating_point() and not bool(torch.isfinite(tree).all())
         return [prefix or "<payload>"] if bad else []
     if isinstance(tree, dict):
@@ -118,6 +168,8 @@ def save_checkpoint(
     is_writer: bool,
     group: Any = None,
     keep: int = 0,
+    sharded: dict[str, Any] | None = None,
+    timeout_s: float = 300.0,
 ) -> Path:
     """Write checkpoint ``step`` atomically; returns the final directory.
 
@@ -126,17 +178,22 @@ def save_checkpoint(
     storage is assumed for multi-node runs. ``payload`` is whatever the caller needs to resume, typically
     ``{"trainer": trainer.state_dict(), "iteration": i, "policy_version": v, "config": cfg.to_dict()}``;
     ``PolicyTrainer.state_dict`` is complete only on the trainer group's first rank, so that rank writes.
+    ``sharded``: the sharded format — this rank's shards of the trainer state
+    (:meth:`PolicyTrainer.sharded_state_dict`), given by every rank of ``group`` (the trainer ranks),
+    written into ``trainer_dcp/``; ``None`` on every rank: the full format.
     ``keep`` > 0: keep only the newest ``keep`` complete checkpoints (see the module docstring).
+    ``timeout_s`` bounds each barrier of the save.
     """
     if step < 0:
         raise ValueError(f"checkpoint step must be >= 0, got {step}")
-    if is_writer:
-        bad = nonfinite_entries(payload)
-        if bad:
-            raise FloatingPointError(
-                f"refusing to write checkpoint {step_dir_name(step)}: non-finite values in "
-                f"{', '.join(bad[:5])}{' …' if len(bad) > 5 else ''}"
-            )
+    bad = nonfinite_entries(payload) if is_writer else []
+    if sharded is not None:
+        bad += nonfinite_entries(sharded, SHARDED_DIR)
+    if _on_any_rank(bool(bad), group):  # every rank refuses alike: nobody is left waiting in a barrier
+        where = f"{', '.join(bad[:5])}{' …' if len(bad) > 5 else ''}" if bad else "another rank's state"
+        raise FloatingPointError(
+            f"rank {rank}: refusing to write checkpoint {step_dir_name(step)}: non-finite values in {where}"
+        )
     root = Path(out_dir) / CHECKPOINT_DIR
     final = root / step_dir_name(step)
     tmp = root / f".{step_dir_name(step)}.tmp"
@@ -145,19 +202,71 @@ def save_checkpoint(
         if tmp.exists():
             shutil.rmtree(tmp)  # a previous save of this step that crashed
         (tmp / "rng").mkdir(parents=True)
-    _barrier(group)
+    _barrier(group, f"{tmp.name} created", timeout_s)
     _torch_save_synced(capture_rng_state(), tmp / "rng" / f"rank_{rank}.pt")
-    _barrier(group)
+    if sharded is not None:
+        _save_sharded(sharded, tmp / SHARDED_DIR, group)
+    _barrier(group, f"every rank wrote into {tmp.name}", timeout_s)
     if is_writer:
         try:
-            _publish(root, tmp, final, step, payload)
+            _publish(root, tmp, final, step, payload, "full" if sharded is None else "sharded")
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
         if keep > 0:
             _prune(root, keep, newest=step)
-    _barrier(group)
+    _barrier(group, f"{final.name} published", timeout_s)
     return final
+
+
+def _save_sharded(state: dict[str, Any], directory: Path, group: Any) -> None:
+    """Every rank writes its shards (one file each, fsync'ed as written); DCP's coordinator writes the
+    ``.metadata`` that maps global tensors to the files once all ranks are done."""
+    import torch.distributed.checkpoint as dcp
+
+    with warnings.catch_warnings():  # one process without a process group is what no_dist means
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.save(
+            state,
+            storage_writer=dcp.FileSystemWriter(directory, sync_files=True),
+            process_group=group,
+            no_dist=not _distributed(),
+        )
+
+
+def load_sharded(path: str | Path, template: dict[str, Any], *, group: Any = None) -> None:
+    """Fill ``template`` (this rank's state dict: DTensor shards or plain tensors, e.g. from
+    :meth:`PolicyTrainer.sharded_state_dict`) in place from the sharded checkpoint directory ``path``.
+    Collective over ``group`` when distributed; DCP reads each rank's part whatever layout wrote it."""
+    import torch.distributed.checkpoint as dcp
+
+    directory = Path(path) / SHARDED_DIR
+    if not (directory / ".metadata").is_file():
+        raise FileNotFoundError(f"{path} has no sharded trainer state ({directory / '.metadata'} is missing)")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(
+            template,
+            storage_reader=dcp.FileSystemReader(directory),
+            process_group=group,
+            no_dist=not _distributed(),
+        )
+
+
+def full_trainer_state(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """The trainer state of a loaded checkpoint (:func:`load_checkpoint`) in the full format, whichever
+    format it was saved in: a sharded one is read whole into this process (offline inspection, tests,
+    conversion; a resume reshards instead, :meth:`PolicyTrainer.load_state_dict`)."""
+    state = checkpoint["trainer"]
+    if checkpoint.get("format", "full") == "full":
+        return state
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory() as tmp:
+        target = Path(tmp) / "trainer.pt"
+        dcp_to_torch_save(Path(checkpoint["path"]) / SHARDED_DIR, target)
+        tensors = torch.load(target, weights_only=False)
+    return {**state, "model": tensors["model"], "optimizer": tensors["optimizer"]}
 
 
 def checkpoint_steps(out_dir: str | Path) -> list[int]:
@@ -181,13 +290,23 @@ def _prune(root: Path, keep: int, *, newest: int) -> None:
         shutil.rmtree(root / step_dir_name(step))
 
 
-def _publish(root: Path, tmp: Path, final: Path, step: int, payload: dict[str, Any]) -> None:
+def _publish(
+    root: Path, tmp: Path, final: Path, step: int, payload: dict[str, Any], trainer_format: str
+) -> None:
     _torch_save_synced(payload, tmp / "trainer.pt")
     if isinstance(payload.get("config"), dict):
         (tmp / "config.yaml").write_text(yaml.safe_dump(payload["config"], sort_keys=False))
         _fsync_file(tmp / "config.yaml")
     rng_files = sorted(p.name for p in (tmp / "rng").iterdir())
-    meta = {"step": step, "rng_files": rng_files, "payload_keys": sorted(payload)}
+    meta = {
+        "step": step,
+        "rng_files": rng_files,
+        "payload_keys": sorted(payload),
+        "trainer_format": trainer_format,
+    }
+    if trainer_format == "sharded":
+        meta["sharded_files"] = sorted(p.name for p in (tmp / SHARDED_DIR).iterdir())
+        _fsync_dir(tmp / SHARDED_DIR)
     meta.update({key: payload[key] for key in ("run_id", "config") if key in payload})
     (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
     _fsync_file(tmp / "meta.json")
@@ -238,12 +357,14 @@ def load_latest_checkpoint(
 def load_checkpoint(
     path: str | Path, *, rank: int = 0, map_location: str | torch.device = "cpu"
 ) -> dict[str, Any]:
-    """The checkpoint in directory ``path``: the writer's payload plus ``step``, ``path`` and ``rng`` (this
-    rank's RNG state, or ``None`` when the checkpoint was written by fewer ranks); restore it with
-    :func:`restore_rng_state`."""
+    """The checkpoint in directory ``path``: the writer's payload plus ``step``, ``path``, ``format`` (of the
+    trainer state: full | sharded; sharded tensors stay on disk until :meth:`PolicyTrainer.load_state_dict`
+    or :func:`full_trainer_state` reads them) and ``rng`` (this rank's RNG state, or ``None`` when the
+    checkpoint was written by fewer ranks); restore it with :func:`restore_rng_state`."""
     path = Path(path)
     meta = read_meta(path)
     payload = torch.load(path / "trainer.pt", map_location=map_location, weights_only=False)
     rng_path = path / "rng" / f"rank_{rank}.pt"
     rng = torch.load(rng_path, weights_only=False) if rng_path.is_file() else None
-    return {**payload, "step": int(meta["step"]), "path": str(path), "rng": rng}
+    fmt = meta.get("trainer_format", "full")  # checkpoints from before the sharded format are full
+    return {**payload, "step": int(meta["step"]), "path": str(path), "format": fmt, "rng": rng}

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -34,6 +35,7 @@ from torch import nn
 from digenrl.algo.loss import clipped_policy_loss, kl_to_reference
 from digenrl.config import Config
 from digenrl.models.optimize import optimize_flow_model
+from digenrl.trainer.checkpoint import load_sharded
 from digenrl.trainer.lora import apply_lora, enable_full_finetune, reference_policy
 from digenrl.trainer.micro_batches import plan_micro_batches
 from digenrl.trainer.optim import build_optimizer
@@ -151,6 +153,8 @@ class PolicyTrainer:
             autocast=cfg.model.optimised(torch.device(device).type)[1],
             compute_dtype=compute_dtype,
         )
+        if self.checkpoint_format == "sharded" and self.backend.name == "deepspeed":
+            raise ValueError("trainer.checkpoint_format=sharded needs trainer.backend=fsdp2, not deepspeed")
         if self.backend.world_size != world_size:
             raise ValueError(
                 f"world_size={world_size} but the trainer process group has {self.backend.world_size} ranks"
@@ -363,16 +367,82 @@ class PolicyTrainer:
             "mode": self.cfg.trainer.mode,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Every trainer rank passes the full state (e.g. each loads the same checkpoint file)."""
+    @property
+    def checkpoint_format(self) -> str:
+        """``full`` or ``sharded`` (digenrl/trainer/checkpoint.py): ``trainer.checkpoint_format``, with
+        ``auto`` = sharded for FSDP2 full fine-tuning, where gathering the state to one rank cannot scale."""
+        fmt = self.cfg.trainer.checkpoint_format
+        if fmt == "auto":
+            return "sharded" if self.backend.name == "fsdp2" and self.cfg.trainer.mode == "full" else "full"
+        return fmt
+
+    def checkpoint_state(self) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """(the trainer's part of ``trainer.pt``, this rank's shards for ``trainer_dcp/`` or ``None``) in
+        :attr:`checkpoint_format`. Collective under FSDP2. The sharded format gathers nothing: the shards
+        are views of the DTensors this rank already holds."""
+        if self.checkpoint_format == "full":
+            return self.state_dict(), None
+        small = {"steps": self.steps, "mode": self.cfg.trainer.mode, "format": "sharded"}
+        return small, self.sharded_state_dict()
+
+    def sharded_state_dict(self) -> dict[str, Any]:
+        """``{"model": …, "optimizer": …}`` as torch.distributed.checkpoint saves and loads it: this rank's
+        shards (DTensors under FSDP2, plain tensors otherwise) keyed by parameter name, the same keys as
+        :meth:`state_dict` (buffers, e.g. fixed positional embeddings, are rebuilt with the model, as in the
+        full format). An optimizer that has not stepped yet gets its state created (zero-lr step)."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model, optimizer = get_state_dict(self.backend.module, self.optimizer, options=_dcp_options())
+        trained = {name for name, _ in self.backend.named_trainable()}
+        return {"model": {k: v for k, v in model.items() if k in trained}, "optimizer": optimizer}
+
+    def load_state_dict(self, state: dict[str, Any], *, checkpoint_dir: str | Path | None = None) -> None:
+        """Full format: every trainer rank passes the full state (e.g. each loads the same checkpoint file).
+        Sharded format (``state["format"] == "sharded"``): the tensors are read from ``checkpoint_dir``,
+        each rank its own part of them, whatever layout wrote them (a collective over the trainer ranks)."""
         if state.get("mode", self.cfg.trainer.mode) != self.cfg.trainer.mode:
             raise ValueError(
                 f"checkpoint was written with trainer.mode={state['mode']!r}, this run has "
                 f"trainer.mode={self.cfg.trainer.mode!r}"
             )
-        self.backend.load_full_state(state["model"])
-        self.backend.load_optimizer_state(self.optimizer, state["optimizer"])
+        if state.get("format", "full") == "sharded":
+            self._load_sharded(checkpoint_dir)
+        else:
+            self.backend.load_full_state(state["model"])
+            self.backend.load_optimizer_state(self.optimizer, state["optimizer"])
         self.steps = int(state["steps"])
+
+    def _load_sharded(self, checkpoint_dir: str | Path | None) -> None:
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        if checkpoint_dir is None:
+            raise ValueError(
+                "a sharded trainer state needs checkpoint_dir, the directory holding trainer_dcp/"
+            )
+        if self.backend.name == "deepspeed":
+            raise ValueError(
+                f"{checkpoint_dir} holds a sharded checkpoint, which trainer.backend=deepspeed cannot load; "
+                "resume with trainer.backend=fsdp2, or convert it with digenrl.trainer.checkpoint."
+                "full_trainer_state"
+            )
+        template = self.sharded_state_dict()
+        load_sharded(checkpoint_dir, template, group=self.backend.group)
+        set_state_dict(
+            self.backend.module,
+            self.optimizer,
+            model_state_dict=template["model"],
+            optim_state_dict=template["optimizer"],
+            options=_dcp_options(),
+        )
+
+
+def _dcp_options() -> Any:
+    """Sharded state as each rank holds it (no full-tensor gather, no CPU copy); frozen parameters and
+    buffers are part of the model, not of the trained state, hence not strict (DCP itself fails on a
+    trained tensor the checkpoint lacks)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=False, cpu_offload=False, ignore_frozen_params=True, strict=False)
 
 
 def _copy_flat_into(flat: torch.Tensor | None, tensors: list[torch.Tensor]) -> None:

@@ -145,3 +145,31 @@ def test_real_size_model_on_cpu_is_refused_with_its_memory_estimate():
     )
     validate_devices(cfg, 1, distributed=False, cuda_devices=1)  # a GPU: fine
     validate_devices(load_config(TINY), 2, distributed=True, cuda_devices=0)  # tiny-* always allowed
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needles"),
+    [
+        (["trainer.checkpoint_format=zip"], ["trainer.checkpoint_format='zip'", "auto, full, sharded"]),
+        (
+            ["trainer.mode=lora", "trainer.checkpoint_format=sharded"],
+            ["trainer.checkpoint_format=sharded", "lora"],
+        ),
+        (
+            ["trainer.mode=full", "trainer.backend=ddp", "trainer.checkpoint_format=sharded"],
+            ["trainer.checkpoint_format=sharded", "trainer.backend='ddp'"],
+        ),
+        (
+            ["trainer.mode=full", "trainer.backend=deepspeed", "trainer.checkpoint_format=sharded"],
+            ["trainer.checkpoint_format=sharded", "trainer.backend='deepspeed'"],
+        ),
+    ],
+)
+def test_checkpoint_format_is_checked_at_startup(overrides, needles):
+    _fails(overrides, *needles)
+
+
+def test_sharded_checkpoints_with_fsdp2_full_fine_tuning_pass(tmp_path):
+    for backend in ("auto", "fsdp2"):
+        overrides = ["trainer.mode=full", f"trainer.backend={backend}", "trainer.checkpoint_format=sharded"]
+        validate_config(load_config(TINY, [*overrides, f"out_dir={tmp_path / 'run'}"]), world_size=2)

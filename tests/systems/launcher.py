@@ -97,7 +97,7 @@ def assert_resumed_exactly(
 
     from digenrl.runtime.event_records import load_events
     from digenrl.runtime.metrics import read_metrics
-    from digenrl.trainer.checkpoint import load_latest_checkpoint
+    from digenrl.trainer.checkpoint import full_trainer_state, load_latest_checkpoint
 
     a, b = read_metrics(full), read_metrics(resumed)
     assert [r["iteration"] for r in b] == [r["iteration"] for r in a], [r["iteration"] for r in b]
@@ -106,14 +106,14 @@ def assert_resumed_exactly(
             assert x[key] == y[key], (x["iteration"], key, x[key], y[key])
     assert len({r["run_id"] for r in b}) == 1 and (b[0]["run_id"] == a[0]["run_id"]) == copied
     sa, sb = load_latest_checkpoint(full), load_latest_checkpoint(resumed)
-    assert sa["step"] == sb["step"] and len(sa["trainer"]["model"]) > 0
-    for name, tensor in sa["trainer"]["model"].items():
-        assert torch.equal(tensor, sb["trainer"]["model"][name]), name
-    for name, state in sa["trainer"]["optimizer"]["state"].items():
+    assert sa["step"] == sb["step"] and sa["format"] == sb["format"]
+    ta, tb = full_trainer_state(sa), full_trainer_state(sb)  # either checkpoint format
+    assert len(ta["model"]) > 0
+    for name, tensor in ta["model"].items():
+        assert torch.equal(tensor, tb["model"][name]), name
+    for name, state in ta["optimizer"]["state"].items():
         for key, value in state.items():
-            assert torch.equal(
-                torch.as_tensor(value), torch.as_tensor(sb["trainer"]["optimizer"]["state"][name][key])
-            )
+            assert torch.equal(torch.as_tensor(value), torch.as_tensor(tb["optimizer"]["state"][name][key]))
     metas = [r for r in load_events(resumed) if r["type"] == "meta"]
     ranks = {r["rank"] for r in metas}
     assert len(metas) == 2 * len(ranks), "every rank's log holds the first process and the resumed one"
