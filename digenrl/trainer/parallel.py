@@ -184,13 +184,7 @@ class ParallelBackend:
 
     def load_full_state(self, state: dict[str, torch.Tensor]) -> None:
         named = self.named_trainable()
-        expected = {n for n, _ in named}
-        missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
-        if missing or unexpected:
-            raise ValueError(
-                f"trainable state does not match the model: missing {missing[:8]}, "
-                f"unexpected {unexpected[:8]}"
-            )
+        _check_state_names(named, state)
         with torch.no_grad():
             for name, p in named:
                 value = state[name]
@@ -474,13 +468,7 @@ class DeepSpeedBackend(ParallelBackend):
         from deepspeed.utils import safe_set_full_fp32_param
 
         named = self.named_trainable()
-        expected = {n for n, _ in named}
-        missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
-        if missing or unexpected:
-            raise ValueError(
-                f"trainable state does not match the model: missing {missing[:8]}, "
-                f"unexpected {unexpected[:8]}"
-            )
+        _check_state_names(named, state)
         with torch.no_grad():
             for name, p in named:
                 value = state[name]
@@ -575,6 +563,16 @@ class DeepSpeedBackend(ParallelBackend):
 def _full_shape(p: torch.Tensor) -> tuple[int, ...]:
     """The unpartitioned shape (ZeRO-3 keeps it in ``ds_shape``; the parameter itself is empty)."""
     return tuple(p.ds_shape) if hasattr(p, "ds_shape") else tuple(p.shape)
+
+
+def _check_state_names(named: list[tuple[str, torch.Tensor]], state: dict[str, torch.Tensor]) -> None:
+    """A loaded trainable state names exactly the model's trainable parameters (every backend's loader)."""
+    expected = {n for n, _ in named}
+    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
+    if missing or unexpected:
+        raise ValueError(
+            f"trainable state does not match the model: missing {missing[:8]}, unexpected {unexpected[:8]}"
+        )
 
 
 def _full_numel(p: torch.Tensor) -> int:
