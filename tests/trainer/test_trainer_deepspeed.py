@@ -16,7 +16,14 @@ import torch.distributed as dist
 from digenrl.trainer import PolicyTrainer
 from tests.runtime.spawn import spawn_workers
 
-from .fixtures import build_model, make_config, make_sampler, perturb_adapter, rollout_batch, select
+from .data_parallel_case import (
+    ITERATIONS,
+    SHARES,
+    assert_states_close,
+    run_iteration,
+    single_process_reference,
+)
+from .fixtures import build_model, make_config, make_sampler
 
 pytestmark = pytest.mark.distributed
 
@@ -29,43 +36,17 @@ SCENARIOS = {
         "trainer.lr=0.001",
     ],
 }
-SHARES = {0: [[0, 1], [2, 3]], 1: [[4], [5]]}  # (rank, fragment) -> samples; rank 0 holds twice rank 1's
-ITERATIONS = 2
+
+
+def _reference_config(name):
+    """The scenario without data parallelism: the single-process trainer the two ranks must match."""
+    cfg = make_config(*[o for o in SCENARIOS[name] if "deepspeed" not in o], "trainer.backend=none")
+    cfg.trainer.micro_batch_size, cfg.trainer.grad_clip = 2, 0.5
+    return cfg
 
 
 def _config(name):
     return make_config(*SCENARIOS[name], "trainer.micro_batch_size=2", "trainer.grad_clip=0.5")
-
-
-def _run_iteration(trainer, batch, fragments):
-    weight = 1.0 / batch.num_units  # all ranks' units count: 6 samples x 2 steps
-    stats = [trainer.accumulate(select(batch, samples), weight) for samples in fragments]
-    return sum(s["units"] for s in stats), trainer.step()
-
-
-def _reference(tmp):
-    """Single process, no data parallelism: every fragment of both ranks in one trainer."""
-    results = {}
-    for name in SCENARIOS:
-        cfg = make_config(*[o for o in SCENARIOS[name] if "deepspeed" not in o], "trainer.backend=none")
-        cfg.trainer.micro_batch_size, cfg.trainer.grad_clip = 2, 0.5
-        model = build_model(seed=0)
-        trainer = PolicyTrainer(cfg, model, make_sampler(cfg, model), uncond=None, device="cpu")
-        if cfg.trainer.mode == "lora":
-            perturb_adapter(model)
-        init = trainer.trainable_state_dict()
-        batches = [
-            rollout_batch(model, trainer.sampler, batch_size=6, num_train_steps=2, seed=100 + i)
-            for i in range(ITERATIONS)
-        ]
-        steps, states = [], []
-        for batch in batches:
-            _, out = _run_iteration(trainer, batch, [f for r in (0, 1) for f in SHARES[r]])
-            steps.append(out)
-            states.append(trainer.state_dict())
-        results[name] = {"init": init, "batches": batches, "steps": steps, "states": states}
-    torch.save(results, os.path.join(tmp, "reference.pt"))
-    return results
 
 
 def _worker(rank, world_size, tmp):
@@ -92,7 +73,7 @@ def _worker(rank, world_size, tmp):
             trainer.load_trainable_state_dict(ref["init"])
             steps = []
             for batch in ref["batches"]:
-                units, step = _run_iteration(trainer, batch, SHARES[rank])
+                units, step = run_iteration(trainer, batch, SHARES[rank])
                 steps.append({**step, "units": units})
             state = trainer.state_dict()
             # a fresh trainer (no step yet: ZeRO-3 has no optimizer state) resumes from the single-process
@@ -103,7 +84,7 @@ def _worker(rank, world_size, tmp):
                 cfg, model, make_sampler(cfg, model), uncond=None, device="cpu", world_size=world_size
             )
             trainer.load_state_dict(ref["states"][0])
-            _, redo = _run_iteration(trainer, ref["batches"][1], SHARES[rank])
+            _, redo = run_iteration(trainer, ref["batches"][1], SHARES[rank])
             out[name] = {
                 "backend": trainer.backend.name,
                 "steps": steps,
@@ -116,29 +97,9 @@ def _worker(rank, world_size, tmp):
         dist.destroy_process_group()
 
 
-def _assert_states_close(a, b, atol):
-    assert a["model"].keys() == b["model"].keys()
-    for n in a["model"]:
-        torch.testing.assert_close(
-            a["model"][n], b["model"][n], rtol=0, atol=atol, msg=lambda m, n=n: f"{n}: {m}"
-        )
-    assert a["steps"] == b["steps"]
-    assert a["optimizer"]["state"].keys() == b["optimizer"]["state"].keys()
-    for n, entry in a["optimizer"]["state"].items():
-        assert entry.keys() == b["optimizer"]["state"][n].keys(), n
-        for k, v in entry.items():
-            torch.testing.assert_close(
-                v,
-                b["optimizer"]["state"][n][k],
-                rtol=1e-5,
-                atol=atol,
-                msg=lambda m, n=n, k=k: f"{n} {k}: {m}",
-            )
-
-
 def test_two_rank_deepspeed_zero2_and_zero3_equal_the_single_process_update():
     with tempfile.TemporaryDirectory() as tmp:
-        reference = _reference(tmp)
+        reference = single_process_reference(tmp, {name: _reference_config(name) for name in SCENARIOS})
         spawn_workers(_worker, 2, (tmp,), limit_s=150)
         ranks = [torch.load(os.path.join(tmp, f"rank{r}.pt"), weights_only=False) for r in range(2)]
 
@@ -151,7 +112,7 @@ def test_two_rank_deepspeed_zero2_and_zero3_equal_the_single_process_update():
                 expected = ref["steps"][it][key]
                 assert got["steps"][it][key] == pytest.approx(expected, rel=1e-5), (name, it, key)
                 assert other["steps"][it][key] == pytest.approx(expected, rel=1e-5), (name, it, key)
-        _assert_states_close(got["state"], ref["states"][-1], atol=1e-6)
+        assert_states_close(got["state"], ref["states"][-1], atol=1e-6)
         assert other["state"]["model"] == {}  # full state is gathered on rank 0 only
         assert got["redo"]["update_norm"] == pytest.approx(ref["steps"][1]["update_norm"], rel=1e-5)
-        _assert_states_close(got["redo_state"], ref["states"][1], atol=1e-6)
+        assert_states_close(got["redo_state"], ref["states"][1], atol=1e-6)
