@@ -44,6 +44,7 @@ import torch.distributed as dist
 
 from digenrl.config import Config, load_config
 from digenrl.models import MODEL_SPECS, TextCondition, build_flow_model
+from digenrl.models.construction import TORCH_DTYPES
 from digenrl.perf import roofline
 from digenrl.perf.bench_cli import fmt, name_list, output_paths
 from digenrl.perf.bench_trainer import synthetic_batch
@@ -61,7 +62,6 @@ BACKENDS = {
     "deepspeed-3": ("deepspeed", 3),
     "ddp": ("ddp", None),
 }
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -180,7 +180,7 @@ class Bench:
         spec = MODEL_SPECS[cfg.model.name]
         t0 = time.perf_counter()
         torch.manual_seed(cfg.seed)
-        flow_model = build_flow_model(spec, dtype=DTYPES[cfg.model.dtype], device=device)
+        flow_model = build_flow_model(spec, dtype=TORCH_DTYPES[cfg.model.dtype], device=device)
         height, width = cfg.model.height or spec.default_height, cfg.model.width or spec.default_width
         frames = cfg.model.frames if spec.is_video else None
         tokens = flow_model.token_count(height, width, frames)

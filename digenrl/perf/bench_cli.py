@@ -7,6 +7,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+#: the code paths the generator and trainer benchmarks time side by side (``--paths``)
+PATHS = ("eager", "optimized")
+#: ``--compile-dynamic`` -> torch.compile's ``dynamic``
+DYNAMIC = {"auto": None, "true": True, "false": False}
+
 
 def int_list(text: str, flag: str, parser: argparse.ArgumentParser) -> list[int]:
     """``"1,4,16"`` → ``[1, 4, 16]``; anything but positive integers is a usage error naming ``flag``."""

@@ -41,15 +41,12 @@ import torch
 
 from digenrl.config import Config, apply_overrides
 from digenrl.models import MODEL_SPECS, FlowModel, TextCondition, build_flow_model, get_model_spec
+from digenrl.models.construction import TORCH_DTYPES
 from digenrl.models.optimize import COMPILE_MODES, CompileSettings, optimize_flow_model
 from digenrl.perf import bench_cli, logprob_agreement, roofline
-from digenrl.perf.bench_cli import fmt, int_list, name_list, output_paths
+from digenrl.perf.bench_cli import DYNAMIC, PATHS, fmt, int_list, name_list, output_paths
 from digenrl.rollout.noise import sample_seed
 from digenrl.rollout.sampler import Sampler
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-PATHS = ("eager", "optimized")
-DYNAMIC = {"auto": None, "true": True, "false": False}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -66,7 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--frames", type=int, default=None, help="video frames (default: the model's)")
     p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1")
     p.add_argument(
-        "--dtype", default="auto", choices=["auto", *DTYPES], help="auto: bfloat16 on cuda else fp32"
+        "--dtype", default="auto", choices=["auto", *TORCH_DTYPES], help="auto: bfloat16 on cuda else fp32"
     )
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's)")
     p.add_argument("--paths", default="eager,optimized", help="comma-separated subset of eager,optimized")
@@ -170,7 +167,7 @@ def run(args: argparse.Namespace) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype_name = args.dtype if args.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
-    dtype = DTYPES[dtype_name]
+    dtype = TORCH_DTYPES[dtype_name]
     height, width = args.height or spec.default_height, args.width or spec.default_width
     frames = args.frames if args.frames is not None else spec.default_frames
     t_start = time.perf_counter()

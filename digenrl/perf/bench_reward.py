@@ -43,12 +43,11 @@ from pathlib import Path
 
 import torch
 
+from digenrl.models.construction import TORCH_DTYPES
 from digenrl.perf import roofline
 from digenrl.perf.bench_cli import fmt, int_list, output_paths
 from digenrl.rewards.registry import available_rewards, build_reward, reward_class
 from digenrl.sim.costs import CostModel
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -71,7 +70,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--dtype",
         default="auto",
-        choices=["auto", *DTYPES],
+        choices=["auto", *TORCH_DTYPES],
         help="VLM judge dtype; auto: bf16 on cuda else fp32",
     )
     p.add_argument(
@@ -122,7 +121,7 @@ def reward_kwargs(name: str, args: argparse.Namespace) -> dict:
         kwargs["attn_implementation"] = args.attn_implementation
         kwargs["vision_attention"] = args.vision_attention
         if args.dtype != "auto":
-            kwargs["dtype"] = DTYPES[args.dtype]
+            kwargs["dtype"] = TORCH_DTYPES[args.dtype]
     return kwargs
 
 
@@ -217,7 +216,7 @@ def run(args: argparse.Namespace, command: str = "") -> dict:
     )
     if ceiling_n > 0:  # in the judge's dtype (its default: bf16 on cuda, float32 elsewhere)
         auto = torch.bfloat16 if device.type == "cuda" else torch.float32
-        ceiling_dtype = DTYPES[args.dtype] if args.dtype != "auto" else auto
+        ceiling_dtype = TORCH_DTYPES[args.dtype] if args.dtype != "auto" else auto
         report["ceiling"] = roofline.matmul_ceiling(device, ceiling_dtype, n=ceiling_n)
         print(f"# matmul ceiling {ceiling_n}^3: {report['ceiling']['tflops']:.1f} TFLOP/s", flush=True)
     roofline.reset_peak_memory(device)

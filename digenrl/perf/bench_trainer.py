@@ -59,19 +59,16 @@ import torch
 from digenrl.config import Config, apply_overrides
 from digenrl.models import MODEL_SPECS, FlowModel, TextCondition, build_flow_model
 from digenrl.models.attention_safety import KNOWN_BAD_ATTENTION, parse_cudnn_version, parse_torch_version
+from digenrl.models.construction import TORCH_DTYPES
 from digenrl.models.optimize import COMPILE_MODES, CompileSettings, optimize_flow_model
 from digenrl.perf import backward_check, bench_cli, roofline
-from digenrl.perf.bench_cli import fmt, int_list, name_list, output_paths
+from digenrl.perf.bench_cli import DYNAMIC, PATHS, fmt, int_list, name_list, output_paths
 from digenrl.perf.kernel_profile import format_profile, profile_call
 from digenrl.rollout.sampler import CFG_GRAD_MODES, CFG_SPLIT_MIN_BATCH, Sampler
 from digenrl.rollout.trajectory import TrajectoryBatch
 from digenrl.sim.measure import time_grad_park, wire_bytes
 from digenrl.trainer import PolicyTrainer
 from digenrl.trainer.micro_batches import plan_micro_batches
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-PATHS = ("eager", "optimized")
-DYNAMIC = {"auto": None, "true": True, "false": False}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -115,7 +112,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--frames", type=int, default=None, help="video frames (default: the model's)")
     p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1")
     p.add_argument(
-        "--dtype", default="auto", choices=["auto", *DTYPES], help="auto: bfloat16 on cuda else fp32"
+        "--dtype", default="auto", choices=["auto", *TORCH_DTYPES], help="auto: bfloat16 on cuda else fp32"
     )
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's)")
     p.add_argument("--paths", default="optimized,eager", help="comma-separated, in run order")
@@ -316,7 +313,7 @@ class Bench:
         n = self.args.ceiling_size
         n = n if n is not None else (8192 if self.device.type == "cuda" else 256)
         if n > 0:
-            self.report["ceiling"] = roofline.matmul_ceiling(self.device, DTYPES[self.dtype_name], n=n)
+            self.report["ceiling"] = roofline.matmul_ceiling(self.device, TORCH_DTYPES[self.dtype_name], n=n)
 
     def run_mode_path(self, mode: str, path: str) -> None:
         args, device = self.args, self.device
@@ -330,7 +327,7 @@ class Bench:
         scales = list(dict.fromkeys(scales))  # guidance-distilled models: one setting only
         cfg = make_config(args, mode, self.dtype_name, scales[0])
         torch.manual_seed(0)
-        flow_model = build_flow_model(args.model, dtype=DTYPES[self.dtype_name], device=device)
+        flow_model = build_flow_model(args.model, dtype=TORCH_DTYPES[self.dtype_name], device=device)
         height = args.height or spec.default_height
         width = args.width or spec.default_width
         frames = args.frames if spec.is_video else None

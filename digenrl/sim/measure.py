@@ -33,6 +33,7 @@ import torch
 
 from digenrl.config import Config, apply_overrides
 from digenrl.models import ModelBundle, ModelSpec, build_model_bundle
+from digenrl.models.construction import TORCH_DTYPES
 from digenrl.models.optimize import optimize_flow_model
 from digenrl.models.text_condition import TextCondition
 from digenrl.perf.roofline import resolve_device, synchronize, tensor_bytes
@@ -44,7 +45,6 @@ from digenrl.runtime.transfer import batch_to_tensors
 from digenrl.sim.costs import CFG_KEYS, CostModel, run_path
 from digenrl.trainer.trainer import PolicyTrainer
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 #: Short device names used in cost file names, matched inside ``torch.cuda.get_device_name``.
 KNOWN_GPUS = ("h200", "h100", "h800", "h20", "a100", "a800", "l40s", "l40", "a10", "v100", "b200")
 
@@ -117,8 +117,8 @@ def measure_costs(
         raise ValueError(f"iters must be >= 1 and warmup >= 0, got {iters}, {warmup}")
     torch_device = resolve_device(device)
     dtype_name = dtype or ("bfloat16" if torch_device.type == "cuda" else "float32")
-    if dtype_name not in _DTYPES:
-        raise ValueError(f"dtype={dtype_name!r} is not allowed; choose one of: {', '.join(_DTYPES)}")
+    if dtype_name not in TORCH_DTYPES:
+        raise ValueError(f"dtype={dtype_name!r} is not allowed; choose one of: {', '.join(TORCH_DTYPES)}")
     cfg = apply_overrides(
         Config(),
         {
@@ -135,7 +135,7 @@ def measure_costs(
     )
     torch.manual_seed(0)
     bundle = build_model_bundle(
-        model_name, pretrained_path=pretrained_path, dtype=_DTYPES[dtype_name], device=torch_device
+        model_name, pretrained_path=pretrained_path, dtype=TORCH_DTYPES[dtype_name], device=torch_device
     )
     spec, flow_model = bundle.spec, bundle.flow_model
     if compile or autocast:

@@ -15,6 +15,7 @@ import torch
 from digenrl.config import Config
 from digenrl.data.prompts import PromptSource
 from digenrl.models import ModelBundle, build_model_bundle
+from digenrl.models.construction import TORCH_DTYPES
 from digenrl.models.optimize import optimize_flow_model
 from digenrl.rewards.registry import build_configured_reward
 from digenrl.rollout.engine import RolloutEngine
@@ -27,8 +28,6 @@ from digenrl.runtime.run_dir import RunStart
 from digenrl.trainer.trainer import PolicyTrainer
 
 log = logging.getLogger(__name__)
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def resolve_resolution(cfg: Config, bundle: ModelBundle) -> tuple[int, int, int | None]:
@@ -82,7 +81,7 @@ def build_rank_components(
     bundle = build_model_bundle(
         cfg.model.name,
         pretrained_path=cfg.model.pretrained_path,
-        dtype=_DTYPES[cfg.model.dtype],
+        dtype=TORCH_DTYPES[cfg.model.dtype],
         device=ctx.device,
         generation_device=None if generate or train else torch.device("meta"),
     )
