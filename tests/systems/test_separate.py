@@ -124,8 +124,11 @@ def test_async_with_staleness_one_overlaps_stays_within_one_version_and_resumes_
 
 @pytest.mark.parametrize("kind", ["raise", "kill"])
 def test_a_failing_rank_brings_the_job_down_and_the_checkpoint_loads(tmp_path, kind, monkeypatch):
+    """Generator rank 3 fails at the start of iteration 1, once iteration 0's checkpoint is published (it
+    runs ahead of the trainer ranks that write it: without ``after`` the job may be torn down first)."""
     out = tmp_path / kind
-    monkeypatch.setenv("DIGENRL_INJECT_FAULT", f"rank=3,iteration=1,kind={kind}")
+    latest = out / "checkpoints" / "latest"
+    monkeypatch.setenv("DIGENRL_INJECT_FAULT", f"rank=3,iteration=1,kind={kind},after={latest}")
     start = time.monotonic()
     proc = run_train(
         [
