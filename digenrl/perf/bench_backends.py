@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import importlib.metadata
 import json
 import math
 import statistics
@@ -273,11 +274,12 @@ def _numel(p: torch.Tensor) -> int:
 
 
 def _deepspeed_version() -> str | None:
+    """The installed DeepSpeed's version, read from its metadata: importing ``deepspeed`` fixes its
+    accelerator for the whole process, which :func:`require_deepspeed` must choose first."""
     try:
-        import deepspeed
-    except ImportError:
+        return importlib.metadata.version("deepspeed")
+    except importlib.metadata.PackageNotFoundError:
         return None
-    return deepspeed.__version__
 
 
 def format_row(row: dict) -> str:

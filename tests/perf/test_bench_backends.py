@@ -30,6 +30,19 @@ def test_unknown_backend_is_a_usage_error_naming_the_flag(capsys):
     assert "--backends" in capsys.readouterr().err
 
 
+def test_setting_up_the_report_leaves_deepspeed_unimported():
+    """Importing ``deepspeed`` fixes its accelerator (CUDA on a GPU machine): the report's version field
+    must not import it before ``require_deepspeed`` has asked for the CPU accelerator of a CPU run."""
+    code = (
+        "import sys; from digenrl.perf.bench_backends import Bench, parse_args; "
+        "Bench(parse_args(['--device', 'cpu'])); print(sorted(m for m in sys.modules if 'deepspeed' in m))"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "[]"
+
+
 def test_fsdp2_zero2_zero3_agree_on_the_first_update(tmp_path):
     env = {
         **os.environ,
