@@ -1,4 +1,6 @@
-"""Run ``experiments/run_train.py`` in a subprocess, plainly or under torchrun, for system tests."""
+"""Run ``experiments/run_train.py`` for system tests: plainly in a subprocess, under torchrun, or on ranks
+forked from a preloaded fork server (``tests/systems/preloaded_launch.py``: the same entry point and
+elastic agent, without each worker's ~5 s of imports; the default for multi-rank runs)."""
 
 from __future__ import annotations
 
@@ -41,11 +43,44 @@ def train_command(overrides: list[str], nproc: int = 0) -> list[str]:
     return [*cmd, str(RUN_TRAIN), "--config", str(TINY), *overrides]
 
 
+LAUNCHERS = ("preloaded", "command")
+
+
 def run_train(
-    overrides: list[str], *, nproc: int = 0, timeout_s: float = 240, check: bool = True
+    overrides: list[str],
+    *,
+    nproc: int = 0,
+    timeout_s: float = 240,
+    check: bool = True,
+    launcher: str = "preloaded",
 ) -> subprocess.CompletedProcess:
-    """Run ``train_command(overrides, nproc)`` to the end, failing the test if it hangs past ``timeout_s``."""
-    cmd = train_command(overrides, nproc)
+    """Run ``run_train.py`` with ``overrides`` to the end, failing the test if it hangs past ``timeout_s``.
+
+    ``nproc=0``: one process, as ``python run_train.py`` runs; otherwise ``nproc`` ranks under torch's
+    elastic agent. ``launcher="preloaded"`` forks the processes from a server that imported the heavy
+    packages once (tests/systems/preloaded_launch.py); ``"command"`` runs the user's command line in a
+    subprocess (``python run_train.py`` / ``torchrun --standalone``): for tests of what torchrun itself
+    prints or does when a rank fails, and of what a user's command prints once."""
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"launcher={launcher!r}; allowed: {', '.join(LAUNCHERS)}")
+    if launcher == "preloaded":
+        from tests.systems.preloaded_launch import run_preloaded, run_preloaded_single
+
+        argv = ["--config", str(TINY), *overrides]
+        if nproc:
+            proc = run_preloaded(argv, nproc, train_env(), timeout_s)
+        else:
+            proc = run_preloaded_single(argv, train_env(), timeout_s)
+    else:
+        proc = _run_subprocess(train_command(overrides, nproc), timeout_s)
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(proc.args)} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+        )
+    return proc
+
+
+def _run_subprocess(cmd: list[str], timeout_s: float) -> subprocess.CompletedProcess:
     # Own session, so a hung run is killed with all its torchrun workers, not just the launcher.
     popen = subprocess.Popen(
         cmd,
@@ -64,16 +99,18 @@ def run_train(
         raise AssertionError(
             f"{' '.join(cmd)} hung for {timeout_s} s\nstdout:\n{stdout}\nstderr:\n{stderr}"
         ) from None
-    proc = subprocess.CompletedProcess(cmd, popen.returncode, stdout, stderr)
-    if check and proc.returncode != 0:
-        raise AssertionError(
-            f"{' '.join(cmd)} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-        )
-    return proc
+    return subprocess.CompletedProcess(cmd, popen.returncode, stdout, stderr)
 
 
 def resume_from_copy(
-    run_dir: Path, dst: Path, step: int, overrides: list[str], *, nproc: int = 0, timeout_s: float = 240
+    run_dir: Path,
+    dst: Path,
+    step: int,
+    overrides: list[str],
+    *,
+    nproc: int = 0,
+    timeout_s: float = 240,
+    launcher: str = "preloaded",
 ) -> subprocess.CompletedProcess:
     """Copy a finished run, roll the copy back to checkpoint ``step`` as if the run had crashed after it
     (later checkpoints gone; its metrics and event logs still hold the later iterations), then resume it
@@ -84,7 +121,9 @@ def resume_from_copy(
         if int(path.name.removeprefix("step_")) > step:
             shutil.rmtree(path)
     (checkpoints / "latest").write_text(f"step_{step}\n")
-    return run_train([*overrides, "resume=true", f"out_dir={dst}"], nproc=nproc, timeout_s=timeout_s)
+    return run_train(
+        [*overrides, "resume=true", f"out_dir={dst}"], nproc=nproc, timeout_s=timeout_s, launcher=launcher
+    )
 
 
 def assert_resumed_exactly(

@@ -121,7 +121,7 @@ def test_bad_config_fails_at_startup_naming_the_key(tmp_path, overrides, needle)
 
 
 def test_more_ranks_than_the_profile_fails_at_startup(tmp_path):
-    proc = run_train([*BASE, f"out_dir={tmp_path}"], nproc=2, check=False, timeout_s=120)
+    proc = run_train([*BASE, f"out_dir={tmp_path}"], nproc=2, check=False, timeout_s=120, launcher="command")
     assert proc.returncode != 0
     assert "profile='cpu-1' has only 1 devices" in proc.stderr
 

@@ -56,7 +56,9 @@ def test_a_new_run_into_a_used_out_dir_is_refused_once_and_overwrite_replaces_it
     old_id, old_metrics = _run_id(out), (out / "metrics.jsonl").read_bytes()
     two = ["system=colocated-sync", "profile=cpu-2", "algo.prompts_per_iteration=2", "iterations=1"]
     for nproc in (0, 2):  # a plain run (refused before it starts workers) and torchrun's two workers
-        proc = run_train([*two, f"out_dir={out}"], nproc=nproc, check=False, timeout_s=120)
+        proc = run_train(
+            [*two, f"out_dir={out}"], nproc=nproc, check=False, timeout_s=120, launcher="command"
+        )
         assert proc.returncode != 0
         said = proc.stdout + proc.stderr
         assert said.count("already holds a run") == 1, said
