@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import sys
+import time
 import traceback
 from typing import TYPE_CHECKING
 
@@ -57,6 +58,10 @@ def ranks_to_start(cfg) -> int:
     return wanted
 
 
+#: Seconds a rank other than local rank 0 waits before it exits on a config error (see ``main``).
+CONFIG_ERROR_GRACE_S = 10.0
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
@@ -76,8 +81,14 @@ def main(argv: list[str]) -> int:
             plan_run_start(cfg)  # refuse before any worker starts (read-only: the workers' rank 0 decides)
     except ConfigError as exc:
         # Every rank of a node finds the same error: say it once. Each node says it (files and devices may
-        # differ between nodes, and a node that stays silent would hide its own error).
-        if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        # differ between nodes, and a node that stays silent would hide its own error). The other ranks wait
+        # before they exit: a rank that exits first makes torchrun stop local rank 0 before it has printed
+        # (seen on a 16-core machine); local rank 0's exit stops them during the wait instead, and one still
+        # here after it found an error local rank 0 did not, so it says it itself.
+        if int(os.environ.get("LOCAL_RANK", "0")) != 0:
+            time.sleep(CONFIG_ERROR_GRACE_S)
+            print(f"config error{_node_suffix()} (rank {rank}): {exc}", file=sys.stderr)
+        else:
             print(f"config error{_node_suffix()}: {exc}", file=sys.stderr)
         return 2
     if not under_torchrun and world > 1:

@@ -3,7 +3,8 @@
 # not only on CI's CPU), with DeepSpeed installed from .whl/ds/ as the `test` extra installs it on CI.
 #
 #   device run (kind nvidia-h200, carry [".whl"], timeout 600):
-#     bash experiments/gpu/h200_suite.sh
+#     bash experiments/gpu/h200_suite.sh            # the whole suite (~400 s of the call)
+#     bash experiments/gpu/h200_suite.sh tests/systems tests/trainer/test_trainer_backends.py   # a part
 #
 # Results under $OUT: log.txt, summary.md, pytest.txt (experiments/gpu/steps.sh).
 OUT=${OUT:-/tmp/h200_suite_out} WORK=/tmp/h200_suite DEADLINE_S=${DEADLINE_S:-575}
@@ -17,7 +18,7 @@ fi
 # 12 workers (pytest-xdist is on the image; every multi-process test picks free ports and its own tmp dirs).
 # The CPU tests run as on CI; tests that pick a device by "auto" meet CUDA here. -v writes one line per finished
 # test, so a run cut short by the budget still names every failure so far.
-step tests 520 bash -c "python3 -m pytest -v -n 12 -p no:cacheprovider -p no:benchmark --durations=15 -rfEs \
+step tests 520 bash -c "python3 -m pytest -v -n 12 -p no:cacheprovider -p no:benchmark --durations=15 -rfEs $* \
     >$OUT/pytest.txt 2>&1; rc=\$?; grep -E ' (FAILED|ERROR) ' $OUT/pytest.txt; tail -n 40 $OUT/pytest.txt; exit \$rc"
 step failures 25 bash -c "grep -E '(FAILED|ERROR)' $OUT/pytest.txt | sort -u"
 

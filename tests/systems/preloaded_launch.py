@@ -10,6 +10,10 @@ session that imported those packages once (``start_method="forkserver"`` with
 ``multiprocessing.set_forkserver_preload``). Nothing a run computes depends on how its processes started:
 the same 4-rank run gives bit-identical metrics either way.
 
+The forked processes see no GPU (``CUDA_VISIBLE_DEVICES=""`` in the server and in every worker): CUDA
+cannot be used in a process forked after its parent touched it, and importing the preload list does on
+a GPU machine. The runs here use the CPU profiles; a test that needs a GPU uses ``launcher="command"``.
+
 A single-process run (``python run_train.py`` with no torchrun) is one process forked from the same
 server, without an agent (:func:`run_preloaded_single`).
 
@@ -82,6 +86,7 @@ def worker_main(argv: list[str], env: dict[str, str]) -> None:
     os.environ.clear()
     os.environ.update({name: value for name, value in env.items() if not _is_agent_var(name)})
     os.environ.update(agent)
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # as in the server (module docstring)
     os.chdir(REPO)
     from digenrl.launch import main
 
@@ -94,13 +99,14 @@ def worker_main(argv: list[str], env: dict[str, str]) -> None:
 
 def _ensure_fork_server(env: dict[str, str]) -> None:
     """Start the session's fork server once, with the preload list and the base test environment (so the
-    preloaded torch sees ``OMP_NUM_THREADS=1`` and no fault-injection variable a test set at the time)."""
+    preloaded torch sees ``OMP_NUM_THREADS=1``, no GPU and no fault-injection variable a test set then)."""
     global _server_started
     with _server_lock:
         if _server_started:
             return
         multiprocessing.set_forkserver_preload(list(PRELOAD))
         base = {name: value for name, value in env.items() if not name.startswith("DIGENRL_INJECT")}
+        base["CUDA_VISIBLE_DEVICES"] = ""
         saved = dict(os.environ)
         try:
             os.environ.clear()

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-import torch
 
 from digenrl.trainer import PolicyTrainer, resolve_backend
 
 from .fixtures import build_model, grads_by_name, make_config, make_sampler, perturb_adapter, rollout_batch
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_resolve_backend():
@@ -37,18 +40,21 @@ def test_deepspeed_without_the_extra_says_how_to_install_it(monkeypatch):
         PolicyTrainer(cfg, model, make_sampler(cfg, model), uncond=None, device="cpu")
 
 
-def test_a_cpu_run_gets_deepspeeds_cpu_accelerator(monkeypatch):
+def test_a_cpu_run_gets_deepspeeds_cpu_accelerator():
     """On a GPU machine DeepSpeed would pick CUDA and move a CPU run's model there (the backend benchmark's
-    CPU test failed so on an H200): a CPU device asks for the CPU accelerator before deepspeed is imported."""
+    CPU test failed so on an H200): a CPU device asks for the CPU accelerator before deepspeed is imported.
+    In a fresh process: an earlier test in this one may have imported deepspeed with its accelerator fixed."""
     pytest.importorskip("deepspeed", reason="the test extra installs deepspeed")
-    from digenrl.trainer.parallel import import_deepspeed
-
-    monkeypatch.delenv("DS_ACCELERATOR", raising=False)
-    deepspeed = import_deepspeed(torch.device("cpu"))
-    from deepspeed.accelerator import get_accelerator
-
-    assert deepspeed.__name__ == "deepspeed" and get_accelerator().device_name() == "cpu"
-    assert os.environ["DS_ACCELERATOR"] == "cpu"
+    code = (
+        "import os, torch; from digenrl.trainer.parallel import import_deepspeed; "
+        "ds = import_deepspeed(torch.device('cpu')); from deepspeed.accelerator import get_accelerator; "
+        "print(ds.__name__, get_accelerator().device_name(), os.environ['DS_ACCELERATOR'])"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
+    env["PYTHONPATH"] = f"{REPO}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["deepspeed", "cpu", "cpu"]
 
 
 def test_activation_checkpointing_gives_the_same_gradient():
