@@ -173,7 +173,6 @@ def _require_shared_out_dir(out_dir: str, ctx: DistContext, timeout_s: float) ->
     if not ctx.is_distributed or int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size)) >= ctx.world_size:
         return
     import socket
-    import time
     import uuid
     from pathlib import Path
 
@@ -232,7 +231,6 @@ def launch_torchrun(
     has NVLink multicast off (``disable_nvlink_multicast``) unless the caller exported otherwise.
     """
     import subprocess
-    import time
     from pathlib import Path
 
     from digenrl.runtime.distributed import disable_nvlink_multicast
@@ -326,7 +324,6 @@ def _launch_nodes(
     import socket
     import subprocess
     import tempfile
-    import time
     import uuid
     from pathlib import Path
 
@@ -432,7 +429,6 @@ def _visible_devices(inherited: str | None, needed: int) -> list[str] | None:
 def _wait_for_nodes(procs: list, *, deadline: float) -> list[int] | None:
     """[] when every group exited 0; the failed groups (first observed first) as soon as one fails;
     None at the deadline."""
-    import time
 
     while True:
         codes = [proc.poll() for proc in procs]
@@ -457,7 +453,6 @@ def _stop(procs: list) -> None:
     """SIGTERM every running group (its agent stops its workers), SIGKILL what is left after a grace."""
     import signal
     import subprocess
-    import time
 
     running = [proc for proc in procs if proc.poll() is None]
     for proc in running:
