@@ -19,12 +19,15 @@ So the best plan is never worse than the best baseline of equal staleness: it is
 (:func:`digenrl.sim.memory.fit_plan`: micro-batch, activation checkpointing, generator batch, parking);
 a candidate nothing fits is rejected with its reason (:attr:`PlannerResult.rejected`).
 
-Pruning is exact with respect to this search: splits are visited in decreasing order of an upper bound
-on their throughput, and a split is skipped once its bound cannot beat the current runner-up. The bound
-takes the cheapest per-sample generation and per-unit training cost over the profile's device types and
-candidate batch sizes, spreads generation over the generators (and the trainers, when TAG may help) and
-training over the trainers, and ignores every transfer, sync, switch, memory limit and dependency — no
-schedule can be faster.
+Pruning is exact with respect to this search (``prune=False`` is the same search without it): splits are
+visited in decreasing order of an upper bound on their throughput, and a split is skipped once its bound
+cannot beat the current runner-up; within a split, a plan is skipped once its own bound cannot. The
+refinement is a heuristic on the overall best plans: the best plan of a split that is not among them is
+not refined, so searching one split alone (``trainer_counts=[n]``) can find a better refined plan there.
+The bound takes the cheapest per-sample generation and per-unit training cost over the profile's device
+types and candidate batch sizes, spreads generation over the generators (and the trainers, when TAG may
+help) and training over the trainers, and ignores every transfer, sync, switch, memory limit and
+dependency — no schedule can be faster.
 """
 
 from __future__ import annotations
@@ -330,10 +333,12 @@ class Planner:
         include_baselines: bool = True,
         refine: int = 1,
         template: SchedulePlan | None = None,
+        prune: bool = True,
     ) -> PlannerResult:
         """The best and runner-up plans of DigenRL's plan space at staleness ≤ ``max_staleness`` (module
         docstring). ``trainer_counts`` restricts the splits (and then leaves the colocated plans out);
-        ``include_baselines=False`` searches the mechanisms' plans alone."""
+        ``include_baselines=False`` searches the mechanisms' plans alone. ``prune=False`` simulates every
+        plan (the reference the pruning is tested against)."""
         template = template or SchedulePlan("digenrl")
         if template.system != "digenrl":
             raise ValueError(f"template.system must be 'digenrl', got {template.system!r}")
@@ -369,7 +374,7 @@ class Planner:
         mechanism_scores: list[PlanScore] = []
         for trainers in sorted(counts, key=lambda n: -bounds[n]):
             ranked = sorted(scores + mechanism_scores, key=lambda s: -s.samples_per_s)
-            if len(ranked) >= 2 and bounds[trainers] <= ranked[1].samples_per_s:
+            if prune and len(ranked) >= 2 and bounds[trainers] <= ranked[1].samples_per_s:
                 skipped.append(trainers)
                 continue
             generators = world - trainers
@@ -389,7 +394,7 @@ class Planner:
                                 tag_budget=None,
                                 tcss=tcss,
                             )
-                            if self._beaten(plan, scores + mechanism_scores):
+                            if prune and self._beaten(plan, scores + mechanism_scores):
                                 continue
                             score = self.score(plan)
                             if score is not None:

@@ -44,17 +44,20 @@ def _setup(rng: random.Random | None = None):
     return load_profile("cpu-4"), costs, workload
 
 
-def test_pruned_search_matches_exhaustive_and_bound_holds():
-    profile, costs, workload = _setup()
+@pytest.mark.parametrize("seed", [0, 1, 42])
+def test_pruned_search_matches_exhaustive_and_bound_holds(seed):
+    """The pruned search picks what the same search without pruning picks, and no evaluated plan beats its
+    bound. (Seed 42: refining each split's best alone, ``trainer_counts=[n]``, finds a better refined plan
+    on another split than the search's overall best — refinement is a heuristic on the overall best plans,
+    docstring of digenrl/sim/planner.py; an earlier version of this test compared against that and failed
+    on such costs.)"""
+    profile, costs, workload = _setup(random.Random(seed))
     result = search_plans(profile, costs, workload, max_staleness=1, include_baselines=False)
     assert result.best.samples_per_s >= result.runner_up.samples_per_s
-    exhaustive = [
-        search_plans(
-            profile, costs, workload, max_staleness=1, trainer_counts=[n], include_baselines=False
-        ).best
-        for n in range(1, profile.world_size)
-    ]
-    assert result.best.samples_per_s == max(s.samples_per_s for s in exhaustive)
+    exhaustive = search_plans(profile, costs, workload, max_staleness=1, include_baselines=False, prune=False)
+    assert len(exhaustive.evaluated) > len(result.evaluated)  # the pruning skipped something
+    assert result.best.plan == exhaustive.best.plan
+    assert result.best.samples_per_s == exhaustive.best.samples_per_s
     device_costs = DeviceCosts(profile, costs)
     fragments = fragment_options(workload.prompts_per_iteration)
     for score in result.evaluated:
