@@ -28,7 +28,7 @@ def test_generation_time_chunks_by_samples_per_forward():
 
 
 def test_splits_and_fragments_cover_everything_once():
-    rng = random.Random()
+    rng = random.Random(2027)
     for _ in range(100):
         total, parts = rng.randint(0, 50), rng.randint(1, 7)
         shares = split_evenly(total, parts)
