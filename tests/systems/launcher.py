@@ -96,10 +96,13 @@ def _run_subprocess(cmd: list[str], timeout_s: float) -> subprocess.CompletedPro
     except subprocess.TimeoutExpired:
         os.killpg(popen.pid, signal.SIGKILL)
         stdout, stderr = popen.communicate()
-        raise AssertionError(
-            f"{' '.join(cmd)} hung for {timeout_s} s\nstdout:\n{stdout}\nstderr:\n{stderr}"
-        ) from None
+        raise hung_run(cmd, timeout_s, stdout, stderr) from None
     return subprocess.CompletedProcess(cmd, popen.returncode, stdout, stderr)
+
+
+def hung_run(cmd: list[str], timeout_s: float, stdout: str, stderr: str) -> AssertionError:
+    """The test failure for a run still going after ``timeout_s`` (killed), with what it printed."""
+    return AssertionError(f"{' '.join(cmd)} hung for {timeout_s} s\nstdout:\n{stdout}\nstderr:\n{stderr}")
 
 
 def resume_from_copy(

@@ -40,7 +40,8 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.systems.launcher import REPO, hung_run
+
 #: What every worker imports before its first step (the fork server imports these once).
 PRELOAD = (
     "torch.distributed",
@@ -158,7 +159,7 @@ def run_preloaded_single(
             process.join()
         stdout, stderr = out.read_text(errors="replace"), err.read_text(errors="replace")
     if hung:
-        raise AssertionError(f"{' '.join(cmd)} hung for {timeout_s} s\nstdout:\n{stdout}\nstderr:\n{stderr}")
+        raise hung_run(cmd, timeout_s, stdout, stderr)
     return subprocess.CompletedProcess(cmd, process.exitcode, stdout, stderr)
 
 
@@ -215,5 +216,5 @@ def run_preloaded(
         stdout = _read_logs(log_dir, nproc, "stdout")
         stderr = _read_logs(log_dir, nproc, "stderr") + failure
     if hung.is_set():
-        raise AssertionError(f"{' '.join(cmd)} hung for {timeout_s} s\nstdout:\n{stdout}\nstderr:\n{stderr}")
+        raise hung_run(cmd, timeout_s, stdout, stderr)
     return subprocess.CompletedProcess(cmd, returncode, stdout, stderr)
