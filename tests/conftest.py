@@ -1,7 +1,10 @@
-"""Test-wide settings: one CPU thread per process (CI has 2 cores; distributed tests start several), and the
+"""Test-wide settings: one CPU thread per process (CI has 2 cores; distributed tests start several), the
 ``slow`` marker on every multi-process test, so ``python -m pytest -q -m "not slow"`` is the fast inner loop
-while ``python -m pytest -q`` still runs everything (README.md, "The two commands")."""
+while ``python -m pytest -q`` still runs everything (README.md, "The two commands"), and the ``needs``
+marker: ``@pytest.mark.needs("deepspeed")`` skips a test of an optional dependency, with the reason, where
+the package is not installed."""
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -28,8 +31,20 @@ def is_multi_process(item: pytest.Item) -> bool:
     return code is not None and not MULTI_PROCESS_CALLS.isdisjoint(code.co_names)
 
 
+def missing_packages(names: tuple[str, ...]) -> list[str]:
+    """The packages of ``names`` that are not installed. Found without importing them: importing deepspeed
+    fixes its accelerator for the whole process (digenrl/trainer/parallel.py import_deepspeed)."""
+    return [name for name in names if importlib.util.find_spec(name) is None]
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """``slow`` on every multi-process test; single-process tests that are slow carry it themselves."""
+    """``slow`` on every multi-process test (single-process tests that are slow carry it themselves); a skip
+    naming the package on every test whose ``needs`` marker names one that is not installed."""
     for item in items:
         if is_multi_process(item):
             item.add_marker(pytest.mark.slow)
+        missing = missing_packages(tuple(name for mark in item.iter_markers("needs") for name in mark.args))
+        if missing:
+            names, extras = ", ".join(missing), ",".join(missing)
+            reason = f"needs {names} (optional), which is not installed: pip install 'digenrl[{extras}]'"
+            item.add_marker(pytest.mark.skip(reason=reason))

@@ -43,6 +43,7 @@ def test_setting_up_the_report_leaves_deepspeed_unimported():
     assert proc.stdout.strip() == "[]"
 
 
+@pytest.mark.needs("deepspeed")
 def test_fsdp2_zero2_zero3_agree_on_the_first_update(tmp_path):
     env = {
         **os.environ,

@@ -40,11 +40,11 @@ def test_deepspeed_without_the_extra_says_how_to_install_it(monkeypatch):
         PolicyTrainer(cfg, model, make_sampler(cfg, model), uncond=None, device="cpu")
 
 
+@pytest.mark.needs("deepspeed")
 def test_a_cpu_run_gets_deepspeeds_cpu_accelerator():
     """On a GPU machine DeepSpeed would pick CUDA and move a CPU run's model there (the backend benchmark's
     CPU test failed so on an H200): a CPU device asks for the CPU accelerator before deepspeed is imported.
     In a fresh process: an earlier test in this one may have imported deepspeed with its accelerator fixed."""
-    pytest.importorskip("deepspeed", reason="the test extra installs deepspeed")
     code = (
         "import os, torch; from digenrl.trainer.parallel import import_deepspeed; "
         "ds = import_deepspeed(torch.device('cpu')); from deepspeed.accelerator import get_accelerator; "

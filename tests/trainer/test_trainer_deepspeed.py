@@ -25,7 +25,7 @@ from .data_parallel_case import (
 )
 from .fixtures import build_model, make_config, make_sampler
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.needs("deepspeed")]
 
 SCENARIOS = {
     "zero2-lora": ["trainer.backend=deepspeed", "trainer.deepspeed_stage=2", "trainer.mode=lora"],
