@@ -7,20 +7,27 @@ applies command-line overrides written exactly as a user types them::
     algo.group_size=8 trainer.lr=1e-3 sampler.num_steps=6
 
 A bare section name (``model=…``, ``reward=…``) sets that section's ``name``. Parsing checks every key
-against the dataclass fields and every value against its type, naming the key on error. Checks that need
-the registries (model, reward, profile and system names) and each system's declaration of the knobs it
-honours live in :mod:`digenrl.validation`; this module imports nothing from the package, so every other
-module can import it.
+against the dataclass fields and every value against its type, naming the key on error.
+
+Each field declares what it may hold, once, in its metadata: a numeric key its finite :class:`Range`
+(``within``; NaN and ±inf never pass), an enumeration its allowed values (``among``, reading the tuple
+constants below that the modules using the value import too). :func:`declared_fields` walks them and
+:mod:`digenrl.validation` checks every value against its declaration at startup, together with what needs
+the registries (model, reward, profile and system names), each system's declaration of the knobs it honours
+and the table of when every other knob is read. This module imports nothing from the package, so every
+other module can import it.
 
 ``load_config`` remembers which keys the user set (the YAML file and the overrides), so validation can
-reject a knob the chosen system does not honour only when somebody asked for it (:func:`explicit_keys`).
+reject a knob the run does not read only when somebody asked for it (:func:`explicit_keys`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,17 +39,88 @@ class ConfigError(ValueError):
     """An invalid configuration; the message names the offending key and what is allowed."""
 
 
+# --------------------------------------------------------------------------- declarations
+
+
+@dataclass(frozen=True)
+class Range:
+    """The finite interval a numeric key must lie in; ``why`` says where a bound comes from."""
+
+    low: float
+    high: float
+    low_open: bool = False
+    high_open: bool = False
+    why: str = ""
+
+    def __contains__(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        above = value > self.low if self.low_open else value >= self.low
+        below = value < self.high if self.high_open else value <= self.high
+        return above and below
+
+    def __str__(self) -> str:
+        left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
+        return f"{left}{_number(self.low)}, {_number(self.high)}{right}"
+
+
+def _number(value: float) -> str:
+    return str(value) if isinstance(value, int) else f"{value:g}"
+
+
+def within(
+    low: float, high: float, *, low_open: bool = False, high_open: bool = False, why: str = ""
+) -> dict[str, Range]:
+    """Field metadata: a numeric key (or each number of a list / mapping-valued key) lies in this range."""
+    return {"range": Range(low, high, low_open, high_open, why)}
+
+
+def among(choices: tuple[Any, ...]) -> dict[str, tuple[Any, ...]]:
+    """Field metadata: an enumeration key takes one of ``choices``."""
+    return {"choices": choices}
+
+
+#: The enumerations, declared once: validation reads them from the field metadata, the modules that act on
+#: a value import the same tuple.
+MODEL_DTYPES = ("float32", "bfloat16", "float16")
+SAMPLER_TYPES = ("sde", "cps", "dance")
+TIMESTEP_SELECTIONS = ("first", "shuffled", "fast-window")
+ADV_STD_MODES = ("group", "global")
+CFG_GRAD_MODES = ("cond", "both")
+"""Values of ``algo.cfg_grad``: which CFG branches the training gradient flows through."""
+TRAINER_MODES = ("lora", "full")
+TRAINER_BACKENDS = ("auto", "none", "ddp", "fsdp2", "deepspeed")
+NONFINITE_ACTIONS = ("stop", "skip")
+#: ZeRO stages of trainer.backend=deepspeed (3 partitions parameters too; docs/design.md §3)
+DEEPSPEED_STAGES = (0, 1, 2, 3)
+CHECKPOINT_FORMATS = ("auto", "full", "sharded")
+NONFINITE_POLICIES = ("drop-group", "abort")
+SYNC_MODES = ("auto", *TRAINER_MODES)
+RUNTIME_BACKENDS = ("gloo", "nccl")
+GAP_ASSIGNMENTS = ("dynamic", "round-robin")
+TRAIN_ORDERS = ("index", "arrival")
+TAG_POLICIES = ("auto", "always")
+
+#: Bounds shared by several keys. A bound is the largest value a real run could want, with room to spare;
+#: what lies beyond it is a typo or an overflow, refused before any worker starts.
+_COUNT = within(1, 1_000_000)
+_NON_NEGATIVE_COUNT = within(0, 1_000_000)
+_PIXELS = within(1, 16384)
+_SEED = within(0, 2**32 - 1, why="what numpy's and torch's generators both accept")
+
+
 @dataclass
 class ModelConfig:
     """Which generator to train (a key of ``digenrl.models.MODEL_SPECS``) and how to build it."""
 
     name: str = "tiny-sd3"
     pretrained_path: str | None = None  # local diffusers-style directory; None = random weights
-    dtype: str = "float32"  # parameter/compute dtype of the transformer: float32 | bfloat16 | float16
-    height: int | None = None  # pixels; None = the model's default
-    width: int | None = None
-    frames: int | None = None  # video models only
-    attention_backend: str = "native"
+    # parameter/compute dtype of the transformer
+    dtype: str = field(default="float32", metadata=among(MODEL_DTYPES))
+    height: int | None = field(default=None, metadata=_PIXELS)  # pixels; None = the model's default
+    width: int | None = field(default=None, metadata=_PIXELS)
+    frames: int | None = field(default=None, metadata=within(1, 10_000))  # video models only
+    attention_backend: str = "native"  # a diffusers backend (checked against diffusers' list)
     # torch.compile the transformer's repeated blocks (digenrl/models/optimize.py); None = on for a CUDA
     # device, off on CPU (the GPU path the cost files measure, docs/design.md §5)
     compile: bool | None = None
@@ -63,62 +141,64 @@ class ModelConfig:
 class SamplerConfig:
     """The rollout sampler (FlowGRPO flow-SDE by default). ``None`` takes the model's default."""
 
-    num_steps: int | None = None
-    sde_type: str = "sde"  # sde | cps | dance
-    noise_level: float | None = None  # a in sigma_t = a*sqrt(sigma/(1-sigma)); eta for dance
-    guidance_scale: float | None = None  # CFG scale; <= 1 disables CFG for true-CFG models
-    shift: float | None = None  # static sigma shift; None = model default (dynamic for FLUX)
-    samples_per_forward: int = 0  # max samples in one transformer forward; 0 = a whole rollout batch
+    num_steps: int | None = field(default=None, metadata=within(2, 1000))
+    sde_type: str = field(default="sde", metadata=among(SAMPLER_TYPES))
+    # a in sigma_t = a*sqrt(sigma/(1-sigma)); eta for dance (published models use 0.7 to 1.2)
+    noise_level: float | None = field(default=None, metadata=within(0.0, 10.0))
+    # CFG scale; <= 1 disables CFG for true-CFG models (published defaults 3.5 to 6)
+    guidance_scale: float | None = field(default=None, metadata=within(0.0, 100.0))
+    # static sigma shift; None = model default (dynamic for FLUX; published static shifts 1 to 7)
+    shift: float | None = field(default=None, metadata=within(0.0, 100.0, low_open=True))
+    # max samples in one transformer forward; 0 = a whole rollout batch
+    samples_per_forward: int = field(default=0, metadata=_NON_NEGATIVE_COUNT)
 
 
 @dataclass
 class AlgoConfig:
     """FlowGRPO hyper-parameters (defaults: FlowGRPO reference configs, docs/algorithm.md)."""
 
-    group_size: int = 4  # G samples per prompt
-    prompts_per_iteration: int = 4  # P prompts per logical batch (B = P * G)
-    timestep_fraction: float = 0.99
-    timestep_selection: str = "first"  # first | shuffled | fast-window
-    fast_window: int = 2
-    clip_range: float = 1e-4
-    kl_beta: float = 0.0
-    adv_std: str = "group"  # group | global
-    adv_clamp: float = 5.0
-    num_updates_per_batch: int = 1
+    # G samples per prompt
+    group_size: int = field(default=4, metadata=within(2, 1_000_000, why="advantages need a group"))
+    prompts_per_iteration: int = field(default=4, metadata=_COUNT)  # P prompts per logical batch (B = P * G)
+    timestep_fraction: float = field(default=0.99, metadata=within(0.0, 1.0, low_open=True))
+    timestep_selection: str = field(default="first", metadata=among(TIMESTEP_SELECTIONS))
+    # SDE steps of timestep_selection=fast-window (at most num_steps // 2)
+    fast_window: int = field(default=2, metadata=within(1, 500))
+    clip_range: float = field(default=1e-4, metadata=within(0.0, 100.0, low_open=True))
+    kl_beta: float = field(default=0.0, metadata=within(0.0, 1000.0))
+    adv_std: str = field(default="group", metadata=among(ADV_STD_MODES))
+    adv_clamp: float = field(default=5.0, metadata=within(0.0, 1e6, low_open=True))
+    num_updates_per_batch: int = field(default=1, metadata=within(1, 1000))
     # with CFG, the training gradient flows through: cond = the conditional branch only (unconditional
     # prediction detached), both = both branches; see digenrl/rollout/sampler.py Sampler.velocity
-    cfg_grad: str = "cond"
-
-
-#: ZeRO stages of trainer.backend=deepspeed (3 partitions parameters too; docs/design.md §3)
-DEEPSPEED_STAGES = (0, 1, 2, 3)
-CHECKPOINT_FORMATS = ("auto", "full", "sharded")
+    cfg_grad: str = field(default="cond", metadata=among(CFG_GRAD_MODES))
 
 
 @dataclass
 class TrainerConfig:
     """How the policy is updated."""
 
-    mode: str = "lora"  # lora | full
-    lora_rank: int = 32
-    lora_alpha: int = 64
+    mode: str = field(default="lora", metadata=among(TRAINER_MODES))
+    lora_rank: int = field(default=32, metadata=within(1, 65536))
+    lora_alpha: int = field(default=64, metadata=within(1, 1_000_000))
     lora_targets: list[str] | None = None  # None = the family's attention projections
-    lr: float = 3e-4
-    weight_decay: float = 1e-4
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    eps: float = 1e-8
-    grad_clip: float = 1.0
-    micro_batch_size: int = 4  # training units per forward/backward
-    backend: str = "auto"  # auto | none | ddp | fsdp2 | deepspeed
-    deepspeed_stage: int = 2  # ZeRO stage, one of DEEPSPEED_STAGES
+    # real runs use <= 1e-2; up to 1e6 so a test can provoke a non-finite update (trainer.nonfinite)
+    lr: float = field(default=3e-4, metadata=within(0.0, 1e6, low_open=True))
+    weight_decay: float = field(default=1e-4, metadata=within(0.0, 100.0))
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999], metadata=within(0, 1, high_open=True))
+    eps: float = field(default=1e-8, metadata=within(0.0, 1.0, low_open=True))
+    grad_clip: float = field(default=1.0, metadata=within(0.0, 1e12, low_open=True))
+    micro_batch_size: int = field(default=4, metadata=_COUNT)  # training units per forward/backward
+    backend: str = field(default="auto", metadata=among(TRAINER_BACKENDS))
+    deepspeed_stage: int = field(default=2, metadata=among(DEEPSPEED_STAGES))  # ZeRO stage
     activation_checkpointing: bool = False
     # a step whose gradient or resulting parameters are not finite is never committed; "stop" raises naming
     # the iteration, "skip" drops the step (weights and optimizer state stay, counted in the metrics)
-    nonfinite: str = "stop"
-    # checkpoint layout, one of CHECKPOINT_FORMATS: "sharded" = every trainer rank writes its own shards of
-    # weights and optimizer state (torch.distributed.checkpoint); "full" = one rank writes full tensors;
-    # "auto" = sharded for FSDP2 full fine-tuning, full otherwise (README "Runs")
-    checkpoint_format: str = "auto"
+    nonfinite: str = field(default="stop", metadata=among(NONFINITE_ACTIONS))
+    # checkpoint layout: "sharded" = every trainer rank writes its own shards of weights and optimizer state
+    # (torch.distributed.checkpoint); "full" = one rank writes full tensors; "auto" = sharded for FSDP2 full
+    # fine-tuning, full otherwise (README "Runs")
+    checkpoint_format: str = field(default="auto", metadata=among(CHECKPOINT_FORMATS))
 
 
 @dataclass
@@ -126,9 +206,10 @@ class RewardConfig:
     """The reward (a key of the reward registry) or a weighted sum of several."""
 
     name: str = "brightness"
-    weights: dict[str, float] | None = None  # {reward name: weight}; overrides ``name`` when set
+    # {reward name: weight}; replaces ``name`` when set (negative weights penalise)
+    weights: dict[str, float] | None = field(default=None, metadata=within(-1e6, 1e6))
     weights_path: str | None = None  # local directory of a reward model's weights
-    nonfinite_policy: str = "drop-group"  # drop-group | abort
+    nonfinite_policy: str = field(default="drop-group", metadata=among(NONFINITE_POLICIES))
 
 
 @dataclass
@@ -146,19 +227,20 @@ class PoolConfig:
     checkpoints), the next ``generators`` ranks to the generator pool, then ``scorers``.
     """
 
-    trainers: int = 0
-    generators: int = 0
+    trainers: int = field(default=0, metadata=_NON_NEGATIVE_COUNT)
+    generators: int = field(default=0, metadata=_NON_NEGATIVE_COUNT)
     # ranks that only decode and run the reward model (a reward with weights), fed by the generators'
     # last stage (digenrl/rollout/remote_scoring.py); separate-sync, separate-async and digenrl
-    scorers: int = 0
+    scorers: int = field(default=0, metadata=_NON_NEGATIVE_COUNT)
 
 
 @dataclass
 class SyncConfig:
     """Trainer → generator weight sync after each optimizer step."""
 
-    mode: str = "auto"  # auto (lora adapter when trainer.mode=lora, else full) | full | lora
-    bucket_mb: float = 64.0  # flat-buffer size per broadcast
+    # auto = the lora adapter when trainer.mode=lora, else full; an explicit mode must equal trainer.mode
+    mode: str = field(default="auto", metadata=among(SYNC_MODES))
+    bucket_mb: float = field(default=64.0, metadata=within(0.0, 65536.0, low_open=True))  # per broadcast
     verify_checksum: bool = True  # compare generator and trainer weight checksums after every sync
 
 
@@ -166,8 +248,10 @@ class SyncConfig:
 class AsyncConfig:
     """UniRL-style asynchronous buffer of ``separate-async`` (docs/references.md [000])."""
 
-    max_inflight: int = 1  # generations in flight; the reference measured that only 1 avoids transfer stalls
-    max_staleness: int = 0  # policy versions a buffered group may lag the trainer; 0 = on-policy
+    # generations in flight; the reference measured that only 1 avoids transfer stalls
+    max_inflight: int = field(default=1, metadata=within(1, 1000))
+    # policy versions a buffered group may lag the trainer; 0 = on-policy
+    max_staleness: int = field(default=0, metadata=within(0, 1000))
 
 
 @dataclass
@@ -176,23 +260,24 @@ class GapConfig:
     docs/design.md §3 "GAP")."""
 
     enabled: bool = True  # false: the trainer waits for every fragment before training (ablation)
-    fragment_groups: int = 1  # prompt groups per fragment; a group never straddles fragments
+    # prompt groups per fragment; a group never straddles fragments
+    fragment_groups: int = field(default=1, metadata=_COUNT)
     # who generates fragment f: "dynamic" = the first free producer claims the next fragment (atomic
     # tickets on the c10d store; TAG helpers claim from the tail); "round-robin" = pipeline f mod D
-    assignment: str = "dynamic"
+    assignment: str = field(default="dynamic", metadata=among(GAP_ASSIGNMENTS))
     # the order a trainer takes fragments in: "index" (0, 1, 2, …: a fixed accumulation order, so a run
     # is bit-reproducible) or "arrival" (the lowest-numbered fragment that is ready first)
-    train_order: str = "index"
+    train_order: str = field(default="index", metadata=among(TRAIN_ORDERS))
 
 
 @dataclass
 class TspConfig:
     """TSP: the generator pool as D data-parallel pipelines × ``stages`` stages of denoising steps."""
 
-    stages: int = 1  # S; 1 = plain data parallelism
+    stages: int = field(default=1, metadata=within(1, 1000))  # S; 1 = plain data parallelism
     # fixed stage boundaries [0, b_1, …, T] for every pipeline (e.g. an even split for an ablation);
     # None = balanced by the predicted step costs (digenrl/tsp/stage_plan.py)
-    boundaries: list[int] | None = None
+    boundaries: list[int] | None = field(default=None, metadata=within(0, 1000))
 
 
 @dataclass
@@ -204,9 +289,9 @@ class TagConfig:
     # "auto": before each iteration, predict the makespan from measured costs with and without helper
     # fragments (the simulator, digenrl/sim) and help only as much as the prediction says shortens it;
     # "always": help whenever idle and a fragment is left to claim
-    policy: str = "auto"
+    policy: str = field(default="auto", metadata=among(TAG_POLICIES))
     # most fragments one trainer rank generates per iteration; 0 = no limit (policy "auto" picks at most this)
-    max_fragments: int = 0
+    max_fragments: int = field(default=0, metadata=_NON_NEGATIVE_COUNT)
     # move pending gradients to host memory while generating (frees device memory; restored bit-exactly)
     park_grads: bool = False
 
@@ -237,8 +322,10 @@ class ResidencyConfig:
 class RuntimeConfig:
     """Distributed runtime knobs."""
 
-    backend: str | None = None  # gloo | nccl; None = nccl on CUDA, gloo otherwise
-    timeout_s: float = 300.0  # every distributed wait fails after this, naming rank and peer
+    # None = the hardware profile's backend (nccl on GPUs, gloo on CPUs)
+    backend: str | None = field(default=None, metadata=among(RUNTIME_BACKENDS))
+    # every distributed wait fails after this, naming rank and peer (at most a week)
+    timeout_s: float = field(default=300.0, metadata=within(0.0, 604800.0, low_open=True))
     # a real-size model (not tiny-*) on a CPU device is refused at startup with its memory estimate unless
     # this is true (digenrl/validation.py validate_devices)
     allow_large_cpu_model: bool = False
@@ -250,11 +337,13 @@ class Config:
 
     system: str = "colocated-sync"
     profile: str = "cpu-1"
-    iterations: int = 10
-    seed: int = 0
+    iterations: int = field(default=10, metadata=within(1, 10_000_000))
+    seed: int = field(default=0, metadata=_SEED)
     out_dir: str = "runs/tiny"
-    checkpoint_every: int = 10  # iterations between checkpoints (and always one at the end); 0 = end only
-    checkpoint_keep: int = 2  # newest complete checkpoints kept; older ones go once a new one is published
+    # iterations between checkpoints (and always one at the end); 0 = end only
+    checkpoint_every: int = field(default=10, metadata=within(0, 10_000_000))
+    # newest complete checkpoints kept; older ones go once a new one is published; 0 = all
+    checkpoint_keep: int = field(default=2, metadata=_NON_NEGATIVE_COUNT)
     resume: bool = False  # continue the run in out_dir from its latest checkpoint (README: "Runs")
     overwrite: bool = False  # a fresh run into an out_dir that holds a run deletes that run's files first
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -275,6 +364,18 @@ class Config:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def declared_fields(cfg: Config) -> Iterator[tuple[str, Any, Mapping[str, Any]]]:
+    """Every leaf key of ``cfg`` as ``(dotted key, value, field metadata)``: what :func:`within` and
+    :func:`among` declared for it (empty for names, paths and switches)."""
+    for section in dataclasses.fields(cfg):
+        value = getattr(cfg, section.name)
+        if dataclasses.is_dataclass(value):
+            for leaf in dataclasses.fields(value):
+                yield f"{section.name}.{leaf.name}", getattr(value, leaf.name), leaf.metadata
+        else:
+            yield section.name, value, section.metadata
 
 
 # --------------------------------------------------------------------------- parsing
@@ -306,13 +407,13 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
             return value
         raise ConfigError(f"{key} must be an integer, got {value!r}")
     if inner is float:
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads "1e-3" (no dot) as a string
-            try:
+        if isinstance(value, int | float | str) and not isinstance(value, bool):
+            try:  # YAML 1.1 reads "1e-3" (no dot) as a string
                 return float(value)
             except ValueError:
                 pass
+            except OverflowError:  # an integer beyond float range; the range check names the key's bounds
+                return math.inf if value > 0 else -math.inf
         raise ConfigError(f"{key} must be a number, got {value!r}")
     if inner is str:
         if isinstance(value, str):
@@ -385,7 +486,8 @@ def explicit_keys(cfg: Config) -> dict[str, str]:
 
 
 ALIASES = {"tsp_stages": "tsp.stages"}
-"""Top-level spellings of nested keys, as the mechanisms are usually written (``tsp_stages=2``)."""
+"""Top-level spellings of nested keys, as the mechanisms are usually written (``tsp_stages=2``); they work
+on the command line and at the top level of a YAML file alike."""
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -408,8 +510,12 @@ def parse_override(text: str) -> tuple[str, Any]:
 _STRING_KEYS = {"name", "system", "profile", "out_dir", "pretrained_path", "weights_path", "prompts"}
 
 
+COMMAND_LINE = "the command line"
+"""Where :func:`explicit_keys` says an override was set; a config file is named by its path."""
+
+
 def apply_overrides(
-    cfg: Config, overrides: dict[str, Any] | list[str], *, source: str = "the command line"
+    cfg: Config, overrides: dict[str, Any] | list[str], *, source: str = COMMAND_LINE
 ) -> Config:
     items = [parse_override(o) for o in overrides] if isinstance(overrides, list) else list(overrides.items())
     for key, value in items:
@@ -424,23 +530,84 @@ def load_config(
     (:func:`digenrl.validation.validate_config` does)."""
     cfg = Config()
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file {str(path)!r} does not exist")
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f"{path}, line {mark.line + 1}, column {mark.column + 1}" if mark else str(path)
-            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-            raise ConfigError(f"config file {where}: not valid YAML ({problem})") from None
+        data = read_yaml(path, "config file", "--config") or {}  # an empty file: the defaults
         if not isinstance(data, dict):
             raise ConfigError(f"config file {str(path)!r} must hold a mapping at top level")
-        for key, value in data.items():
-            _record(cfg, _set(cfg, [str(key)], value, str(key)), str(path))
+        set_here: dict[str, str] = {}
+        for spelled, value in data.items():
+            key = ALIASES.get(str(spelled), str(spelled))
+            for leaf in _set(cfg, key.split("."), value, key):
+                if leaf in set_here:
+                    raise ConfigError(
+                        f"config file {path} sets {leaf} twice (as {set_here[leaf]} and as {spelled}); "
+                        "keep one"
+                    )
+                set_here[leaf] = str(spelled)
+        _record(cfg, list(set_here), str(path))
     if overrides:
         apply_overrides(cfg, overrides)
     return cfg
+
+
+# --------------------------------------------------------------------------- files named by keys
+
+
+def read_text_file(path: str | Path, key: str) -> str:
+    """The UTF-8 text of the file ``key`` names; a :class:`ConfigError` naming the key and the file if it
+    is missing, unreadable, binary or in another encoding (never a bare ``UnicodeDecodeError``)."""
+    path = Path(path)
+    if not path.is_file():
+        what = "a directory" if path.is_dir() else "not an existing file"
+        raise ConfigError(f"{key}={str(path)!r} is {what}")
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{key}={str(path)!r} cannot be read: {exc.strerror or exc}") from None
+    if b"\0" in raw:
+        raise ConfigError(
+            f"{key}={str(path)!r} is a binary file (a NUL byte at offset {raw.index(0)}); it must be text"
+        )
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{key}={str(path)!r} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); "
+            "save it as UTF-8"
+        ) from None
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a mapping holding a key twice is an error (PyYAML keeps the last
+    one silently, so a config would run with a value its author may not see)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first: dict[tuple[str, str], yaml.Node] = {}
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                seen = first.setdefault((key_node.tag, key_node.value), key_node)
+                if seen is not key_node:
+                    raise yaml.constructor.ConstructorError(
+                        None,
+                        None,
+                        f"duplicate key {key_node.value!r} (first on line {seen.start_mark.line + 1})",
+                        key_node.start_mark,
+                    )
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_yaml(path: str | Path, what: str, key: str) -> Any:
+    """The YAML document in the file ``key`` names (``what``: how messages call it, e.g. "config file"):
+    a :class:`ConfigError` naming the file, line and column for malformed YAML or a duplicate key."""
+    text = read_text_file(path, key)
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: builds plain data only
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}, line {mark.line + 1}, column {mark.column + 1}" if mark else str(path)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        if problem.startswith("duplicate key"):
+            raise ConfigError(f"{what} {where}: {problem}; a key may appear once in a mapping") from None
+        raise ConfigError(f"{what} {where}: not valid YAML ({problem})") from None
 
 
 def save_config(cfg: Config, path: str | Path, *, run_id: str | None = None) -> None:

@@ -18,7 +18,7 @@ import traceback
 from typing import TYPE_CHECKING
 
 from digenrl.config import ConfigError, load_config
-from digenrl.validation import validate_config, validate_devices
+from digenrl.validation import hardware_profile, validate_config, validate_devices
 
 if TYPE_CHECKING:
     from digenrl.runtime.distributed import DistContext
@@ -41,9 +41,7 @@ def _world_size_from_env() -> int:
 def ranks_to_start(cfg) -> int:
     """How many worker processes a plain ``python run_train.py`` starts for ``cfg``: the pools' sum when
     given, else every device of a one-node profile (a multi-node profile needs torchrun on each node)."""
-    from digenrl.runtime.profiles import load_profile
-
-    profile = load_profile(cfg.profile)
+    profile = hardware_profile(cfg)
     wanted = cfg.pools.trainers + cfg.pools.generators + cfg.pools.scorers or profile.world_size
     if profile.num_nodes > 1 or wanted == 1:
         return 1

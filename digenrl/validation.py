@@ -1,60 +1,196 @@
 """Start-up validation of a :class:`~digenrl.config.Config`: every value that can be checked before any
 process group or model exists, with a :class:`~digenrl.config.ConfigError` naming the key.
 
-Four kinds of checks:
+Five kinds of checks, each driven by one declaration:
 
-* values: names against their registries (models, rewards, profiles, systems, attention backends),
-  numbers against their ranges (finite, positive, …);
+* declared values: every numeric key against the finite range its field declares (NaN and ±inf never
+  pass), every enumeration key against its allowed values (``within`` / ``among`` in
+  :mod:`digenrl.config`; :func:`check_declared`); names against their registries (models, rewards,
+  profiles, systems, attention backends);
 * consistency between keys and with the model spec (``model.autocast`` needs a 16-bit dtype,
   ``model.height`` a multiple of the latent factor, ``trainer.lora_targets`` must match modules of the
   model — checked on a ``meta``-device transformer, no weights allocated);
-* files: ``data.prompts``, ``model.pretrained_path`` and ``out_dir`` exist / are writable;
-* the system's own contract. Each system declares the knobs it honours (``System.knobs``: the
-  system-specific sections and keys it reads) and its own start-up checks (``System.check``). A key of a
-  system-specific section that the user set and the chosen system does not honour is rejected, naming
-  the key, where it was set and the systems that do honour it — a silently ignored ``tag=true`` on a
-  baseline would make an ablation table lie.
+* files: the config file, ``profile`` (a file), ``data.prompts``, ``model.pretrained_path``,
+  ``reward.weights_path`` exist and are readable text or folders of the right layout; ``out_dir`` is
+  writable;
+* knobs that are not read. Each system declares the knobs it honours (``System.knobs``: the
+  system-specific sections and keys it reads) and its own start-up checks (``System.check``); every other
+  knob that is read only in some settings has a row in :data:`KNOB_RULES`. A key the user set that the run
+  would not read is rejected, naming the key, where it was set and when it is read — a silently ignored
+  ``tag=true`` on a baseline or ``trainer.lora_rank`` on full fine-tuning would make an ablation table
+  lie. One exception: a command-line override that switches a mechanism off (``system=``,
+  ``trainer.mode=full``, ``tag=false``, …) also switches off what the config file set for it, so a shipped
+  config runs as a baseline with one override.
 
 :func:`validate_devices` adds what depends on the machine and the launch (``runtime.backend=nccl`` needs
 GPUs and torchrun; a real-size model on a CPU needs ``runtime.allow_large_cpu_model=true``). Everything
 here runs before any process group or model exists, so a bad run fails in seconds, not after the model
-is built.
+is built; the declared values and knob rules are checked first and import nothing heavy.
 """
 
 from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from digenrl.config import CHECKPOINT_FORMATS, DEEPSPEED_STAGES, Config, ConfigError, explicit_keys
+from digenrl.config import COMMAND_LINE, Config, ConfigError, Range, declared_fields, explicit_keys
+
+if TYPE_CHECKING:
+    from digenrl.runtime.profiles import HardwareProfile
 
 #: Sections (and keys) that only some systems read; everything else is shared by every system.
 SYSTEM_SPECIFIC = ("pools", "sync", "asynchrony", "residency", "gap", "tsp", "tag", "tcss")
 
-_DTYPE_NAMES = ("float32", "bfloat16", "float16")
-_FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max
 
-
-def one_of(key: str, value: str, allowed: list[str] | tuple[str, ...]) -> None:
+def one_of(key: str, value: object, allowed: list | tuple) -> None:
     if value not in allowed:
-        raise ConfigError(f"{key}={value!r} is not allowed; choose one of: {', '.join(allowed)}")
+        raise ConfigError(
+            f"{key}={value!r} is not allowed; choose one of: {', '.join(str(a) for a in allowed)}"
+        )
 
 
-def positive(key: str, value: float | int | None) -> None:
-    """``value`` is None or a finite number > 0."""
-    if value is not None and not (math.isfinite(value) and value > 0):
-        raise ConfigError(f"{key} must be a finite number > 0, got {value}")
+def check_declared(cfg: Config) -> None:
+    """Every key against its field's declaration: a numeric value (each number of a list or mapping) in
+    its finite range, an enumeration value among its choices (None = the default's meaning, always)."""
+    for key, value, declared in declared_fields(cfg):
+        if "choices" in declared and value is not None:
+            one_of(key, value, declared["choices"])
+        if "range" in declared:
+            check_range(key, value, declared["range"])
 
 
-def non_negative(key: str, value: float | int) -> None:
-    if not (math.isfinite(value) and value >= 0):
-        raise ConfigError(f"{key} must be a finite number >= 0, got {value}")
+def check_range(key: str, value: object, limits: Range) -> None:
+    if value is None:
+        return
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            check_range(f"{key}[{i}]", item, limits)
+        return
+    if isinstance(value, dict):
+        for name, item in value.items():
+            check_range(f"{key}.{name}", item, limits)
+        return
+    assert isinstance(value, int | float), f"{key}: a range is declared for a non-numeric field"
+    if value not in limits:
+        finite = "" if math.isfinite(value) else ", and it is not a finite number"
+        why = f" ({limits.why})" if limits.why else ""
+        raise ConfigError(f"{key}={_yaml_value(value)} is outside its allowed range {limits}{why}{finite}")
 
 
-def honours(knobs: tuple[str, ...], key: str) -> bool:
-    """Whether a system declaring ``knobs`` (sections like "gap", keys like "pools.trainers") reads a key."""
-    return any(key == knob or key.startswith(knob + ".") for knob in knobs)
+# ------------------------------------------------------------------------------------- knobs not read
+
+
+@dataclass(frozen=True)
+class KnobRule:
+    """``keys`` (dotted keys, or sections meaning each of their keys but ``deciding``) are read only when
+    ``reads(cfg)``; ``when`` says so as a user sets it. ``deciding`` are the keys that decide it: their
+    values appear in the error, and a command-line override of one of them switches off what the config
+    file set for ``keys``. ``now`` overrides how the error shows them."""
+
+    keys: tuple[str, ...]
+    when: str
+    deciding: tuple[str, ...]
+    reads: Callable[[Config], bool]
+    now: Callable[[Config], str] | None = None
+
+
+def _true_cfg(cfg: Config) -> bool:
+    """Whether the run guides by a second, unconditional forward (digenrl/rollout/sampler.py)."""
+    from digenrl.models.specs import MODEL_SPECS
+
+    spec = MODEL_SPECS.get(cfg.model.name)
+    if spec is None:
+        return True  # an unknown model: its name is reported, not this
+    scale = spec.default_guidance_scale if cfg.sampler.guidance_scale is None else cfg.sampler.guidance_scale
+    return spec.uses_true_cfg and scale > 1.0
+
+
+def _guidance_now(cfg: Config) -> str:
+    from digenrl.models.specs import MODEL_SPECS
+
+    spec = MODEL_SPECS[cfg.model.name]
+    if not spec.uses_true_cfg:
+        return f"model.name={cfg.model.name!r}, which embeds the guidance scale (no CFG pass)"
+    scale = spec.default_guidance_scale if cfg.sampler.guidance_scale is None else cfg.sampler.guidance_scale
+    return f"sampler.guidance_scale={scale:g} (<= 1: no CFG)"
+
+
+def _reward_runs_a_model(cfg: Config) -> bool:
+    from digenrl.rewards.registry import available_rewards, reward_needs_weights
+
+    names = list(cfg.reward.weights or [cfg.reward.name])
+    return any(name not in available_rewards() or reward_needs_weights(name) for name in names)
+
+
+KNOB_RULES: tuple[KnobRule, ...] = (
+    KnobRule(
+        ("algo.fast_window",),
+        "with algo.timestep_selection=fast-window",
+        ("algo.timestep_selection",),
+        lambda cfg: cfg.algo.timestep_selection == "fast-window",
+    ),
+    KnobRule(
+        ("trainer.lora_rank", "trainer.lora_alpha", "trainer.lora_targets"),
+        "with trainer.mode=lora",
+        ("trainer.mode",),
+        lambda cfg: cfg.trainer.mode == "lora",
+    ),
+    KnobRule(
+        ("trainer.deepspeed_stage",),
+        "with trainer.backend=deepspeed",
+        ("trainer.backend",),
+        lambda cfg: cfg.trainer.backend == "deepspeed",
+    ),
+    KnobRule(
+        ("algo.cfg_grad",),
+        "with classifier-free guidance: a model without a guidance embedding and sampler.guidance_scale > 1",
+        ("model.name", "sampler.guidance_scale"),
+        _true_cfg,
+        _guidance_now,
+    ),
+    KnobRule(("tag",), "with tag.enabled=true", ("tag.enabled",), lambda cfg: cfg.tag.enabled),
+    KnobRule(("tcss",), "with tcss.enabled=true", ("tcss.enabled",), lambda cfg: cfg.tcss.enabled),
+    # no row for gap: with gap.enabled=false the fragments still exist (the trainer waits for all of them),
+    # so gap.fragment_groups, gap.assignment and gap.train_order are still read
+    KnobRule(
+        ("reward.name",),
+        "without reward.weights, or as one of its rewards (reward.weights replaces reward.name)",
+        ("reward.weights",),
+        lambda cfg: not cfg.reward.weights or cfg.reward.name in cfg.reward.weights,
+    ),
+    KnobRule(
+        ("reward.weights_path",),
+        "with a reward that runs a model (reward.name or one of reward.weights)",
+        ("reward.name", "reward.weights"),
+        _reward_runs_a_model,
+    ),
+)
+"""When each knob that only some settings read is read (one row per mechanism; a new knob read only in
+some settings adds a row or joins one; a system-specific section's keys also go through System.knobs)."""
+
+
+def check_unread_knobs(cfg: Config) -> None:
+    """Reject every user-set key that :data:`KNOB_RULES` says this configuration does not read."""
+    explicit = explicit_keys(cfg)
+    for rule in KNOB_RULES:
+        unread = [
+            key
+            for key in sorted(explicit)
+            if honours(rule.keys, key)
+            and key not in rule.deciding
+            and not _switched_off(explicit, key, rule.deciding)
+        ]
+        if unread and not rule.reads(cfg):
+            key = unread[0]
+            now = rule.now(cfg) if rule.now else ", ".join(f"{d}={_shown(cfg, d)}" for d in rule.deciding)
+            raise ConfigError(
+                f"{key}={_shown(cfg, key)} (set in {explicit[key]}) is not read: it applies only "
+                f"{rule.when}, and this run has {now}; remove it or change that"
+            )
 
 
 def check_knobs(cfg: Config) -> None:
@@ -62,29 +198,47 @@ def check_knobs(cfg: Config) -> None:
     from digenrl.systems import available_systems, get_system
 
     knobs = get_system(cfg.system).knobs
-    for key, source in sorted(explicit_keys(cfg).items()):
+    explicit = explicit_keys(cfg)
+    for key, source in sorted(explicit.items()):
         if key.split(".")[0] not in SYSTEM_SPECIFIC or honours(knobs, key):
             continue
+        if _switched_off(explicit, key, ("system",)):
+            continue
         users = [name for name in available_systems() if honours(get_system(name).knobs, key)]
-        value = _lookup(cfg, key)
         hint = f"systems that use it: {', '.join(users)}" if users else "no system uses it yet"
         raise ConfigError(
-            f"{key}={_yaml_value(value)} (set in {source}) is not used by system={cfg.system!r}; remove it "
+            f"{key}={_shown(cfg, key)} (set in {source}) is not used by system={cfg.system!r}; remove it "
             f"or choose a system that honours it ({hint})"
         )
 
 
-def _lookup(cfg: Config, key: str) -> object:
+def honours(knobs: tuple[str, ...], key: str) -> bool:
+    """Whether a system declaring ``knobs`` (sections like "gap", keys like "pools.trainers") reads a key."""
+    return any(key == knob or key.startswith(knob + ".") for knob in knobs)
+
+
+def _switched_off(explicit: dict[str, str], key: str, deciding: tuple[str, ...]) -> bool:
+    """A knob from the config file whose mechanism a command-line override switched off (module docs)."""
+    return explicit[key] != COMMAND_LINE and any(explicit.get(d) == COMMAND_LINE for d in deciding)
+
+
+def _shown(cfg: Config, key: str) -> str:
     value: object = cfg
     for part in key.split("."):
         value = getattr(value, part)
-    return value
+    return _yaml_value(value)
 
 
 def _yaml_value(value: object) -> str:
+    """A value as a user writes it after ``key=``, except that strings are quoted (as elsewhere here)."""
     if isinstance(value, bool):
         return "true" if value else "false"
-    return str(value)
+    if value is None:
+        return "null"
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+# ------------------------------------------------------------------------------------- the whole config
 
 
 def validate_config(cfg: Config, world_size: int | None = None) -> None:
@@ -93,120 +247,50 @@ def validate_config(cfg: Config, world_size: int | None = None) -> None:
     ``world_size`` (the launched ranks) enables the checks that depend on it: the profile must have that
     many devices, and the system's own checks (pool split, divisibility, mechanism settings).
     """
-    from digenrl.models.specs import MODEL_SPECS
-    from digenrl.rewards.registry import available_rewards
-    from digenrl.runtime.profiles import available_profiles, load_profile
     from digenrl.systems import available_systems, get_system
 
+    check_declared(cfg)
     one_of("system", cfg.system, available_systems())
-    if not cfg.profile.endswith(".yaml"):
-        one_of("profile", cfg.profile, available_profiles())
+    profile = hardware_profile(cfg)
+    check_unread_knobs(cfg)
+
+    from digenrl.models.specs import MODEL_SPECS
+
     one_of("model.name", cfg.model.name, sorted(MODEL_SPECS))
-    one_of("model.dtype", cfg.model.dtype, _DTYPE_NAMES)
     if cfg.model.autocast and cfg.model.dtype == "float32":
         raise ConfigError(
             "model.autocast=true needs model.dtype=bfloat16 or float16 (autocast runs the transformer in "
             "its 16-bit dtype); got model.dtype=float32"
         )
-    rewards = available_rewards()
-    if cfg.reward.weights:
-        for name in cfg.reward.weights:
-            one_of("reward.weights key", name, rewards)
-    else:
-        one_of("reward.name", cfg.reward.name, rewards)
-    one_of("reward.nonfinite_policy", cfg.reward.nonfinite_policy, ("drop-group", "abort"))
-    one_of("sampler.sde_type", cfg.sampler.sde_type, ("sde", "cps", "dance"))
-    one_of("algo.timestep_selection", cfg.algo.timestep_selection, ("first", "shuffled", "fast-window"))
-    one_of("algo.adv_std", cfg.algo.adv_std, ("group", "global"))
-    one_of("algo.cfg_grad", cfg.algo.cfg_grad, ("cond", "both"))
-    one_of("trainer.mode", cfg.trainer.mode, ("lora", "full"))
-    one_of("trainer.backend", cfg.trainer.backend, ("auto", "none", "ddp", "fsdp2", "deepspeed"))
-    one_of("trainer.nonfinite", cfg.trainer.nonfinite, ("stop", "skip"))
+    check_reward(cfg)
+    from digenrl.runtime.weight_sync import resolve_sync_mode
+
+    try:
+        resolve_sync_mode(cfg)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     if cfg.trainer.nonfinite == "skip" and cfg.trainer.backend == "deepspeed":
         raise ConfigError(
             "trainer.nonfinite=skip cannot restore the optimizer state DeepSpeed owns; use "
             "trainer.nonfinite=stop with trainer.backend=deepspeed (or another backend)"
         )
-    if cfg.trainer.deepspeed_stage not in DEEPSPEED_STAGES:
-        raise ConfigError(
-            f"trainer.deepspeed_stage={cfg.trainer.deepspeed_stage} is not supported; choose one of "
-            f"{', '.join(map(str, DEEPSPEED_STAGES))} (ZeRO stages)"
-        )
-    if "trainer.deepspeed_stage" in explicit_keys(cfg) and cfg.trainer.backend != "deepspeed":
-        raise ConfigError(
-            f"trainer.deepspeed_stage is set but trainer.backend={cfg.trainer.backend!r}; it only applies "
-            "to trainer.backend=deepspeed"
-        )
     check_checkpoint_format(cfg)
-    if cfg.runtime.backend is not None:
-        one_of("runtime.backend", cfg.runtime.backend, ("gloo", "nccl"))
-    one_of("gap.assignment", cfg.gap.assignment, ("dynamic", "round-robin"))
-    one_of("gap.train_order", cfg.gap.train_order, ("index", "arrival"))
-    one_of("tag.policy", cfg.tag.policy, ("auto", "always"))
-
-    if cfg.iterations < 1:
-        raise ConfigError(f"iterations must be >= 1, got {cfg.iterations}")
-    if cfg.algo.group_size < 2:
-        raise ConfigError(
-            f"algo.group_size must be >= 2 (advantages need a group), got {cfg.algo.group_size}"
-        )
-    positive("algo.prompts_per_iteration", cfg.algo.prompts_per_iteration)
-    if not 0.0 < cfg.algo.timestep_fraction <= 1.0:
-        raise ConfigError(f"algo.timestep_fraction must be in (0, 1], got {cfg.algo.timestep_fraction}")
-    positive("algo.clip_range", cfg.algo.clip_range)
-    positive("algo.adv_clamp", cfg.algo.adv_clamp)
-    positive("algo.num_updates_per_batch", cfg.algo.num_updates_per_batch)
-    positive("algo.fast_window", cfg.algo.fast_window)
-    non_negative("algo.kl_beta", cfg.algo.kl_beta)
     if cfg.algo.kl_beta > 0 and cfg.trainer.mode != "lora":
         raise ConfigError(
             "algo.kl_beta > 0 needs trainer.mode=lora (the reference is the adapter-disabled model)"
         )
-    positive("sampler.num_steps", cfg.sampler.num_steps)
-    if cfg.sampler.num_steps is not None and cfg.sampler.num_steps < 2:
-        raise ConfigError(f"sampler.num_steps must be >= 2, got {cfg.sampler.num_steps}")
-    if cfg.sampler.noise_level is not None:
-        non_negative("sampler.noise_level", cfg.sampler.noise_level)
-    if cfg.sampler.samples_per_forward < 0:
-        raise ConfigError(f"sampler.samples_per_forward must be >= 0, got {cfg.sampler.samples_per_forward}")
-    positive("trainer.lr", cfg.trainer.lr)
-    non_negative("trainer.weight_decay", cfg.trainer.weight_decay)
-    positive("trainer.eps", cfg.trainer.eps)
-    positive("trainer.micro_batch_size", cfg.trainer.micro_batch_size)
-    positive("trainer.lora_rank", cfg.trainer.lora_rank)
-    positive("trainer.lora_alpha", cfg.trainer.lora_alpha)
-    positive("trainer.grad_clip", cfg.trainer.grad_clip)
-    if len(cfg.trainer.betas) != 2 or not all(0 <= b < 1 for b in cfg.trainer.betas):
-        raise ConfigError(f"trainer.betas must be two numbers in [0, 1), got {cfg.trainer.betas}")
-    first_step = cfg.trainer.lr / (1 - cfg.trainer.betas[0])  # AdamW's bias-corrected step size
-    if first_step > _FLOAT32_MAX:
-        raise ConfigError(
-            f"trainer.lr={cfg.trainer.lr:g} overflows the optimizer: AdamW's first step size lr / (1 - "
-            f"trainer.betas[0]) = {first_step:.3g} exceeds the largest float32 ({_FLOAT32_MAX:.3g})"
-        )
-    positive("runtime.timeout_s", cfg.runtime.timeout_s)
-    positive("gap.fragment_groups", cfg.gap.fragment_groups)
-    positive("tsp.stages", cfg.tsp.stages)
-    if cfg.tag.max_fragments < 0:
-        raise ConfigError(f"tag.max_fragments must be >= 0 (0 = no limit), got {cfg.tag.max_fragments}")
-    if cfg.checkpoint_every < 0:
-        raise ConfigError(f"checkpoint_every must be >= 0, got {cfg.checkpoint_every}")
-    if cfg.checkpoint_keep < 0:
-        raise ConfigError(
-            f"checkpoint_keep must be >= 0 (0 = keep every checkpoint), got {cfg.checkpoint_keep}"
-        )
+    check_sampler(cfg)
+    if len(cfg.trainer.betas) != 2:
+        raise ConfigError(f"trainer.betas must be two numbers (AdamW's betas), got {cfg.trainer.betas}")
     if cfg.resume and cfg.overwrite:
         raise ConfigError(
             "resume=true and overwrite=true contradict each other: resume continues the run in out_dir, "
             "overwrite deletes it; set one of them"
         )
-    for key in ("height", "width", "frames"):
-        positive(f"model.{key}", getattr(cfg.model, key))
     check_model(cfg)
     check_files(cfg)
 
     check_knobs(cfg)
-    profile = load_profile(cfg.profile)
     if world_size is not None and world_size > profile.world_size:
         raise ConfigError(
             f"{world_size} ranks were launched but profile={cfg.profile!r} has only {profile.world_size} "
@@ -216,12 +300,68 @@ def validate_config(cfg: Config, world_size: int | None = None) -> None:
         get_system(cfg.system).check(cfg, world_size)
 
 
+def hardware_profile(cfg: Config) -> HardwareProfile:
+    """The hardware profile ``profile`` names: a shipped one by name, or a YAML file (errors name the key
+    and the file)."""
+    from digenrl.runtime.profiles import available_profiles, is_profile_path, load_profile
+
+    if not is_profile_path(cfg.profile):
+        one_of("profile", cfg.profile, available_profiles())
+    try:
+        return load_profile(cfg.profile)
+    except ValueError as exc:  # ConfigError included: a file that is missing, binary or malformed
+        raise ConfigError(f"profile={cfg.profile!r}: {exc}") from None
+
+
+def check_sampler(cfg: Config) -> None:
+    """What the sampler settings need of each other, resolved with the model's defaults: the CPS sampler's
+    noise level is a fraction (digenrl/algo/sde_step.py), FlowGRPO-Fast's SDE window lies in the first half
+    of the steps (digenrl/algo/timesteps.py)."""
+    from digenrl.models.specs import get_model_spec
+
+    spec = get_model_spec(cfg.model.name)
+    noise = spec.noise_level if cfg.sampler.noise_level is None else cfg.sampler.noise_level
+    if cfg.sampler.sde_type == "cps" and noise > 1:
+        default = " (the model's default)" if cfg.sampler.noise_level is None else ""
+        raise ConfigError(
+            f"sampler.noise_level={noise:g}{default} is too large for sampler.sde_type=cps, whose noise "
+            "level is a fraction in [0, 1]; set sampler.noise_level <= 1"
+        )
+    steps = cfg.sampler.num_steps or spec.default_num_steps
+    if cfg.algo.timestep_selection == "fast-window" and cfg.algo.fast_window > steps // 2:
+        raise ConfigError(
+            f"algo.fast_window={cfg.algo.fast_window} must be at most num_steps // 2 = {steps // 2} "
+            f"(sampler.num_steps={steps}): FlowGRPO-Fast's SDE window lies in the first half of the steps"
+        )
+
+
+def check_reward(cfg: Config) -> None:
+    """Reward names against the registry; a reward that runs a model has the weights it needs."""
+    from digenrl.rewards.registry import available_rewards, reward_class
+
+    rewards = available_rewards()
+    names = list(cfg.reward.weights) if cfg.reward.weights else [cfg.reward.name]
+    for name in names:
+        one_of("reward.weights key" if cfg.reward.weights else "reward.name", name, rewards)
+    path = cfg.reward.weights_path
+    if path is not None and not Path(path).is_dir():
+        raise ConfigError(
+            f"reward.weights_path={path!r} is not an existing directory; it names the local folder of the "
+            "reward model's weights"
+        )
+    needing = [n for n in names if reward_class(n).needs_weights and not reward_class(n).weights_optional]
+    if needing and path is None:
+        raise ConfigError(
+            f"reward {needing[0]!r} runs a model and needs its weights: set reward.weights_path to a local "
+            "directory (model hubs are not contacted)"
+        )
+
+
 def check_checkpoint_format(cfg: Config) -> None:
     """``trainer.checkpoint_format=sharded`` only where the trainer state is sharded FSDP2 state: LoRA
     checkpoints are small and stay full; DDP replicates and DeepSpeed reads full tensors through its own
     accessors (digenrl/trainer/checkpoint.py)."""
     tcfg = cfg.trainer
-    one_of("trainer.checkpoint_format", tcfg.checkpoint_format, CHECKPOINT_FORMATS)
     if tcfg.checkpoint_format != "sharded":
         return
     if tcfg.mode != "full":
@@ -259,12 +399,7 @@ def check_model(cfg: Config) -> None:
 
         one_of("model.attention_backend", cfg.model.attention_backend, available_attention_backends())
     targets = cfg.trainer.lora_targets
-    if targets is not None:
-        if cfg.trainer.mode != "lora":
-            raise ConfigError(
-                f"trainer.lora_targets is set but trainer.mode={cfg.trainer.mode!r}; it only applies to "
-                "trainer.mode=lora"
-            )
+    if targets is not None and cfg.trainer.mode == "lora":  # KNOB_RULES: only LoRA reads them
         if not targets:
             raise ConfigError("trainer.lora_targets must be null (the family default) or a non-empty list")
         from digenrl.models.bundle import meta_transformer

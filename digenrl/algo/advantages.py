@@ -13,7 +13,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-STD_MODES = ("group", "global")
+from digenrl.config import ADV_STD_MODES
+
+STD_MODES = ADV_STD_MODES  # algo.adv_std (digenrl/config.py)
 
 
 @dataclass

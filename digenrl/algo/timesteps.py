@@ -20,7 +20,9 @@ import math
 import torch
 from torch import Tensor
 
-TRAIN_STEP_MODES = ("first", "shuffled", "fast-window")
+from digenrl.config import TIMESTEP_SELECTIONS
+
+TRAIN_STEP_MODES = TIMESTEP_SELECTIONS  # algo.timestep_selection (digenrl/config.py)
 
 
 def _check_mode(mode: str) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from digenrl.config import read_text_file
 from digenrl.rollout.noise import mix_seed
 
 BUILTIN_PROMPTS: tuple[str, ...] = (
@@ -70,7 +71,7 @@ class PromptSource:
                 f"data.prompts={source!r} is neither 'builtin' nor an existing file; allowed: builtin or the "
                 "path of a text file with one prompt per line"
             )
-        prompts = [line.strip() for line in path.read_text().splitlines()]
+        prompts = [line.strip() for line in read_text_file(path, "data.prompts").splitlines()]
         if not any(prompts):
             raise ValueError(
                 f"data.prompts={source!r}: the file has no prompts (one per line; blank lines are skipped)"

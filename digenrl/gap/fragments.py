@@ -28,11 +28,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from digenrl.config import ConfigError
+from digenrl.config import GAP_ASSIGNMENTS, ConfigError
 
 FRAGMENT_GROUPS_KEY = "gap.fragment_groups"
 PROMPTS_KEY = "algo.prompts_per_iteration"
-ASSIGNMENTS = ("dynamic", "round-robin")
+ASSIGNMENTS = GAP_ASSIGNMENTS  # gap.assignment (digenrl/config.py)
 
 
 def _is_int(value: object) -> bool:

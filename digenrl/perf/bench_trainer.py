@@ -56,7 +56,7 @@ from itertools import product
 
 import torch
 
-from digenrl.config import Config, apply_overrides
+from digenrl.config import CFG_GRAD_MODES, TRAINER_MODES, Config, apply_overrides
 from digenrl.models import MODEL_SPECS, FlowModel, TextCondition, build_flow_model
 from digenrl.models.attention_safety import KNOWN_BAD_ATTENTION, parse_cudnn_version, parse_torch_version
 from digenrl.models.construction import TORCH_DTYPES
@@ -64,7 +64,7 @@ from digenrl.models.optimize import COMPILE_MODES, CompileSettings, optimize_flo
 from digenrl.perf import backward_check, bench_cli, roofline
 from digenrl.perf.bench_cli import DYNAMIC, PATHS, fmt, int_list, name_list, output_paths
 from digenrl.perf.kernel_profile import format_profile, profile_call
-from digenrl.rollout.sampler import CFG_GRAD_MODES, CFG_SPLIT_MIN_BATCH, Sampler
+from digenrl.rollout.sampler import CFG_SPLIT_MIN_BATCH, Sampler
 from digenrl.rollout.trajectory import TrajectoryBatch
 from digenrl.sim.measure import time_grad_park, wire_bytes
 from digenrl.trainer import PolicyTrainer
@@ -154,7 +154,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default=None, help="output directory, or a .json path")
     args = p.parse_args(argv)
     args.micro_batch_sizes = int_list(args.micro_batch_sizes, "--micro-batch-sizes", p)
-    args.modes = name_list(args.modes, "--modes", ("lora", "full"), p)
+    args.modes = name_list(args.modes, "--modes", TRAINER_MODES, p)
     args.paths = name_list(args.paths, "--paths", PATHS, p)
     args.cfg_grad = name_list(args.cfg_grad, "--cfg-grad", CFG_GRAD_MODES, p)
     if args.cfg_split_min_batch < 1:

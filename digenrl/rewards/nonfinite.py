@@ -21,12 +21,12 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from digenrl.config import NONFINITE_POLICIES
 from digenrl.rewards.base import NonFiniteRewardError
 
 logger = logging.getLogger(__name__)
 
 NonFinitePolicy = Literal["drop-group", "abort"]
-NONFINITE_POLICIES: tuple[str, ...] = ("drop-group", "abort")
 
 
 def _group_tensor(group_ids: Tensor | Sequence[int], size: int, device: torch.device) -> Tensor:

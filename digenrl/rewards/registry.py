@@ -113,9 +113,12 @@ def build_configured_reward(
     name: str, weights: Mapping[str, float] | None, weights_path: str | None, device: torch.device | str
 ) -> RewardFunction:
     """The reward of a run's ``reward.*`` config: ``reward.name``, or the weighted sum ``reward.weights``
-    (whose one part with a model gets ``reward.weights_path``)."""
+    (whose one part with a model gets ``reward.weights_path``). A reward without a model ignores
+    ``reward.weights_path``, as a weighted sum without one does: startup validation has rejected the key
+    unless a command-line override chose the reward (digenrl/validation.py KNOB_RULES)."""
     if not weights:
-        return build_reward(name, weights_path=weights_path, device=device)
+        path = weights_path if reward_needs_weights(name) else None
+        return build_reward(name, weights_path=path, device=device)
     with_models = [n for n in weights if reward_needs_weights(n)]
     if len(with_models) > 1 and weights_path:
         raise ValueError(

@@ -24,10 +24,10 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from digenrl.config import RUNTIME_BACKENDS
 from digenrl.runtime.control_plane import ControlPlane
 from digenrl.runtime.errors import DistributedTimeoutError
 
-ALLOWED_BACKENDS = ("gloo", "nccl")
 TORCHRUN_ENV_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR")
 THREADS_ENV_VAR = "DIGENRL_THREADS"
 #: Variables that keep NCCL, PyTorch symmetric memory and NVSHMEM off NVLink multicast (NVLS).
@@ -72,8 +72,8 @@ def init_distributed(backend: str | None = None, timeout_s: float = 300.0) -> Di
     """
     disable_nvlink_multicast()
     _apply_thread_setting()
-    if backend is not None and backend not in ALLOWED_BACKENDS:
-        raise ValueError(f"backend must be one of {list(ALLOWED_BACKENDS)} or None, got {backend!r}")
+    if backend is not None and backend not in RUNTIME_BACKENDS:
+        raise ValueError(f"backend must be one of {list(RUNTIME_BACKENDS)} or None, got {backend!r}")
     if not isinstance(timeout_s, int | float) or isinstance(timeout_s, bool) or timeout_s <= 0:
         raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
 

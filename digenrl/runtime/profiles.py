@@ -21,12 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
+from digenrl.config import RUNTIME_BACKENDS, read_yaml
 
 #: ``hardware_profiles/`` at the repository root, found relative to this file (digenrl/runtime/profiles.py).
 PROFILE_DIR = Path(__file__).resolve().parents[2] / "hardware_profiles"
 
-ALLOWED_BACKENDS = ("gloo", "nccl")
 _TOP_LEVEL_KEYS = ("name", "description", "backend", "nodes", "gpu_types", "links")
 _NODE_KEYS = ("count", "gpus_per_node", "workers_per_node", "gpu", "intra_node_gbps")
 _GPU_TYPE_KEYS = ("relative_speed", "memory_gib", "bf16_tflops", "hbm_gbps", "measured_bf16_tflops")
@@ -159,10 +158,16 @@ def available_profiles() -> list[str]:
     return sorted(path.stem for path in PROFILE_DIR.glob("*.yaml"))
 
 
+def is_profile_path(name_or_path: str | Path) -> bool:
+    """Whether ``profile`` names a YAML file rather than a shipped profile."""
+    path = Path(name_or_path)
+    return isinstance(name_or_path, Path) or path.suffix in (".yaml", ".yml") or len(path.parts) > 1
+
+
 def load_profile(name_or_path: str | Path) -> HardwareProfile:
     """Load a profile by name (``hardware_profiles/<name>.yaml``) or from an explicit YAML path."""
     path = Path(name_or_path)
-    is_path = isinstance(name_or_path, Path) or path.suffix in (".yaml", ".yml") or len(path.parts) > 1
+    is_path = is_profile_path(name_or_path)
     if is_path:
         if not path.is_file():
             raise ValueError(f"hardware profile file '{path}' does not exist")
@@ -173,8 +178,7 @@ def load_profile(name_or_path: str | Path) -> HardwareProfile:
                 f"unknown hardware profile '{name_or_path}'; allowed: {', '.join(available_profiles())} "
                 f"(or a path to a .yaml file)"
             )
-    with path.open() as handle:
-        raw = yaml.safe_load(handle)
+    raw = read_yaml(path, "hardware profile", "profile")
     profile = profile_from_dict(raw, source=str(path))
     if not is_path and profile.name != str(name_or_path):
         raise ValueError(f"profile.name '{profile.name}' in {path} must equal its file name '{path.stem}'")
@@ -189,8 +193,8 @@ def profile_from_dict(raw: Any, source: str = "<dict>") -> HardwareProfile:
     name = _required_str(raw, "name", "profile")
     description = str(raw.get("description", ""))
     backend = _required_str(raw, "backend", "profile")
-    if backend not in ALLOWED_BACKENDS:
-        raise ValueError(f"profile.backend must be one of {list(ALLOWED_BACKENDS)}, got {backend!r}")
+    if backend not in RUNTIME_BACKENDS:
+        raise ValueError(f"profile.backend must be one of {list(RUNTIME_BACKENDS)}, got {backend!r}")
 
     raw_types = raw.get("gpu_types")
     if not isinstance(raw_types, Mapping) or not raw_types:

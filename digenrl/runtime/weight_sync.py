@@ -50,6 +50,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from digenrl.config import TRAINER_MODES
 from digenrl.runtime.control_plane import ControlPlane
 from digenrl.runtime.layout import Layout, ProcessGroups
 
@@ -57,7 +58,7 @@ if TYPE_CHECKING:
     from digenrl.config import Config, SyncConfig
     from digenrl.trainer.trainer import PolicyTrainer
 
-SYNC_MODES = ("full", "lora")
+SYNC_MODES = TRAINER_MODES  # what a sync publishes: what the trainer trains (sync.mode=auto resolves to it)
 #: Store name under which the source announces the version it is about to push (``ControlPlane`` versions).
 POLICY_VERSION_NAME = "policy"
 #: Wire dtypes, by code (the first handshake broadcasts codes from the first generator to the source).

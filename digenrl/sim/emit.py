@@ -39,10 +39,9 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
 
-from digenrl.config import Config
+from digenrl.config import CFG_GRAD_MODES, Config
 from digenrl.sim.costs import CFG_KEYS, CostModel, cost_path, run_path
 
-CFG_GRAD_MODES = ("cond", "both")  # digenrl.rollout.sampler.CFG_GRAD_MODES (kept torch-free here)
 DEFAULT_OUT_DIR = "runs/costs"
 
 

@@ -31,7 +31,7 @@ from dataclasses import replace
 
 import torch
 
-from digenrl.config import Config, apply_overrides
+from digenrl.config import MODEL_DTYPES, TRAINER_MODES, Config, apply_overrides
 from digenrl.models import ModelBundle, ModelSpec, build_model_bundle
 from digenrl.models.construction import TORCH_DTYPES
 from digenrl.models.optimize import optimize_flow_model
@@ -396,11 +396,9 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument(
         "--cfg", default="both", choices=["on", "off", "both"], help="guidance settings to measure"
     )
-    p.add_argument("--mode", default="lora", choices=["lora", "full"], help="trainer.mode")
+    p.add_argument("--mode", default="lora", choices=TRAINER_MODES, help="trainer.mode")
     p.add_argument("--reward", default="brightness", help="reward registry name")
-    p.add_argument(
-        "--dtype", default=None, choices=["float32", "bfloat16", "float16"], help="default: bf16 on cuda"
-    )
+    p.add_argument("--dtype", default=None, choices=MODEL_DTYPES, help="default: bf16 on cuda")
     p.add_argument("--compile", action="store_true", help="time the compiled path (model.compile)")
     p.add_argument("--autocast", action="store_true", help="time with 16-bit autocast (model.autocast)")
     p.add_argument("--num-steps", type=int, default=None, help="sampler steps (default: the model's)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from digenrl.config import TRAIN_ORDERS
 from digenrl.gap.fragments import ASSIGNMENTS, FragmentPlan
 from digenrl.sim.workload import Workload
 
@@ -18,7 +19,6 @@ SYSTEMS = ("colocated-sync", "colocated-overlap", "separate-sync", "separate-asy
 COLOCATED_SYSTEMS = ("colocated-sync", "colocated-overlap")
 TRANSPORTS = ("rendezvous", "buffered")
 FRAGMENT_ASSIGNMENTS = ASSIGNMENTS  # the runtime's (digenrl/gap/fragments.py)
-TRAIN_ORDERS = ("index", "arrival")
 #: How a colocated schedule shares the logical batch: ``equal`` prompt groups per rank (what the runtime
 #: and colocated systems do) or in proportion to each device's ``relative_speed`` (the strongest colocated
 #: plan on a heterogeneous profile; simulator only).

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from digenrl.config import TRAINER_MODES
 from digenrl.sim.costs import CostModel
 
 if TYPE_CHECKING:
@@ -55,7 +56,7 @@ class Workload:
             raise ValueError(
                 f"Workload.train_steps ({self.train_steps}) must be <= num_steps ({self.num_steps})"
             )
-        if self.trainer_mode not in ("lora", "full"):
+        if self.trainer_mode not in TRAINER_MODES:
             raise ValueError(f"Workload.trainer_mode must be 'lora' or 'full', got {self.trainer_mode!r}")
         if self.samples_per_forward < 0:
             raise ValueError(f"Workload.samples_per_forward must be >= 0, got {self.samples_per_forward}")

@@ -38,9 +38,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from digenrl.config import DEEPSPEED_STAGES
+from digenrl.config import DEEPSPEED_STAGES, TRAINER_BACKENDS, TRAINER_MODES
 
-BACKENDS = ("auto", "none", "ddp", "fsdp2", "deepspeed")
+BACKENDS = TRAINER_BACKENDS  # trainer.backend (digenrl/config.py)
 _BUCKET_ELEMENTS = 1 << 26  # 64 Mi elements per all-reduce bucket (256 MB in fp32)
 
 
@@ -51,7 +51,7 @@ def resolve_backend(backend: str, *, world_size: int, mode: str, exact: bool = F
     ``exact`` (benchmarks that compare backends on one GPU: :mod:`digenrl.perf.bench_backends`)."""
     if backend not in BACKENDS:
         raise ValueError(f"trainer.backend={backend!r} is not allowed; choose one of: {', '.join(BACKENDS)}")
-    if mode not in ("lora", "full"):
+    if mode not in TRAINER_MODES:
         raise ValueError(f"trainer.mode={mode!r} is not allowed; choose one of: lora, full")
     if world_size == 1 and backend in ("auto", "ddp", "fsdp2") and not (exact and backend != "auto"):
         return "none"  # one trainer process: nothing to replicate or shard

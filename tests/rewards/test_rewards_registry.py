@@ -154,6 +154,9 @@ def test_a_run_config_builds_its_reward_and_the_models_it_holds(tmp_path):
     composite = build_configured_reward("brightness", {"pickscore": 1.0, "brightness": 0.5}, str(clip), "cpu")
     assert [type(m).__name__ for m in composite.modules()] == ["CLIPModel"]
     assert build_configured_reward("brightness", None, None, "cpu").modules() == []
+    # a file's weights_path for a model reward, with reward=brightness on the command line: ignored, as a
+    # weighted sum without a model part ignores it (startup validation rejects it when set alongside)
+    assert build_configured_reward("brightness", None, str(clip), "cpu").name == "brightness"
     images = torch.rand(2, 3, 32, 32)
     parts = composite.score_parts(images, ["a", "b"])
     assert torch.allclose(composite(images, ["a", "b"]), parts["pickscore"] + 0.5 * parts["brightness"])
