@@ -112,7 +112,6 @@ def main(argv: list[str]) -> int:
     backend = cfg.runtime.backend or load_profile(cfg.profile).backend
     ctx = init_distributed(backend, timeout_s=cfg.runtime.timeout_s)
     watchdog = start_watchdog(ctx, cfg.runtime.timeout_s)  # None in a single process
-    system = None
     try:
         try:  # rank 0 decides how the run uses out_dir before anything is written (run_dir.py)
             run = agree_run_start(cfg, ctx)
@@ -129,9 +128,6 @@ def main(argv: list[str]) -> int:
         inject_delay(ctx.rank, "exit")  # robustness tests only: a rank that finishes last
     except BaseException as exc:
         message = f"[rank {ctx.rank}] FAILED: {type(exc).__name__}: {exc}"
-        if system is not None:  # the profile up to the failure, whatever ends the process
-            with contextlib.suppress(Exception):
-                system.parts.events.flush()
         if watchdog is not None:
             # Do not tear the process group down politely: peers may sit in a collective that will never
             # complete. Publish the reason (peers' watchdogs and store waits end with it), then exit, which

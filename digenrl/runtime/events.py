@@ -7,6 +7,14 @@ from ``time.perf_counter`` (monotonic, sub-µs) anchored to the wall clock once 
 wall-clock step (NTP) mid-run cannot reorder spans. Across hosts the alignment is as good as the hosts'
 wall clocks agree (NTP: typically ≤ a few ms).
 
+Durability: every record reaches the operating system when it is written (one ``write`` + ``flush`` per
+line), so a rank that dies — SIGKILL, ``os._exit``, torchrun's SIGTERM, a segfault — leaves every record
+up to its death in the file, and a resumed run's ``trace.json`` covers the iterations before the crash.
+No ``fsync``: the page cache outlives the process, and only a crash of the whole host could lose it (a
+cost of milliseconds per record, not worth it for a profile). The flush (one ``write`` syscall) adds
+~3.5 µs per record (measured 2026-12-02 on the 2-core CPU machine: 4.0 vs 0.5 µs per 150-byte line); a
+tiny-model iteration writes ~15 records per rank, < 0.1 ms of its ~300 ms.
+
 Exports live beside this module and are re-exported here: ``merge_chrome_trace`` (Perfetto / Chrome trace)
 and ``summarize_events`` (per-iteration phase times, busy fractions, samples/s).
 """
@@ -58,7 +66,6 @@ class EventLogger:
         out_dir: run output folder; the log goes to ``out_dir/events/rank<rank>.jsonl``.
         rank, role: identity written into every record.
         clock_origin: unix time all ranks agreed on (``agree_clock_origin``); times are stored relative to it.
-        flush_interval_s: buffered lines reach the file at least this often (so a crash loses little).
         append: keep what the file holds (a resumed run: the log covers the whole run) instead of
             truncating it. Either way this process starts with its own ``meta`` record, so a reader knows
             which clock origin the following records use (``event_records.load_events``).
@@ -73,7 +80,6 @@ class EventLogger:
         role: str,
         clock_origin: float,
         *,
-        flush_interval_s: float = 2.0,
         append: bool = False,
         run_id: str | None = None,
         start_iteration: int = 0,
@@ -87,12 +93,10 @@ class EventLogger:
         self.clock_origin = float(clock_origin)
         self.path = rank_log_path(out_dir, rank)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._flush_interval_s = flush_interval_s
         self._lock = threading.Lock()
         if append:
             _drop_torn_tail(self.path)
         self._file = self.path.open("a" if append else "w")
-        self._last_flush = time.perf_counter()
         self._open_spans: dict[int, tuple[str, int | None]] = {}  # span id -> (phase, iteration)
         self._span_ids = itertools.count()
         self._last_closed: str | None = None
@@ -228,16 +232,9 @@ class EventLogger:
             }
         )
 
-    def flush(self) -> None:
-        with self._lock:
-            if not self._file.closed:
-                self._file.flush()
-                self._last_flush = time.perf_counter()
-
     def close(self) -> None:
         with self._lock:
             if not self._file.closed:
-                self._file.flush()
                 self._file.close()
 
     def __enter__(self) -> EventLogger:
@@ -252,9 +249,7 @@ class EventLogger:
             if self._file.closed:
                 raise ValueError(f"EventLogger for rank {self.rank} is closed; cannot write {record['type']}")
             self._file.write(line + "\n")
-            if time.perf_counter() - self._last_flush >= self._flush_interval_s:
-                self._file.flush()
-                self._last_flush = time.perf_counter()
+            self._file.flush()  # to the OS now: the record survives the process (module docstring)
 
 
 def _drop_torn_tail(path: Path) -> None:

@@ -276,8 +276,6 @@ class HeartbeatWatchdog:
             if report is not None and self.plane.ticket(f"watchdog-report-rank{report[0]}") == 0:
                 rank, role, reason = report
                 self.plane.report_failure(rank, f"{reason} (found by rank {self.rank}'s watchdog)", role=role)
-            if self._events is not None:
-                self._events.flush()
 
         if self._on_failure is not None:
             publish()
@@ -289,8 +287,6 @@ class HeartbeatWatchdog:
         """Publish this rank's failure on the store (``launch.py``'s failure path), so every peer's
         watchdog and every store wait ends with this reason instead of a timeout."""
         self.plane.report_failure(self.rank, message, role=self._role)
-        if self._events is not None:
-            self._events.flush()
 
 
 def start_watchdog(ctx: DistContext, timeout_s: float) -> HeartbeatWatchdog | None:
