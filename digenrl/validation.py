@@ -96,6 +96,7 @@ def validate_config(cfg: Config, world_size: int | None = None) -> None:
     from digenrl.models.specs import MODEL_SPECS
     from digenrl.rewards.registry import available_rewards
     from digenrl.runtime.profiles import available_profiles, load_profile
+    from digenrl.runtime.watchdog import check_timeout
     from digenrl.systems import available_systems, get_system
 
     one_of("system", cfg.system, available_systems())
@@ -184,7 +185,7 @@ def validate_config(cfg: Config, world_size: int | None = None) -> None:
             f"trainer.lr={cfg.trainer.lr:g} overflows the optimizer: AdamW's first step size lr / (1 - "
             f"trainer.betas[0]) = {first_step:.3g} exceeds the largest float32 ({_FLOAT32_MAX:.3g})"
         )
-    positive("runtime.timeout_s", cfg.runtime.timeout_s)
+    check_timeout(cfg.runtime.timeout_s)  # a floor, with the reason (digenrl/runtime/watchdog.py)
     positive("gap.fragment_groups", cfg.gap.fragment_groups)
     positive("tsp.stages", cfg.tsp.stages)
     if cfg.tag.max_fragments < 0:

@@ -27,7 +27,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -60,7 +60,9 @@ class EventLogger:
     """Append-only JSONL span / counter log of one rank. Thread-safe (the telemetry thread shares it).
 
     It also knows which spans are open right now (:meth:`current_span`): the hang watchdog
-    (``digenrl/runtime/watchdog.py``) publishes that as the rank's phase in its heartbeat.
+    (``digenrl/runtime/watchdog.py``) publishes that as the rank's phase in its heartbeat, and sets
+    :attr:`on_span_change` to hear of every span entered or left, so the heartbeat carries a new phase at
+    once instead of at its next period.
 
     Args:
         out_dir: run output folder; the log goes to ``out_dir/events/rank<rank>.jsonl``.
@@ -100,6 +102,8 @@ class EventLogger:
         self._open_spans: dict[int, tuple[str, int | None]] = {}  # span id -> (phase, iteration)
         self._span_ids = itertools.count()
         self._last_closed: str | None = None
+        #: Called (without arguments, on the thread of the span) after a span is entered or left.
+        self.on_span_change: Callable[[], None] | None = None
         # perf_counter is monotonic but has an arbitrary zero: anchor it to the wall clock exactly once.
         self._anchor_perf = time.perf_counter()
         self._anchor_since_origin = time.time() - self.clock_origin
@@ -143,6 +147,7 @@ class EventLogger:
         span_id = next(self._span_ids)
         with self._lock:
             self._open_spans[span_id] = (phase, iteration)
+        self._span_changed()
         t_start = self.now()
         try:
             inject_fault(self.rank, iteration, phase=phase)
@@ -154,6 +159,7 @@ class EventLogger:
             with self._lock:
                 del self._open_spans[span_id]
                 self._last_closed = phase
+            self._span_changed()
             count = notes.pop("samples", samples)
             self.record_span(
                 phase,
@@ -166,6 +172,11 @@ class EventLogger:
                 category=category,
                 extra=notes,
             )
+
+    def _span_changed(self) -> None:
+        listener = self.on_span_change
+        if listener is not None:
+            listener()
 
     def current_span(self) -> tuple[str | None, int | None, str | None]:
         """``(phase, iteration, last closed phase)``: the innermost open span (the most recently entered
