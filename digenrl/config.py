@@ -318,6 +318,18 @@ class ResidencyConfig:
     reward_resident: bool = True
 
 
+#: The smallest ``runtime.timeout_s`` a run accepts: it bounds every distributed wait, the process group's
+#: start included, while ranks still import, build their models and meet in c10d's rendezvous seconds apart,
+#: and the hang watchdog declares a rank hung after a third of it (digenrl/runtime/watchdog.py): 1 s killed
+#: a healthy run during setup, 0.001 s failed inside c10d.
+MIN_TIMEOUT_S = 10.0
+_TIMEOUT_WHY = (
+    "it bounds every distributed wait, including the start of the process group while the ranks still "
+    "import, build their models and meet in c10d's rendezvous, and the hang watchdog declares a rank hung "
+    "after a third of it"
+)
+
+
 @dataclass
 class RuntimeConfig:
     """Distributed runtime knobs."""
@@ -325,7 +337,7 @@ class RuntimeConfig:
     # None = the hardware profile's backend (nccl on GPUs, gloo on CPUs)
     backend: str | None = field(default=None, metadata=among(RUNTIME_BACKENDS))
     # every distributed wait fails after this, naming rank and peer (at most a week)
-    timeout_s: float = field(default=300.0, metadata=within(0.0, 604800.0, low_open=True))
+    timeout_s: float = field(default=300.0, metadata=within(MIN_TIMEOUT_S, 604800.0, why=_TIMEOUT_WHY))
     # a real-size model (not tiny-*) on a CPU device is refused at startup with its memory estimate unless
     # this is true (digenrl/validation.py validate_devices)
     allow_large_cpu_model: bool = False

@@ -3,13 +3,15 @@
 A failing rank prints its failure once, publishes it on torchrun's store and ends its process at once, so
 peers blocked in a collective do not hang; a heartbeat watchdog names a rank that stops answering, with
 its role and phase, before the backend's timeout (``digenrl/runtime/watchdog.py``, docs/design.md §2).
-A config error is printed once (per node), before any worker process or process group exists.
+A config error is printed once (per node), before any worker process or process group exists. A plain
+``python run_train.py`` of a multi-rank profile starts torchrun itself (:func:`launch_torchrun`): its
+workers run in the user's working directory, and a signal to the command stops torchrun and every worker
+(``digenrl/runtime/job.py``).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import os
 import sys
@@ -92,11 +94,16 @@ def main(argv: list[str]) -> int:
     if not under_torchrun and world > 1:
         # One command for a multi-process run: start the workers under torchrun, output streamed here.
         print(f"[digenrl] starting {world} worker processes (torchrun --nproc_per_node={world})", flush=True)
+        from digenrl.runtime.job import LaunchInterrupted
+
         try:
             launch_torchrun(args.overrides, nproc=world, config=args.config, stream=True, timeout_s=None)
         except SystemExit as exc:
             print(exc, file=sys.stderr)
             return 1
+        except LaunchInterrupted as exc:  # torchrun and every worker are gone (digenrl/runtime/job.py)
+            print(f"[digenrl] {exc}", file=sys.stderr)
+            return 128 + exc.signum
         return 0
 
     from digenrl.runtime.distributed import init_distributed, shutdown_distributed
@@ -110,7 +117,6 @@ def main(argv: list[str]) -> int:
     backend = cfg.runtime.backend or load_profile(cfg.profile).backend
     ctx = init_distributed(backend, timeout_s=cfg.runtime.timeout_s)
     watchdog = start_watchdog(ctx, cfg.runtime.timeout_s)  # None in a single process
-    system = None
     try:
         try:  # rank 0 decides how the run uses out_dir before anything is written (run_dir.py)
             run = agree_run_start(cfg, ctx)
@@ -127,9 +133,6 @@ def main(argv: list[str]) -> int:
         inject_delay(ctx.rank, "exit")  # robustness tests only: a rank that finishes last
     except BaseException as exc:
         message = f"[rank {ctx.rank}] FAILED: {type(exc).__name__}: {exc}"
-        if system is not None:  # the profile up to the failure, whatever ends the process
-            with contextlib.suppress(Exception):
-                system.parts.events.flush()
         if watchdog is not None:
             # Do not tear the process group down politely: peers may sit in a collective that will never
             # complete. Publish the reason (peers' watchdogs and store waits end with it), then exit, which
@@ -220,18 +223,25 @@ def launch_torchrun(
     """Run ``experiments/run_train.py`` under torchrun in subprocesses — how the benchmark scripts launch
     real runs side by side, and how a plain ``python run_train.py`` starts its workers. Returns wall
     seconds (launch included); a failing run raises SystemExit with the tail of its stderr (``stream``:
-    the workers write to this process's stdout / stderr as they go; ``timeout_s`` None = no limit).
+    the workers write to this process's stdout / stderr as they go; ``timeout_s`` None = no limit; a run
+    past it is stopped and raises SystemExit).
 
     ``nnodes=1``: one ``torchrun --standalone --nproc_per_node=nproc``. ``nnodes>1``: a multi-node run
     on this host (``_launch_nodes``): ``nnodes`` torchrun groups of ``nproc`` processes that
     meet through torchrun's c10d rendezvous on ``127.0.0.1:rdzv_port`` (a free port when None).
     ``log_dir``: also keep each group's stdout + stderr as ``node<i>.log`` there. The child environment
     has NVLink multicast off (``disable_nvlink_multicast``) unless the caller exported otherwise.
+
+    The workers run in the caller's working directory, so a relative ``config``, ``out_dir``,
+    ``data.prompts`` or model path means what it meant to the caller (and to its startup validation).
+    Nothing outlives the launch: SIGTERM, SIGINT or SIGHUP to this process, a timeout or an error stops
+    torchrun and every worker, then raises (``digenrl/runtime/job.py``).
     """
     import subprocess
     from pathlib import Path
 
     from digenrl.runtime.distributed import disable_nvlink_multicast
+    from digenrl.runtime.job import Job
 
     for name, value in (("nproc", nproc), ("nnodes", nnodes)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -248,7 +258,6 @@ def launch_torchrun(
             nnodes=nnodes,
             nproc=nproc,
             env=env,
-            cwd=repo,
             timeout_s=timeout_s,
             label=label,
             rdzv_port=rdzv_port,
@@ -263,25 +272,34 @@ def launch_torchrun(
         *script,
     ]
     start = time.perf_counter()
+    if not stream:
+        print(f"[{label}] {' '.join(cmd[5:])}", flush=True)
+    with Job() as job:
+        if stream:
+            proc = job.start(cmd, env=env)
+        else:
+            proc = job.start(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            job.stop()
+            raise SystemExit(f"[{label}] did not finish within {timeout_s:g} s; stopped") from None
     if stream:
-        code = subprocess.run(cmd, cwd=repo, env=env, timeout=timeout_s).returncode
-        if code != 0:
-            raise SystemExit(f"[{label}] the workers failed (exit {code}); see their messages above")
+        if proc.returncode != 0:
+            raise SystemExit(
+                f"[{label}] the workers failed (exit {proc.returncode}); see their messages above"
+            )
         return time.perf_counter() - start
-    print(f"[{label}] {' '.join(cmd[5:])}", flush=True)
-    proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=timeout_s)
     if log_dir is not None:
         Path(log_dir).mkdir(parents=True, exist_ok=True)
-        (Path(log_dir) / "node0.log").write_text(proc.stdout + proc.stderr)
+        (Path(log_dir) / "node0.log").write_text(stdout + stderr)
     if proc.returncode != 0:
-        raise SystemExit(f"[{label}] failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+        raise SystemExit(f"[{label}] failed ({proc.returncode}):\n{stderr[-4000:]}")
     return time.perf_counter() - start
 
 
 # ------------------------------------------------------------------------------ several nodes, one host
 
-#: Seconds a group gets to exit after SIGTERM (torchrun's agent forwards it to its workers) before SIGKILL.
-_STOP_GRACE_S = 10.0
 #: Seconds the other groups get to exit by themselves after the first failure, so a peer that fails
 #: because of it is reported with it instead of being killed silently.
 _PEER_EXIT_GRACE_S = 3.0
@@ -296,8 +314,7 @@ def _launch_nodes(
     nnodes: int,
     nproc: int,
     env: dict[str, str],
-    cwd: os.PathLike,
-    timeout_s: float,
+    timeout_s: float | None,
     label: str,
     rdzv_port: int | None,
     log_dir: str | os.PathLike | None,
@@ -317,13 +334,15 @@ def _launch_nodes(
 
     The first group that exits non-zero fails the job: the others get ``_PEER_EXIT_GRACE_S`` to exit by
     themselves, are then stopped, and SystemExit names the failed node(s), the failure line of every
-    rank that reported one, and the log tails (``_failure_report``). A timeout stops every group.
+    rank that reported one, and the log tails (``_failure_report``). A timeout, a signal to this process or
+    an error stops every group and its workers (``digenrl/runtime/job.py``).
     """
     import socket
-    import subprocess
     import tempfile
     import uuid
     from pathlib import Path
+
+    from digenrl.runtime.job import Job
 
     if nnodes > 155:
         raise ValueError(f"nnodes must be at most 155 on one host (127.0.0.100-254), got {nnodes}")
@@ -343,43 +362,39 @@ def _launch_nodes(
         flush=True,
     )
 
-    procs: list[subprocess.Popen] = []
     start = time.perf_counter()
     try:
-        for node in range(nnodes):
-            cmd = [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                f"--nnodes={nnodes}",
-                f"--nproc_per_node={nproc}",
-                "--rdzv-backend=c10d",
-                f"--rdzv-endpoint=127.0.0.1:{rdzv_port}",
-                f"--rdzv-id={run_id}",
-                f"--rdzv-conf=is_host={int(node == 0)}",
-                f"--local-addr=127.0.0.{100 + node}",
-                *script,
-            ]
-            node_env = dict(env)
-            if devices is not None:
-                node_env["CUDA_VISIBLE_DEVICES"] = ",".join(devices[node * nproc : (node + 1) * nproc])
-            with (logs / f"node{node}.log").open("w") as log:
-                # Own session: stopping a group reaches its agent without touching this process.
-                procs.append(
-                    subprocess.Popen(
-                        cmd, cwd=cwd, env=node_env, stdout=log, stderr=log, start_new_session=True
-                    )
-                )
-        failed = _wait_for_nodes(procs, deadline=time.monotonic() + timeout_s)
-        if failed is None:
-            _stop(procs)
-            raise SystemExit(f"[{label}] {nnodes} nodes did not finish within {timeout_s:g} s; stopped")
-        if failed:
-            _stop(procs)
-            raise SystemExit(_failure_report(label, failed, [proc.returncode for proc in procs], logs))
+        with Job() as job:
+            for node in range(nnodes):
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "torch.distributed.run",
+                    f"--nnodes={nnodes}",
+                    f"--nproc_per_node={nproc}",
+                    "--rdzv-backend=c10d",
+                    f"--rdzv-endpoint=127.0.0.1:{rdzv_port}",
+                    f"--rdzv-id={run_id}",
+                    f"--rdzv-conf=is_host={int(node == 0)}",
+                    f"--local-addr=127.0.0.{100 + node}",
+                    *script,
+                ]
+                node_env = dict(env)
+                if devices is not None:
+                    node_env["CUDA_VISIBLE_DEVICES"] = ",".join(devices[node * nproc : (node + 1) * nproc])
+                with (logs / f"node{node}.log").open("w") as log:
+                    job.start(cmd, env=node_env, stdout=log, stderr=log)
+            deadline = time.monotonic() + (float("inf") if timeout_s is None else timeout_s)
+            failed = _wait_for_nodes(job.procs, deadline=deadline)
+            if failed is None:
+                job.stop()
+                raise SystemExit(f"[{label}] {nnodes} nodes did not finish within {timeout_s:g} s; stopped")
+            if failed:
+                job.stop()
+                codes = [proc.returncode for proc in job.procs]
+                raise SystemExit(_failure_report(label, failed, codes, logs))
         return time.perf_counter() - start
     finally:
-        _stop(procs)
         if scratch is not None:
             scratch.cleanup()
 
@@ -445,22 +460,3 @@ def _wait_for_nodes(procs: list, *, deadline: float) -> list[int] | None:
         if time.monotonic() >= deadline:
             return None
         time.sleep(0.1)
-
-
-def _stop(procs: list) -> None:
-    """SIGTERM every running group (its agent stops its workers), SIGKILL what is left after a grace."""
-    import signal
-    import subprocess
-
-    running = [proc for proc in procs if proc.poll() is None]
-    for proc in running:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-    end = time.monotonic() + _STOP_GRACE_S
-    for proc in running:
-        try:
-            proc.wait(timeout=max(0.0, end - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()

@@ -4,11 +4,13 @@ downsampled to a small PNG, plus (optionally) a trimmed copy of one real run so 
     python experiments/make_figures.py --real-run runs/validation/digenrl-gap-f4 --iterations 1:4
     python experiments/make_figures.py                     # re-render from what is under experiments/results
 
-``--real-run DIR`` copies ``DIR``'s ``config.yaml``, the ``reward``/``wall_s`` fields of its ``metrics.jsonl``
-and the event records of iterations ``--iterations A:B`` (plus each rank's meta line) into
-``experiments/results/runs/<name>/`` (a few KB; the first ``--logs`` folder's ``runs/``). ``--logs`` takes
-several folders (``make_all`` draws the runs and tables of each). Then ``make_all`` renders into ``--out``
-at its default dpi and every PNG is resampled to ``--dpi`` (default 100) so committed figures stay small.
+``--real-run DIR`` first rebuilds ``DIR/trace.json`` from its event logs when it is missing or older than
+them (a run that crashed before merging them), then copies ``DIR``'s ``config.yaml``, the
+``reward``/``wall_s`` fields of its ``metrics.jsonl`` and the event records of iterations
+``--iterations A:B`` (plus each rank's meta line) into ``experiments/results/runs/<name>/`` (a few KB; the
+first ``--logs`` folder's ``runs/``). ``--logs`` takes several folders (``make_all`` draws the runs and
+tables of each). Then ``make_all`` renders into ``--out`` at its default dpi and every PNG is resampled to
+``--dpi`` (default 100) so committed figures stay small.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from digenrl.runtime.chrome_trace import merge_chrome_trace, trace_is_stale  # noqa: E402
 from paper_figures.make_all import make_all  # noqa: E402
 from paper_figures.style import DEFAULT_DPI  # noqa: E402
 
@@ -95,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
             first, last = (int(v) for v in args.iterations.split(":"))
         except ValueError:
             raise SystemExit(f"--iterations must be A:B, got {args.iterations!r}") from None
+        if trace_is_stale(args.real_run):
+            print(f"rebuilt {merge_chrome_trace(args.real_run)} from the event logs of {args.real_run}")
         name = args.name or f"cpu-2-{args.real_run.name}"
         dst = trim_run(args.real_run, args.logs[0] / "runs" / name, first, last)
         print(f"copied {args.real_run} (iterations {first}-{last}) to {dst}")

@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from digenrl.runtime.event_records import ITERATION_PHASE, is_idle_phase, load_events
+from digenrl.runtime.event_records import EVENTS_SUBDIR, ITERATION_PHASE, is_idle_phase, load_events
 
 #: Track order inside each rank. Categories a span names explicitly get the next free track ids.
 CATEGORY_TRACKS = {"iteration": 0, "compute": 1, "communication": 2, "wait": 3}
@@ -54,7 +54,9 @@ def phase_category(phase: str) -> str:
 def merge_chrome_trace(out_dir: str | Path, path: str | Path | None = None) -> Path:
     """Write ``out_dir/trace.json`` (or ``path``) from ``out_dir/events/rank*.jsonl`` and return its path.
 
-    Call on one rank (rank 0) after every rank closed its ``EventLogger``.
+    Rank 0 calls it at the end of a run, after every rank closed its ``EventLogger``; for a run that
+    crashed, ``python -m digenrl.runtime.run_report OUT_DIR`` calls it on the logs the ranks left (every
+    record up to a rank's death is in its log: ``digenrl/runtime/events.py``).
     """
     records = load_events(out_dir, superseded=True)
     events: list[dict[str, Any]] = []
@@ -137,8 +139,20 @@ def merge_chrome_trace(out_dir: str | Path, path: str | Path | None = None) -> P
             "time_unit_note": "ts/dur are microseconds since the shared clock origin",
         },
     }
-    target.write_text(json.dumps(trace))
+    tmp = target.with_name(f".{target.name}.tmp")  # atomic: a reader never sees half a trace
+    tmp.write_text(json.dumps(trace))
+    tmp.replace(target)
     return target
+
+
+def trace_is_stale(out_dir: str | Path) -> bool:
+    """Whether ``out_dir/trace.json`` is missing or older than one of the event logs (a run that crashed
+    before it merged them, or was resumed and crashed again)."""
+    trace = Path(out_dir) / "trace.json"
+    logs = list((Path(out_dir) / EVENTS_SUBDIR).glob("rank*.jsonl"))
+    if not trace.is_file():
+        return bool(logs)
+    return any(log.stat().st_mtime > trace.stat().st_mtime for log in logs)
 
 
 def _us(seconds: float) -> float:

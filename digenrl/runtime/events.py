@@ -7,6 +7,14 @@ from ``time.perf_counter`` (monotonic, sub-µs) anchored to the wall clock once 
 wall-clock step (NTP) mid-run cannot reorder spans. Across hosts the alignment is as good as the hosts'
 wall clocks agree (NTP: typically ≤ a few ms).
 
+Durability: every record reaches the operating system when it is written (one ``write`` + ``flush`` per
+line), so a rank that dies — SIGKILL, ``os._exit``, torchrun's SIGTERM, a segfault — leaves every record
+up to its death in the file, and a resumed run's ``trace.json`` covers the iterations before the crash.
+No ``fsync``: the page cache outlives the process, and only a crash of the whole host could lose it (a
+cost of milliseconds per record, not worth it for a profile). The flush (one ``write`` syscall) adds
+~3.5 µs per record (measured 2026-12-02 on the 2-core CPU machine: 4.0 vs 0.5 µs per 150-byte line); a
+tiny-model iteration writes ~15 records per rank, < 0.1 ms of its ~300 ms.
+
 Exports live beside this module and are re-exported here: ``merge_chrome_trace`` (Perfetto / Chrome trace)
 and ``summarize_events`` (per-iteration phase times, busy fractions, samples/s).
 """
@@ -19,7 +27,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -52,13 +60,14 @@ class EventLogger:
     """Append-only JSONL span / counter log of one rank. Thread-safe (the telemetry thread shares it).
 
     It also knows which spans are open right now (:meth:`current_span`): the hang watchdog
-    (``digenrl/runtime/watchdog.py``) publishes that as the rank's phase in its heartbeat.
+    (``digenrl/runtime/watchdog.py``) publishes that as the rank's phase in its heartbeat, and sets
+    :attr:`on_span_change` to hear of every span entered or left, so the heartbeat carries a new phase at
+    once instead of at its next period.
 
     Args:
         out_dir: run output folder; the log goes to ``out_dir/events/rank<rank>.jsonl``.
         rank, role: identity written into every record.
         clock_origin: unix time all ranks agreed on (``agree_clock_origin``); times are stored relative to it.
-        flush_interval_s: buffered lines reach the file at least this often (so a crash loses little).
         append: keep what the file holds (a resumed run: the log covers the whole run) instead of
             truncating it. Either way this process starts with its own ``meta`` record, so a reader knows
             which clock origin the following records use (``event_records.load_events``).
@@ -73,7 +82,6 @@ class EventLogger:
         role: str,
         clock_origin: float,
         *,
-        flush_interval_s: float = 2.0,
         append: bool = False,
         run_id: str | None = None,
         start_iteration: int = 0,
@@ -87,15 +95,15 @@ class EventLogger:
         self.clock_origin = float(clock_origin)
         self.path = rank_log_path(out_dir, rank)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._flush_interval_s = flush_interval_s
         self._lock = threading.Lock()
         if append:
             _drop_torn_tail(self.path)
         self._file = self.path.open("a" if append else "w")
-        self._last_flush = time.perf_counter()
         self._open_spans: dict[int, tuple[str, int | None]] = {}  # span id -> (phase, iteration)
         self._span_ids = itertools.count()
         self._last_closed: str | None = None
+        #: Called (without arguments, on the thread of the span) after a span is entered or left.
+        self.on_span_change: Callable[[], None] | None = None
         # perf_counter is monotonic but has an arbitrary zero: anchor it to the wall clock exactly once.
         self._anchor_perf = time.perf_counter()
         self._anchor_since_origin = time.time() - self.clock_origin
@@ -139,6 +147,7 @@ class EventLogger:
         span_id = next(self._span_ids)
         with self._lock:
             self._open_spans[span_id] = (phase, iteration)
+        self._span_changed()
         t_start = self.now()
         try:
             inject_fault(self.rank, iteration, phase=phase)
@@ -150,6 +159,7 @@ class EventLogger:
             with self._lock:
                 del self._open_spans[span_id]
                 self._last_closed = phase
+            self._span_changed()
             count = notes.pop("samples", samples)
             self.record_span(
                 phase,
@@ -162,6 +172,11 @@ class EventLogger:
                 category=category,
                 extra=notes,
             )
+
+    def _span_changed(self) -> None:
+        listener = self.on_span_change
+        if listener is not None:
+            listener()
 
     def current_span(self) -> tuple[str | None, int | None, str | None]:
         """``(phase, iteration, last closed phase)``: the innermost open span (the most recently entered
@@ -228,16 +243,9 @@ class EventLogger:
             }
         )
 
-    def flush(self) -> None:
-        with self._lock:
-            if not self._file.closed:
-                self._file.flush()
-                self._last_flush = time.perf_counter()
-
     def close(self) -> None:
         with self._lock:
             if not self._file.closed:
-                self._file.flush()
                 self._file.close()
 
     def __enter__(self) -> EventLogger:
@@ -252,9 +260,7 @@ class EventLogger:
             if self._file.closed:
                 raise ValueError(f"EventLogger for rank {self.rank} is closed; cannot write {record['type']}")
             self._file.write(line + "\n")
-            if time.perf_counter() - self._last_flush >= self._flush_interval_s:
-                self._file.flush()
-                self._last_flush = time.perf_counter()
+            self._file.flush()  # to the OS now: the record survives the process (module docstring)
 
 
 def _drop_torn_tail(path: Path) -> None:

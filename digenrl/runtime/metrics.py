@@ -156,20 +156,28 @@ def _replace(path: Path, records: list[dict[str, Any]]) -> None:
 
 
 def add_event_summary(out_dir: str | Path) -> None:
-    """Fold the merged event logs into ``metrics.jsonl``: per iteration, the busy fraction of each
-    pool (role) and the seconds each role spent per phase (from ``summarize_events``). Runs once, on
-    rank 0, after every rank has flushed its events; the file is replaced atomically."""
+    """Fold the merged event logs into ``metrics.jsonl`` (:func:`with_event_summary`). Runs once, on rank 0,
+    after every rank has closed its event log; the file is replaced atomically."""
+    path = Path(out_dir) / METRICS_FILE
+    if path.is_file():
+        _replace(path, with_event_summary(read_metrics(out_dir), out_dir))
+
+
+def with_event_summary(records: list[dict[str, Any]], out_dir: str | Path) -> list[dict[str, Any]]:
+    """``records`` with, per iteration, the busy fraction of each pool (role), the seconds each role spent
+    per phase and the bubble-free bound, from ``summarize_events`` over ``out_dir``'s event logs."""
     from digenrl.runtime.event_summary import summarize_events
 
-    path = Path(out_dir) / METRICS_FILE
-    if not path.is_file():
-        return
     summary = summarize_events(out_dir)
-    records = read_metrics(out_dir)
+    out = []
     for record in records:
         per_iteration = summary.get(record["iteration"]) or summary.get(str(record["iteration"]))
         if per_iteration:
-            record["busy_fraction"] = per_iteration["busy_fraction"]
-            record["phase_seconds"] = per_iteration["phase_seconds"]
-            record["bubble_free_bound_s"] = per_iteration["bubble_free_bound_s"]
-    _replace(path, records)
+            record = {
+                **record,
+                "busy_fraction": per_iteration["busy_fraction"],
+                "phase_seconds": per_iteration["phase_seconds"],
+                "bubble_free_bound_s": per_iteration["bubble_free_bound_s"],
+            }
+        out.append(record)
+    return out

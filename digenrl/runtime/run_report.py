@@ -8,16 +8,25 @@ in (:func:`digenrl.runtime.metrics.add_event_summary`): reward first → last, s
 fraction, and the bubble-free bound — the samples/s a perfect schedule of the same busy device-seconds
 would reach (docs/design.md §5) — plus where the metrics, the trace and the checkpoints are. Iterations
 are named as in ``metrics.jsonl`` (0-based), like the progress lines.
+
+For a run that crashed (it never reached its closing summary, and its ``trace.json`` is missing or
+stale), ``python -m digenrl.runtime.run_report OUT_DIR`` rebuilds ``trace.json`` from the event logs the
+ranks left — every record up to each rank's death (``digenrl/runtime/events.py``) — and prints the
+summary of every iteration in ``metrics.jsonl`` (:func:`report_run`).
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from digenrl.config import Config
+from digenrl.runtime.chrome_trace import merge_chrome_trace
 from digenrl.runtime.event_summary import steady_window
+from digenrl.runtime.metrics import read_metrics, with_event_summary
 
 if TYPE_CHECKING:
     from digenrl.runtime.run_dir import RunStart
@@ -104,3 +113,31 @@ def _busy(steady: list[dict[str, Any]]) -> dict[str, float]:
         for role, fraction in (record.get("busy_fraction") or {}).items():
             by_role.setdefault(role, []).append(fraction)
     return {role: statistics.mean(values) for role, values in sorted(by_role.items())}
+
+
+def report_run(out_dir: str | Path) -> str:
+    """Rebuild ``out_dir/trace.json`` from its event logs and return the closing summary of every iteration
+    in its ``metrics.jsonl``, with the event summary folded in memory: ``metrics.jsonl`` is only read (a
+    job may still be appending to it; a finished or resumed run folds it in itself)."""
+    merge_chrome_trace(out_dir)  # ValueError naming out_dir when it holds no event logs
+    return closing_summary(with_event_summary(read_metrics(out_dir), out_dir), out_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m digenrl.runtime.run_report",
+        description="Rebuild OUT_DIR/trace.json from the event logs and print the run's summary "
+        "(for a run that crashed; a finished run printed it at its end).",
+    )
+    parser.add_argument("out_dir", help="the run's out_dir")
+    args = parser.parse_args(argv)
+    try:
+        print(report_run(args.out_dir))
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

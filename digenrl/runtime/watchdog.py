@@ -11,6 +11,12 @@ that, every ``interval_s``:
   ``EventLogger.span`` (``after``: the last span closed, for a rank between spans);
 * reads every other rank's heartbeat (one ``multi_get``) and the run's failure reports (one ``check``).
 
+Between periods the thread also beats when the rank's role is known (:meth:`HeartbeatWatchdog.follow`)
+and whenever a span is entered or left (``EventLogger.on_span_change``), at most every
+:data:`PHASE_BEAT_GAP_S`: a rank that freezes is named with the role and phase it froze in, not with what
+it did at the last period (a trainer stopped in iteration 3 was named "(unassigned)", phase 'setup', when
+its 5 s period had not come round since its setup).
+
 A rank whose ``beat`` has not changed for ``threshold_s`` (by this rank's own monotonic clock, so clock
 skew between hosts does not matter) is declared hung: this rank prints one line naming it, its role and
 its last phase, publishes a failure report for it (``ControlPlane.report_failure``, so ranks polling the
@@ -19,9 +25,10 @@ way out for a main thread blocked in C++ inside a collective. A failure report a
 (``launch.py`` reports every failing rank) ends this rank the same way, with that reason.
 
 ``heartbeat_timing`` derives both periods from ``runtime.timeout_s``: the threshold is a third of it, so
-the hang is reported well before the backend's own timeout fires. A rank that finishes marks its
-heartbeat ``done`` before the process group is destroyed (:meth:`HeartbeatWatchdog.stop`), so the last
-rank to finish never mistakes the others for dead ones.
+the hang is reported well before the backend's own timeout fires. ``runtime.timeout_s`` below
+:data:`digenrl.config.MIN_TIMEOUT_S` is refused at startup (its declared range). A rank that finishes
+marks its heartbeat ``done`` before the process group is destroyed (:meth:`HeartbeatWatchdog.stop`), so
+the last rank to finish never mistakes the others for dead ones.
 
 The thread talks to the store through its own connection (``Store.clone``): a TCPStore client serialises
 its operations, and the main thread may block in a long ``get`` (process-group creation does), which
@@ -53,6 +60,8 @@ if TYPE_CHECKING:
 MAX_INTERVAL_S = 5.0
 #: A silent rank is declared hung after ``runtime.timeout_s / THRESHOLD_DIVISOR`` seconds.
 THRESHOLD_DIVISOR = 3.0
+#: Seconds between two heartbeats that publish a phase change (store writes per rank stay <= 5/s).
+PHASE_BEAT_GAP_S = 0.2
 
 _exit_lock = threading.Lock()
 
@@ -141,6 +150,7 @@ class HeartbeatWatchdog:
         self._beat = 0
         self._host = socket.gethostname()
         self._stop = threading.Event()
+        self._changed = threading.Event()  # role or phase changed: beat before the period ends
         self._thread: threading.Thread | None = None
         # rank -> (beat, monotonic time it last changed, its record)
         self._seen: dict[int, tuple[int, float, dict[str, Any]]] = {}
@@ -154,9 +164,12 @@ class HeartbeatWatchdog:
     # ------------------------------------------------------------------------------ what this rank does
 
     def follow(self, events: EventLogger) -> None:
-        """From now on the heartbeat carries ``events``' role and innermost open span."""
+        """From now on the heartbeat carries ``events``' role and innermost open span: one beat at once,
+        and one after each span change (module docstring)."""
         self._events = events
         self._role = events.role
+        events.on_span_change = self._changed.set
+        self._changed.set()
 
     def status(self) -> dict[str, Any]:
         """This rank's heartbeat record (without the beat counter)."""
@@ -188,6 +201,9 @@ class HeartbeatWatchdog:
         """Stop the thread and mark this rank ``done``: peers stop watching it (a finished rank is not a
         hung one). Call before the process group is destroyed."""
         self._stop.set()
+        self._changed.set()  # wake the thread now
+        if self._events is not None:
+            self._events.on_span_change = None
         if self._thread is not None:
             self._thread.join(timeout=self.threshold_s + self.interval_s)
         with contextlib.suppress(RuntimeError):  # the store is already gone: peers are finishing too
@@ -202,10 +218,20 @@ class HeartbeatWatchdog:
     # ------------------------------------------------------------------------------ the thread
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        due = time.monotonic() + self.interval_s
+        while not self._stop.is_set():
+            self._changed.wait(max(0.0, due - time.monotonic()))
+            if self._stop.is_set():
+                return
+            self._changed.clear()
+            periodic = time.monotonic() >= due
+            if periodic:
+                due = time.monotonic() + self.interval_s
+            problem = None
             try:
                 self.beat()
-                problem = self.check()
+                if periodic:
+                    problem = self.check()
                 self._store_ok_at = time.monotonic()
             except RuntimeError as error:  # the store did not answer (DistStoreError is a RuntimeError)
                 silent = time.monotonic() - self._store_ok_at
@@ -219,6 +245,8 @@ class HeartbeatWatchdog:
             if problem is not None and not self._stop.is_set():
                 self._fail(*problem)
                 return
+            if not periodic:
+                self._stop.wait(min(PHASE_BEAT_GAP_S, self.interval_s))  # phase beats stay rare
 
     def check(self) -> tuple[str, tuple[int, str, str] | None] | None:
         """One look at the peers: None if all is well, else ``(message, (rank, role, reason) to report on
@@ -276,8 +304,6 @@ class HeartbeatWatchdog:
             if report is not None and self.plane.ticket(f"watchdog-report-rank{report[0]}") == 0:
                 rank, role, reason = report
                 self.plane.report_failure(rank, f"{reason} (found by rank {self.rank}'s watchdog)", role=role)
-            if self._events is not None:
-                self._events.flush()
 
         if self._on_failure is not None:
             publish()
@@ -289,8 +315,6 @@ class HeartbeatWatchdog:
         """Publish this rank's failure on the store (``launch.py``'s failure path), so every peer's
         watchdog and every store wait ends with this reason instead of a timeout."""
         self.plane.report_failure(self.rank, message, role=self._role)
-        if self._events is not None:
-            self._events.flush()
 
 
 def start_watchdog(ctx: DistContext, timeout_s: float) -> HeartbeatWatchdog | None:

@@ -110,6 +110,22 @@ def test_out_dir_that_cannot_be_written_is_named(tmp_path):
     assert not (tmp_path / "new").exists()  # the check creates nothing
 
 
+@pytest.mark.parametrize("value", ["1", "0.001", "9.99", "0", "-5", ".nan", ".inf"])
+def test_runtime_timeout_below_its_floor_is_refused_with_the_reason(tmp_path, value):
+    """1 s killed a healthy run during setup and 0.001 s failed inside c10d: refused at startup instead."""
+    _fails(
+        [f"runtime.timeout_s={value}", f"out_dir={tmp_path}"],
+        "runtime.timeout_s=",
+        "[10, 604800]",
+        "start of the process group",
+        "hang watchdog",
+    )
+
+
+def test_runtime_timeout_at_its_floor_passes(tmp_path):
+    validate_config(load_config(TINY, ["runtime.timeout_s=10", f"out_dir={tmp_path}"]), world_size=2)
+
+
 def test_nccl_needs_torchrun_and_gpus():
     cfg = load_config(TINY, ["runtime.backend=nccl", "profile=cpu-1", "system=colocated-sync"])
     with pytest.raises(ConfigError, match=r"runtime\.backend=nccl .*single process"):

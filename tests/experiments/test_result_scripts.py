@@ -228,6 +228,24 @@ def test_trim_run_keeps_only_the_chosen_iterations(tmp_path):
     assert json.loads((dst / "metrics.jsonl").read_text()) == {"iteration": 0, "reward_mean": 0.5}
 
 
+def test_make_figures_rebuilds_the_trace_of_a_crashed_real_run(tmp_path, capsys):
+    """A run that died before merging its logs has no trace.json (or a stale one): ``--real-run`` rebuilds
+    it from the event logs before copying the run; a current trace is left alone."""
+    from digenrl.runtime.events import EventLogger
+
+    run = tmp_path / "crashed"
+    with EventLogger(run, 0, "colocated", 0.0) as events:
+        for k in range(3):
+            events.record_span("train", k, k + 0.5, iteration=k)
+    argv = ["--real-run", str(run), "--iterations", "0:2", "--logs", str(tmp_path / "logs")]
+    make_figures.main([*argv, "--out", str(tmp_path / "figures")])
+    assert f"rebuilt {run / 'trace.json'}" in capsys.readouterr().out
+    trace = json.loads((run / "trace.json").read_text())
+    assert sorted(e["args"]["iteration"] for e in trace["traceEvents"] if e["ph"] == "X") == [0, 1, 2]
+    make_figures.main([*argv, "--out", str(tmp_path / "figures")])
+    assert "rebuilt" not in capsys.readouterr().out  # up to date: not rewritten
+
+
 def test_sub_cluster_cuts_nodes_and_keeps_links():
     from digenrl.runtime.profiles import load_profile
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
 import time
 
 import pytest
@@ -91,6 +93,26 @@ def test_spans_trace_and_records(tmp_path):
     assert counters == {"gpu.util_pct": {"util_pct": 87.5}, "gpu.power_w": {"power_w": 512.0}}
     thread_names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
     assert thread_names[(1, next(e["tid"] for e in complete if e["name"] == "wait_fragment"))] == "wait"
+
+
+def test_every_record_survives_a_sigkill_of_its_process(tmp_path):
+    """A rank killed without warning (SIGKILL: no Python teardown, no flush) leaves every record it wrote
+    in its log (each write reaches the OS at once; the log used to flush every 2 s, and lost them all)."""
+    pid = os.fork()
+    if pid == 0:  # the child: a rank that logs two spans and a note, then dies at once
+        try:
+            events = EventLogger(tmp_path, 3, "trainer", time.time())
+            for iteration in range(2):
+                with events.span("train", iteration=iteration):
+                    pass
+            events.note("about to die")
+        finally:
+            os.kill(os.getpid(), signal.SIGKILL)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    records = load_events(tmp_path)
+    assert [r["type"] for r in records] == ["meta", "span", "span", "note"]
+    assert [r["iteration"] for r in records if r["type"] == "span"] == [0, 1]
 
 
 def test_logger_rejects_bad_spans(tmp_path):

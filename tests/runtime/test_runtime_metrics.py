@@ -13,6 +13,7 @@ import pytest
 from digenrl.runtime.events import EventLogger
 from digenrl.runtime.metrics import MetricsWriter, open_tensorboard, progress_line, read_metrics
 from digenrl.runtime.run_report import closing_summary
+from digenrl.runtime.run_report import main as run_report_main
 
 
 def _record(iteration: int, **extra) -> dict:
@@ -90,6 +91,34 @@ def test_progress_line_and_summary_use_the_metrics_numbering(tmp_path):
     assert "over iterations 4-5" in summary
     assert "non-finite updates skipped (trainer.nonfinite=skip) at iterations 4" in summary
     assert "over iteration 7" in closing_summary([_record(7)], tmp_path)
+
+
+def test_the_run_report_rebuilds_the_trace_of_a_crashed_run_and_leaves_the_metrics(tmp_path, capsys):
+    """A run that died before its end merged nothing: ``python -m digenrl.runtime.run_report OUT_DIR``
+    rebuilds ``trace.json`` from the ranks' logs and prints the summary of every logged iteration."""
+    writer = MetricsWriter(tmp_path, is_writer=True, stream=io.StringIO(), run_id="run-a")
+    for rank, role in ((0, "trainer"), (1, "generator")):
+        with EventLogger(tmp_path, rank, role, 0.0) as events:
+            for k in range(3):
+                events.record_span(("train", "generate")[rank], k, k + 0.5 / (rank + 1), iteration=k)
+    for k in range(3):
+        writer.log(_record(k))
+    metrics = (tmp_path / "metrics.jsonl").read_text()
+    assert not (tmp_path / "trace.json").exists()
+
+    assert run_report_main([str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert (
+        "done: 3 iteration(s) (iterations 0-2)" in printed
+        and "busy fraction: generator 50%, trainer 100%" in printed
+    )
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    spans = [(e["pid"], e["args"]["iteration"]) for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert sorted(spans) == [(rank, k) for rank in (0, 1) for k in range(3)]
+    assert (tmp_path / "metrics.jsonl").read_text() == metrics  # only read: a job may still append
+
+    assert run_report_main([str(tmp_path / "nothing")]) == 2
+    assert "holds no event logs" in capsys.readouterr().err
 
 
 def test_records_are_mirrored_to_an_injected_tensorboard_writer(tmp_path):

@@ -64,11 +64,21 @@ def test_init_distributed_applies_it_before_any_process_group(unset):
 def test_launch_torchrun_passes_it_to_its_children_and_keeps_one_node_standalone(unset):
     seen = {}
 
-    def fake_run(cmd, *, env, **_kwargs):
-        seen.update(cmd=cmd, env=env)
-        return subprocess.CompletedProcess(cmd, 0, "", "")
+    class FakeTorchrun:
+        """Records the command line and environment; a torchrun that exits 0 at once."""
 
-    unset.setattr(subprocess, "run", fake_run)
+        pid, returncode = 0, 0
+
+        def __init__(self, cmd, *, env, **_kwargs):
+            seen.update(cmd=cmd, env=env)
+
+        def communicate(self, timeout=None):
+            return "", ""
+
+        def poll(self):
+            return 0
+
+    unset.setattr(subprocess, "Popen", FakeTorchrun)
     unset.setenv("NCCL_NVLS_ENABLE", "1")  # exported by the caller: wins
     launch_torchrun(["iterations=1"], nproc=3, config="experiments/configs/tiny.yaml")
     assert seen["env"]["NCCL_NVLS_ENABLE"] == "1"

@@ -7,6 +7,7 @@ tests/systems/test_watchdog.py.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -104,6 +105,40 @@ def test_a_silent_rank_is_named_with_its_role_and_phase(tmp_path):
     report = ControlPlane(store, 0, "trainer", 5.0, namespace=namespace).failure()
     assert report is not None and (report.rank, report.role) == (1, "generator")
     assert "'generate' (iteration 3)" in report.message and "rank 0's watchdog" in report.message
+
+
+def test_the_heartbeat_carries_a_new_role_and_phase_at_once_not_at_the_next_period(tmp_path):
+    """A trainer that freezes between two periodic beats is named with the role and phase it froze in: the
+    heartbeat is written when the role is known and on every span change, not only every ``interval_s``
+    (a 30 s period here: the old heartbeat still said "unassigned", phase 'setup')."""
+    store, namespace = dist.HashStore(), f"run-{uuid.uuid4().hex[:8]}"
+    dog = HeartbeatWatchdog(store, 1, 2, timeout_s=300, interval_s=30, threshold_s=90, namespace=namespace)
+    beats = ControlPlane(store, 0, "test", 5.0, namespace=namespace).scoped("watchdog0")
+    events = EventLogger(tmp_path, 1, "trainer", time.time())
+
+    def published_within(seconds: float, **expected: object) -> dict:
+        deadline = time.monotonic() + seconds
+        while True:
+            record = json.loads(beats.try_get("rank1"))
+            if all(record[key] == value for key, value in expected.items()) or time.monotonic() > deadline:
+                return record
+            time.sleep(0.01)
+
+    dog.start()
+    try:
+        assert published_within(0, role="unassigned")["phase"] == "setup"
+        dog.follow(events)
+        assert published_within(2, role="trainer")["role"] == "trainer"
+        for iteration in range(3):
+            with events.span("train", iteration=iteration):
+                record = published_within(2, phase="train", iteration=iteration)
+                assert (record["phase"], record["iteration"]) == ("train", iteration), record
+            record = published_within(2, phase=None, after="train")
+            assert (record["phase"], record["after"]) == (None, "train"), record
+    finally:
+        dog.stop()
+        events.close()
+    assert events.on_span_change is None  # a stopped watchdog no longer listens
 
 
 def test_running_and_finished_ranks_are_never_called_hung():

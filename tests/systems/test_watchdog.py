@@ -12,35 +12,48 @@ import time
 
 import pytest
 
-from digenrl.runtime.watchdog import heartbeat_timing
+from digenrl.runtime.watchdog import PHASE_BEAT_GAP_S, heartbeat_timing
 from tests.systems.launcher import run_train, train_command, train_env
 
 TIMEOUT_S = 15  # runtime.timeout_s: gloo's collective timeout, and the watchdog's threshold is a third
+#: The stopped rank stays this long in its phase before it SIGSTOPs itself: a span change is published
+#: within PHASE_BEAT_GAP_S, well before the next periodic heartbeat.
+STOP_AFTER_S = 3 * PHASE_BEAT_GAP_S
 
 
 @pytest.mark.parametrize(
-    ("overrides", "nproc", "phase", "role", "survivors"),
+    ("overrides", "nproc", "hung", "iteration", "phase", "role", "survivors", "timeout_s"),
     [
         # rank 0 then waits inside a gloo collective (C++): only the watchdog thread can end it
-        (["system=colocated-sync", "profile=cpu-2"], 2, "train", "colocated", [0]),
+        (["system=colocated-sync", "profile=cpu-2"], 2, 1, 1, "train", "colocated", [0], TIMEOUT_S),
         # 1 trainer + 2 generators: the trainer and the other generator both name the stopped generator
         (
             ["profile=cpu-4", "pools.trainers=1", "pools.generators=2", "tag=false"],
             3,
+            2,
+            1,
             "generate",
             "generator",
             [0, 1],
+            TIMEOUT_S,
         ),
+        # the trainer of the default digenrl run, stopped after 3 iterations: with a 2 s heartbeat period it
+        # was named "(unassigned)", last phase 'setup' (its role and phase waited for the next period)
+        (["profile=cpu-2"], 2, 0, 3, "train", "trainer", [1], 30),
     ],
 )
-def test_a_stopped_rank_is_named_by_every_survivor(tmp_path, overrides, nproc, phase, role, survivors):
-    hung = nproc - 1
-    interval, threshold = heartbeat_timing(TIMEOUT_S)
+def test_a_stopped_rank_is_named_by_every_survivor(
+    tmp_path, overrides, nproc, hung, iteration, phase, role, survivors, timeout_s
+):
+    _, threshold = heartbeat_timing(timeout_s)
     env = train_env()
-    # The hung rank stays in the phase for two heartbeats (so one carries the phase), then SIGSTOPs itself.
-    env["DIGENRL_INJECT_FAULT"] = f"rank={hung},iteration=1,kind=stop,phase={phase},seconds={2 * interval}"
+    # The hung rank stays in the phase briefly (a heartbeat carries the phase change), then SIGSTOPs itself.
+    env["DIGENRL_INJECT_FAULT"] = (
+        f"rank={hung},iteration={iteration},kind=stop,phase={phase},seconds={STOP_AFTER_S}"
+    )
     cmd = train_command(
-        [*overrides, "iterations=2", f"runtime.timeout_s={TIMEOUT_S}", f"out_dir={tmp_path}"], nproc
+        [*overrides, f"iterations={iteration + 1}", f"runtime.timeout_s={timeout_s}", f"out_dir={tmp_path}"],
+        nproc,
     )
     lines: list[tuple[float, str]] = []  # (unix time read, line) of the job's stderr
     with (tmp_path / "stdout.log").open("w") as stdout:
@@ -79,7 +92,7 @@ def test_a_stopped_rank_is_named_by_every_survivor(tmp_path, overrides, nproc, p
         # report the first watchdog published — either way the line names the hung rank, role and phase
         assert line.startswith(f"[rank {rank}] FAILED: "), line
         assert f"rank {hung} ({role})" in line and "no heartbeat for" in line, line
-        assert f"last phase '{phase}' (iteration 1)" in line, line
+        assert f"last phase '{phase}' (iteration {iteration})" in line, line
         assert len(re.findall(rf"^\[rank {rank}\] FAILED", text, flags=re.MULTILINE)) == 1  # once per rank
     assert "Timed out waiting" not in text  # gloo's anonymous timeout never fired
     assert code != 0
@@ -103,7 +116,7 @@ def _wait_for_line(
 def test_the_last_rank_to_finish_sees_no_dead_peers(tmp_path, monkeypatch):
     """Rank 1 finishes and exits while rank 0 still works for longer than the threshold: rank 1 marked its
     heartbeat done before leaving, so rank 0's watchdog stays quiet."""
-    timeout_s = 9
+    timeout_s = 10  # the floor (MIN_TIMEOUT_S)
     _, threshold = heartbeat_timing(timeout_s)
     monkeypatch.setenv("DIGENRL_INJECT_DELAY", f"rank=0,phase=exit,seconds={2.5 * threshold}")
     proc = run_train(
