@@ -210,13 +210,27 @@ class RewardConfig:
     weights: dict[str, float] | None = field(default=None, metadata=within(-1e6, 1e6))
     weights_path: str | None = None  # local directory of a reward model's weights
     nonfinite_policy: str = field(default="drop-group", metadata=among(NONFINITE_POLICIES))
+    # reward=remote (or a "remote" part of reward.weights): the server batches are posted to,
+    # http://HOST:PORT (python -m digenrl.rewards.serve; wire format in docs/rewards.md)
+    url: str | None = None
+    # a remote batch fails after this, retries included, naming the URL
+    timeout_s: float = field(default=60.0, metadata=within(0.0, 86_400.0, low_open=True))
+    # further attempts after a connection error, a timeout or a 5xx answer
+    retries: int = field(default=2, metadata=within(0, 100))
+
+    def remote_settings(self) -> dict[str, object]:
+        """Constructor settings of the ``remote`` reward (``digenrl/rewards/remote.py``)."""
+        return {"url": self.url, "timeout_s": self.timeout_s, "retries": self.retries}
 
 
 @dataclass
 class DataConfig:
-    """Prompt source: ``builtin`` (a small fixed list shipped with the package) or a text file."""
+    """Prompt sets (docs/rewards.md, "Prompt sets"): ``builtin`` / ``builtin:eval`` (small fixed lists
+    shipped with the package), a ``.txt`` file (one prompt per line) or a ``.jsonl`` file (a ``prompt``
+    field plus metadata for the rewards)."""
 
-    prompts: str = "builtin"
+    prompts: str = "builtin"  # training prompts
+    eval_prompts: str = "builtin:eval"  # held-out prompts for evaluation
 
 
 @dataclass
@@ -519,7 +533,17 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, value
 
 
-_STRING_KEYS = {"name", "system", "profile", "out_dir", "pretrained_path", "weights_path", "prompts"}
+_STRING_KEYS = {
+    "name",
+    "system",
+    "profile",
+    "out_dir",
+    "pretrained_path",
+    "weights_path",
+    "prompts",
+    "eval_prompts",
+    "url",
+}
 
 
 COMMAND_LINE = "the command line"

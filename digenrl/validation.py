@@ -10,7 +10,8 @@ Five kinds of checks, each driven by one declaration:
 * consistency between keys and with the model spec (``model.autocast`` needs a 16-bit dtype,
   ``model.height`` a multiple of the latent factor, ``trainer.lora_targets`` must match modules of the
   model — checked on a ``meta``-device transformer, no weights allocated);
-* files: the config file, ``profile`` (a file), ``data.prompts``, ``model.pretrained_path``,
+* files: the config file, ``profile`` (a file), ``data.prompts`` and ``data.eval_prompts`` (prompt sets
+  that parse, give one metadata per prompt text and suit the reward), ``model.pretrained_path``,
   ``reward.weights_path`` exist and are readable text or folders of the right layout; ``out_dir`` is
   writable;
 * knobs that are not read. Each system declares the knobs it honours (``System.knobs``: the
@@ -161,6 +162,12 @@ KNOB_RULES: tuple[KnobRule, ...] = (
         "without reward.weights, or as one of its rewards (reward.weights replaces reward.name)",
         ("reward.weights",),
         lambda cfg: not cfg.reward.weights or cfg.reward.name in cfg.reward.weights,
+    ),
+    KnobRule(
+        ("reward.url", "reward.timeout_s", "reward.retries"),
+        "with reward=remote (reward.name or one of reward.weights)",
+        ("reward.name", "reward.weights"),
+        lambda cfg: "remote" in reward_names(cfg),
     ),
     KnobRule(
         ("reward.weights_path",),
@@ -340,7 +347,7 @@ def check_reward(cfg: Config) -> None:
     from digenrl.rewards.registry import available_rewards, reward_class
 
     rewards = available_rewards()
-    names = list(cfg.reward.weights) if cfg.reward.weights else [cfg.reward.name]
+    names = reward_names(cfg)
     for name in names:
         one_of("reward.weights key" if cfg.reward.weights else "reward.name", name, rewards)
     path = cfg.reward.weights_path
@@ -349,6 +356,7 @@ def check_reward(cfg: Config) -> None:
             f"reward.weights_path={path!r} is not an existing directory; it names the local folder of the "
             "reward model's weights"
         )
+    check_remote_reward(cfg)
     needing = [n for n in names if reward_class(n).needs_weights and not reward_class(n).weights_optional]
     if needing and path is None:
         raise ConfigError(
@@ -374,6 +382,33 @@ def check_checkpoint_format(cfg: Config) -> None:
             f"trainer.checkpoint_format=sharded needs trainer.backend=fsdp2 (or auto); trainer.backend="
             f"{tcfg.backend!r} cannot write sharded checkpoints (use trainer.checkpoint_format=auto or full)"
         )
+
+
+def reward_names(cfg: Config) -> list[str]:
+    """The registry names of the configured reward: ``reward.name``, or the parts of ``reward.weights``."""
+    return list(cfg.reward.weights) if cfg.reward.weights else [cfg.reward.name]
+
+
+def check_remote_reward(cfg: Config) -> None:
+    """A remote reward needs ``reward.url=http://HOST:PORT``; the three remote keys are read only with it
+    (:data:`KNOB_RULES`), their ranges are declared in :class:`~digenrl.config.RewardConfig`."""
+    from urllib.parse import urlsplit
+
+    if "remote" not in reward_names(cfg):
+        return
+    url = cfg.reward.url
+    if not url:
+        raise ConfigError(
+            "reward=remote needs reward.url=http://HOST:PORT (a server started with python -m "
+            "digenrl.rewards.serve --reward NAME --port PORT)"
+        )
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ConfigError(f"reward.url={url!r} is not a valid URL ({exc})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or port is None:
+        raise ConfigError(f"reward.url={url!r} must look like http://HOST:PORT (scheme, host and port)")
 
 
 # ------------------------------------------------------------------------------------- model and files
@@ -412,11 +447,21 @@ def check_model(cfg: Config) -> None:
 
 
 def check_files(cfg: Config) -> None:
-    """``data.prompts`` gives at least one prompt; ``out_dir`` can be created and written."""
-    from digenrl.data.prompts import PromptSource
+    """``data.prompts`` and ``data.eval_prompts`` parse, give one metadata per prompt text and suit the
+    reward (``RewardFunction.check_prompts``, e.g. OCR needs the text to render); ``out_dir`` can be
+    created and written."""
+    from digenrl.data.prompts import configured_prompt_sets, metadata_lookup
+    from digenrl.rewards.registry import available_rewards, reward_class
 
     try:
-        PromptSource.from_config(cfg.data.prompts, cfg.seed)
+        sets = configured_prompt_sets(cfg.data)
+        metadata_lookup(sets)
+        training = sets["data.prompts"]
+        for name in reward_names(cfg):
+            if name in available_rewards():
+                reward_class(name).check_prompts(
+                    list(training.prompts), list(training.metadata), "data.prompts"
+                )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     check_writable_dir("out_dir", cfg.out_dir)

@@ -1,17 +1,36 @@
-"""Prompt sources: which P prompts make up iteration k's logical batch.
+"""Prompt sets and prompt sources: which P prompts make up iteration k's logical batch.
 
-The choice is a pure function of ``(seed, iteration)``, so a resumed run, a different rank count or a
-different schedule all see the same prompts in the same order; a prompt's position in that list is
-its *prompt index* (the group id used by advantages and by per-sample seeding).
+A prompt set (``data.prompts`` for training, ``data.eval_prompts`` for evaluation) is one of (formats in
+docs/rewards.md, "Prompt sets"):
+
+* ``builtin`` (= ``builtin:train``): the small list :data:`BUILTIN_PROMPTS` shipped with the package;
+  ``builtin:eval``: :data:`BUILTIN_EVAL_PROMPTS`, held out from it (no prompt in common);
+* a ``.jsonl`` file: one JSON object per line with a string field ``prompt``; every other field is the
+  prompt's metadata, handed to the reward beside the prompt (e.g. ``text``, what an OCR reward expects
+  the image to show);
+* any other file: plain text, one prompt per line (blank lines skipped), no metadata.
+
+The choice of an iteration's prompts is a pure function of ``(seed, iteration)``, so a resumed run, a
+different rank count or a different schedule all see the same prompts in the same order; a prompt's
+position in that list is its *prompt index* (the group id used by advantages and by per-sample seeding).
+
+Metadata travels by prompt text: a rank that scores looks a prompt's metadata up in the sets it loaded
+from the same config (:func:`metadata_lookup`), so trajectories and the transport carry only the text.
+A set (or the training and evaluation sets together) may therefore not give one prompt text two
+different metadata; that is refused at start-up, naming both places.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from digenrl.config import read_text_file
+from digenrl.config import DataConfig, read_text_file
 from digenrl.rollout.noise import mix_seed
 
 BUILTIN_PROMPTS: tuple[str, ...] = (
@@ -49,6 +68,130 @@ BUILTIN_PROMPTS: tuple[str, ...] = (
     "a panda eating bamboo",
 )
 
+#: The built-in held-out set (``builtin:eval``): none of these is in :data:`BUILTIN_PROMPTS`.
+BUILTIN_EVAL_PROMPTS: tuple[str, ...] = (
+    "a fox curled up asleep in autumn leaves",
+    "a windmill beside a tulip field",
+    "a teapot and two cups on a tray",
+    "a frozen lake under northern lights",
+    "a dog catching a frisbee in a park",
+    "a rainy alley with glowing lanterns",
+    "a basket of apples in an orchard",
+    "a paper boat floating in a puddle",
+    "an owl perched on a fence post at dusk",
+    "a rowing boat tied to a wooden pier",
+    "a red barn in a snowy field",
+    "a bowl of ramen with a soft-boiled egg",
+    "a giraffe under an acacia tree",
+    "a stone bridge over a mountain stream",
+    "a violin resting on sheet music",
+    "a jellyfish glowing in dark water",
+)
+
+BUILTIN_SETS: dict[str, tuple[str, ...]] = {
+    "builtin": BUILTIN_PROMPTS,
+    "builtin:train": BUILTIN_PROMPTS,
+    "builtin:eval": BUILTIN_EVAL_PROMPTS,
+}
+PROMPT_FIELD = "prompt"
+
+
+@dataclass(frozen=True)
+class PromptSet:
+    """Prompts and, parallel to them, each prompt's metadata (empty mappings for a text file)."""
+
+    prompts: tuple[str, ...]
+    metadata: tuple[Mapping[str, Any], ...]
+    source: str
+
+    @classmethod
+    def load(cls, source: str, key: str = "data.prompts") -> PromptSet:
+        """Read ``source`` (a builtin name or a file, module docstring); errors name ``key`` and, for a
+        bad line, the file and line number."""
+        if source in BUILTIN_SETS:
+            prompts = BUILTIN_SETS[source]
+            return cls(prompts, tuple({} for _ in prompts), source)
+        path = Path(source)
+        if not path.is_file():
+            raise ValueError(
+                f"{key}={source!r} is neither 'builtin' nor an existing file; give a built-in set "
+                f"({', '.join(BUILTIN_SETS)}), a .txt file (one prompt per line) or a .jsonl file (a "
+                "'prompt' field per line)"
+            )
+        rows = _read_jsonl(path, key) if path.suffix == ".jsonl" else _read_text(path, key)
+        if not rows:
+            what = (
+                "JSON lines" if path.suffix == ".jsonl" else "prompts (one per line; blank lines are skipped)"
+            )
+            raise ValueError(f"{key}={source!r}: the file has no {what}")
+        _check_consistent(rows, key, source)
+        return cls(tuple(r[1] for r in rows), tuple(r[2] for r in rows), source)
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+
+def _read_text(path: Path, key: str) -> list[tuple[int, str, Mapping[str, Any]]]:
+    lines = [line.strip() for line in read_text_file(path, key).splitlines()]
+    return [(number, line, {}) for number, line in enumerate(lines, start=1) if line]
+
+
+def _read_jsonl(path: Path, key: str) -> list[tuple[int, str, Mapping[str, Any]]]:
+    rows = []
+    for number, line in enumerate(read_text_file(path, key).splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{key}={str(path)!r}, line {number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{where}: each line must be a JSON object, got {type(record).__name__}")
+        prompt = record.pop(PROMPT_FIELD, None)
+        if not isinstance(prompt, str) or not prompt.strip():
+            found = "no 'prompt' field" if prompt is None else f"'prompt' = {prompt!r}"
+            raise ValueError(f"{where}: each object needs a non-empty string field 'prompt' ({found})")
+        rows.append((number, prompt.strip(), record))
+    return rows
+
+
+def _check_consistent(rows: list[tuple[int, str, Mapping[str, Any]]], key: str, source: str) -> None:
+    first: dict[str, tuple[int, Mapping[str, Any]]] = {}
+    for number, prompt, metadata in rows:
+        seen = first.setdefault(prompt, (number, metadata))
+        if seen[1] != metadata:
+            raise ValueError(
+                f"{key}={source!r}: prompt {prompt!r} appears on lines {seen[0]} and {number} with different "
+                "metadata; a prompt's metadata is found by its text, so give each text one metadata"
+            )
+
+
+def configured_prompt_sets(data: DataConfig) -> dict[str, PromptSet]:
+    """The run's prompt sets by config key: ``data.prompts`` (training) and ``data.eval_prompts``."""
+    return {
+        "data.prompts": PromptSet.load(data.prompts, "data.prompts"),
+        "data.eval_prompts": PromptSet.load(data.eval_prompts, "data.eval_prompts"),
+    }
+
+
+def metadata_lookup(sets: Mapping[str, PromptSet]) -> dict[str, Mapping[str, Any]]:
+    """Prompt text → metadata over several sets (``{config key: set}``), for the rewards' score calls.
+
+    Prompts without metadata are left out (the reward then gets an empty mapping); a text given two
+    different metadata by two sets is refused, naming both keys."""
+    found: dict[str, tuple[str, Mapping[str, Any]]] = {}
+    for key, prompt_set in sets.items():
+        for prompt, metadata in zip(prompt_set.prompts, prompt_set.metadata, strict=True):
+            other = found.setdefault(prompt, (key, metadata))
+            if other[1] != metadata:
+                raise ValueError(
+                    f"prompt {prompt!r} has metadata {dict(other[1])} in {other[0]}="
+                    f"{sets[other[0]].source!r} but {dict(metadata)} in {key}={prompt_set.source!r}; give it "
+                    "the same metadata in both"
+                )
+    return {prompt: metadata for prompt, (_, metadata) in found.items() if metadata}
+
 
 class PromptSource:
     """A fixed prompt pool sampled per iteration without replacement (with replacement only when the
@@ -59,24 +202,6 @@ class PromptSource:
             raise ValueError("data.prompts: the prompt list is empty; give at least one prompt")
         self.prompts = list(prompts)
         self.seed = seed
-
-    @classmethod
-    def from_config(cls, source: str, seed: int) -> PromptSource:
-        """``source`` is ``builtin`` or a path to a text file with one prompt per line."""
-        if source == "builtin":
-            return cls(BUILTIN_PROMPTS, seed)
-        path = Path(source)
-        if not path.is_file():
-            raise ValueError(
-                f"data.prompts={source!r} is neither 'builtin' nor an existing file; allowed: builtin or the "
-                "path of a text file with one prompt per line"
-            )
-        prompts = [line.strip() for line in read_text_file(path, "data.prompts").splitlines()]
-        if not any(prompts):
-            raise ValueError(
-                f"data.prompts={source!r}: the file has no prompts (one per line; blank lines are skipped)"
-            )
-        return cls([line for line in prompts if line], seed)
 
     def prompts_for(self, iteration: int, count: int) -> list[str]:
         """The ``count`` prompts of ``iteration``'s logical batch, in prompt-index order."""

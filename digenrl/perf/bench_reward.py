@@ -6,6 +6,8 @@ the simulator's reward costs (``reward_points``, ``reward_param_bytes``) as a co
     python experiments/measure.py reward --reward vlm-judge --batch-sizes 1,4,8,16 --out runs/perf \
         --apply-to experiments/results/costs/h200-sd3.5-medium.json \
         experiments/results/costs/h200-flux.1-dev.json
+    python experiments/measure.py reward --reward imagereward --batch-sizes 16 --out runs/perf   # any reward
+    python experiments/measure.py reward --reward hpsv2.1 --dry-run    # build at real size on meta, no timing
 
 What is timed is what a generator (or scorer) rank's ``score`` phase calls after the VAE decode:
 ``reward(images, prompts)`` on ``[B, 3, H, W]`` images in [0, 1] already on the device, with the reward's own
@@ -13,8 +15,12 @@ batch size set to the largest ``--batch-sizes`` entry, so each call is one forwa
 includes the tensor preprocessing, the tokenisation and the one forward of vision tower + language model
 (``digenrl/rewards/vlm_judge.py``); its vision tower alone is timed too (``vision_ms``), and with
 ``--vision-attention varlen`` (the default on a GPU) its output is compared with transformers' per-window
-loop (``vision_varlen_vs_loop_rel_l2``). Rewards build with
-random weights unless ``--weights-path`` is given (the registry's rule, ``digenrl/rewards/registry.py``).
+loop (``vision_varlen_vs_loop_rel_l2``). Every reward with a model runs the same way (clipscore,
+hpsv2.1, imagereward, ocr, their tiny-* twins, pickscore and aesthetic with ``--weights-path``); each call
+gets per-sample metadata naming a text (what the OCR reward reads for). Rewards build with random weights
+unless ``--weights-path`` is given (the registry's rule, ``digenrl/rewards/registry.py``). ``--dry-run``
+builds the reward on the ``meta`` device (shapes only, no memory, no timing) and reports its parameters
+and ``reward_param_bytes``: a check that a real-size reward builds, on a machine that could not hold it.
 
 Per row: median ms per call over ``--iters`` after ``--warmup`` (CUDA events), the first call, FLOPs counted
 by ``FlopCounterMode`` and the fraction of an n³ matmul ceiling measured in the same run (``--ceiling-size``,
@@ -71,7 +77,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--dtype",
         default="auto",
         choices=["auto", *TORCH_DTYPES],
-        help="VLM judge dtype; auto: bf16 on cuda else fp32",
+        help="reward model dtype; auto: the reward's default (VLM judge and OCR: bf16 on cuda, else fp32)",
     )
     p.add_argument(
         "--attn-implementation",
@@ -92,6 +98,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--time-budget-s", type=float, default=0.0, help="skip batch sizes after this (0: none)")
     p.add_argument("--out", default=None, help="output directory, or a .json path")
     p.add_argument("--apply-to", nargs="*", default=[], help="cost files to rewrite with these reward costs")
+    p.add_argument("--dry-run", action="store_true", help="build on the meta device, report sizes, no timing")
     args = p.parse_args(argv)
     args.batch_sizes = sorted(set(int_list(args.batch_sizes, "--batch-sizes", p)))
     if args.iters < 1 or args.warmup < 0:
@@ -110,24 +117,41 @@ def is_vlm_judge(reward) -> bool:
 
 
 def reward_kwargs(name: str, args: argparse.Namespace) -> dict:
-    """Constructor settings: one forward per call (reward batch = largest batch); VLM dtype and attention."""
+    """Constructor settings: one forward per call (reward batch = largest batch); the dtype where the reward
+    takes one; VLM attention."""
     from digenrl.rewards.vlm_judge import VLMJudge
 
     cls = reward_class(name)
     kwargs: dict = {}
-    if "batch_size" in inspect.signature(cls.__init__).parameters:
+    parameters = inspect.signature(cls.__init__).parameters
+    if "batch_size" in parameters:
         kwargs["batch_size"] = max(args.batch_sizes)
+    if "dtype" in parameters and args.dtype != "auto":
+        kwargs["dtype"] = TORCH_DTYPES[args.dtype]
     if issubclass(cls, VLMJudge):
         kwargs["attn_implementation"] = args.attn_implementation
         kwargs["vision_attention"] = args.vision_attention
-        if args.dtype != "auto":
-            kwargs["dtype"] = TORCH_DTYPES[args.dtype]
     return kwargs
 
 
 def prompts_for(batch: int) -> list[str]:
     """The prompts digenrl/sim/measure.py scores with (lengths as in a real prompt set)."""
     return [f"a photo of object number {i}" for i in range(batch)]
+
+
+def metadata_for(batch: int) -> list[dict]:
+    """Per-sample metadata as a .jsonl prompt set gives it: the text an OCR reward looks for."""
+    return [{"text": f"object {i}"} for i in range(batch)]
+
+
+def reward_parameters(reward) -> list[torch.nn.Parameter]:
+    """Every parameter of the reward's models (``RewardFunction.modules``, helper objects included)."""
+    return [p for module in reward.modules() for p in module.parameters()]
+
+
+def reward_dtype(reward) -> torch.dtype | None:
+    """The dtype of the reward's first floating-point parameter (None for a pixel reward)."""
+    return next((p.dtype for p in reward_parameters(reward) if p.is_floating_point()), None)
 
 
 def _write(report: dict, args: argparse.Namespace) -> None:
@@ -142,23 +166,25 @@ def _write(report: dict, args: argparse.Namespace) -> None:
 def bench_batch(reward, batch: int, device: torch.device, args: argparse.Namespace, weights_gib) -> dict:
     generator = torch.Generator(device="cpu").manual_seed(batch)
     images = torch.rand(batch, 3, args.height, args.width, generator=generator).to(device)
-    prompts = prompts_for(batch)
+    prompts, metadata = prompts_for(batch), metadata_for(batch)
     row: dict = {"batch_size": batch}
     roofline.reset_peak_memory(device)
-    row["first_call_s"] = roofline.timed_first_call_s(lambda: reward(images, prompts), device)
+    row["first_call_s"] = roofline.timed_first_call_s(lambda: reward(images, prompts, metadata), device)
     times = roofline.time_calls_ms(
-        lambda: reward(images, prompts), device, warmup=args.warmup, iters=args.iters
+        lambda: reward(images, prompts, metadata), device, warmup=args.warmup, iters=args.iters
     )
     stats = roofline.summarize_ms(times)
     row.update(ms_per_call=stats["ms"], ms_min=stats["ms_min"], ms_max=stats["ms_max"])
-    scores = reward(images, prompts)
+    scores = reward(images, prompts, metadata)
     row.update(
         score_min=float(scores.min()),
         score_max=float(scores.max()),
         scores_finite=bool(scores.isfinite().all()),
     )
     if batch > 1:  # the batched call must score like one call per image (up to the dtype's rounding)
-        singles = torch.cat([reward(images[i : i + 1], prompts[i : i + 1]) for i in range(min(batch, 4))])
+        singles = torch.cat(
+            [reward(images[i : i + 1], prompts[i : i + 1], metadata[i : i + 1]) for i in range(min(batch, 4))]
+        )
         row["batch_vs_single_max_abs"] = float((scores[: len(singles)] - singles).abs().max())
     row["peak_mem_gib"] = roofline.peak_memory_gib(device)
     if row["peak_mem_gib"] is not None and weights_gib is not None:
@@ -187,7 +213,7 @@ def bench_batch(reward, batch: int, device: torch.device, args: argparse.Namespa
                 row["vision_varlen_vs_loop_rel_l2"] = float(error)
     if not args.no_flops:
         with contextlib.suppress(torch.OutOfMemoryError), torch.no_grad():
-            row["flops_per_call"] = roofline.count_flops(lambda: reward(images, prompts))
+            row["flops_per_call"] = roofline.count_flops(lambda: reward(images, prompts, metadata))
             row["tflops_per_s"] = row["flops_per_call"] / (row["ms_per_call"] / 1e3) / 1e12
     return row
 
@@ -211,14 +237,8 @@ def run(args: argparse.Namespace, command: str = "") -> dict:
         "command": command,
         "results": [],
     }
-    ceiling_n = (
-        args.ceiling_size if args.ceiling_size is not None else (8192 if device.type == "cuda" else 256)
-    )
-    if ceiling_n > 0:  # in the judge's dtype (its default: bf16 on cuda, float32 elsewhere)
-        auto = torch.bfloat16 if device.type == "cuda" else torch.float32
-        ceiling_dtype = TORCH_DTYPES[args.dtype] if args.dtype != "auto" else auto
-        report["ceiling"] = roofline.matmul_ceiling(device, ceiling_dtype, n=ceiling_n)
-        print(f"# matmul ceiling {ceiling_n}^3: {report['ceiling']['tflops']:.1f} TFLOP/s", flush=True)
+    if args.dry_run:
+        return dry_run(args, report)
     roofline.reset_peak_memory(device)
     t0 = time.perf_counter()
     reward = build_reward(
@@ -226,13 +246,21 @@ def run(args: argparse.Namespace, command: str = "") -> dict:
     )
     roofline.synchronize(device)
     report["build_s"] = time.perf_counter() - t0
-    params = [p for m in vars(reward).values() if isinstance(m, torch.nn.Module) for p in m.parameters()]
+    params = reward_parameters(reward)
     report["parameters"] = sum(p.numel() for p in params)
     report["reward_param_bytes"] = roofline.tensor_bytes(params)
+    dtype = reward_dtype(reward)
+    report["dtype"] = str(dtype).removeprefix("torch.") if dtype is not None else None
+    ceiling_n = (
+        args.ceiling_size if args.ceiling_size is not None else (8192 if device.type == "cuda" else 256)
+    )
+    if ceiling_n > 0:  # in the reward model's dtype (float32 for a pixel reward)
+        report["ceiling"] = roofline.matmul_ceiling(device, dtype or torch.float32, n=ceiling_n)
+        print(f"# matmul ceiling {ceiling_n}^3: {report['ceiling']['tflops']:.1f} TFLOP/s", flush=True)
+        roofline.reset_peak_memory(device)
     weights_gib = torch.cuda.memory_allocated(device) / 2**30 if device.type == "cuda" else None
     report["weights_gib"] = weights_gib
     if is_vlm_judge(reward):
-        report["dtype"] = str(reward.dtype).removeprefix("torch.")
         report["attn_implementation"] = reward.model.config.text_config._attn_implementation
         report["vision_attention"] = reward.vision_attention
         report["question"] = reward.question
@@ -268,6 +296,29 @@ def run(args: argparse.Namespace, command: str = "") -> dict:
     report["wall_s"] = time.perf_counter() - t_start
     if args.apply_to:
         report["applied"] = apply_to_cost_files(report, args.apply_to, Path(args.out) / "costs")
+    _write(report, args)
+    return report
+
+
+def dry_run(args: argparse.Namespace, report: dict) -> dict:
+    """Build the reward on the ``meta`` device (no memory, no weights) and report its size: whether a
+    real-size reward builds and what ``reward_param_bytes`` it would have, without timing anything."""
+    reward = build_reward(
+        args.reward, weights_path=args.weights_path, device="meta", **reward_kwargs(args.reward, args)
+    )
+    params = reward_parameters(reward)
+    dtype = reward_dtype(reward)
+    report.update(
+        dry_run=True,
+        parameters=sum(p.numel() for p in params),
+        reward_param_bytes=roofline.tensor_bytes(params),
+        dtype=str(dtype).removeprefix("torch.") if dtype is not None else None,
+    )
+    print(
+        f"# {args.reward} (dry run, meta device): {report['parameters']:,} parameters, "
+        f"{report['reward_param_bytes'] / 2**30:.2f} GiB in {report['dtype']}",
+        flush=True,
+    )
     _write(report, args)
     return report
 
@@ -352,10 +403,10 @@ def format_markdown(report: dict) -> str:
     head = (
         f"### reward: {report['reward']} ({report.get('parameters', 0):,} params, "
         f"{report.get('reward_param_bytes', 0) / 2**30:.2f} GiB), {report['device_name']}"
+        + (f", {report['dtype']}" if report.get("dtype") else "")
         + (
-            f", {report['dtype']}, attention {report['attn_implementation']}, vision windows "
-            f"{report['vision_attention']}"
-            if report.get("dtype")
+            f", attention {report['attn_implementation']}, vision windows {report['vision_attention']}"
+            if report.get("attn_implementation")
             else ""
         )
         + f", {report['height']}x{report['width']} images"
@@ -433,6 +484,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     command = "python experiments/measure.py reward " + shlex.join(sys.argv[2:] if argv is None else argv)
     report = run(args, command=command.strip())
+    if report.get("dry_run"):
+        return 0
     print(format_markdown(report))
     if args.out:
         print(f"wrote {output_paths(args.out, 'reward', report['reward'])[0]}")

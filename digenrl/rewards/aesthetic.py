@@ -29,7 +29,8 @@ import torch
 from torch import Tensor, nn
 
 from digenrl.rewards.base import RewardFunction
-from digenrl.rewards.clip_backbone import LocalClip, require_local_dir
+from digenrl.rewards.clip_backbone import LocalClip
+from digenrl.rewards.local_weights import check_batch_size, require_local_dir
 from digenrl.rewards.registry import register_reward
 
 AESTHETIC_HEAD_FILENAME = "aesthetic_head.safetensors"
@@ -60,7 +61,9 @@ class AestheticHead(nn.Module):
         return self.layers(normalized_embeds).squeeze(-1)
 
 
-def _head_from_state_dict(state_dict: dict[str, Tensor], source: str) -> AestheticHead:
+def head_from_state_dict(state_dict: dict[str, Tensor], source: str) -> AestheticHead:
+    """The head (any input width) holding ``state_dict`` (keys ``layers.{0,2,4,6,7}.*``); errors name
+    ``source``. ImageReward's MLP has this layout too (digenrl/rewards/imagereward.py)."""
     if "layers.0.weight" not in state_dict:
         raise ValueError(f"{source} is not an aesthetic-head state dict (keys: {sorted(state_dict)[:6]}...)")
     head = AestheticHead(embed_dim=state_dict["layers.0.weight"].shape[1])
@@ -76,7 +79,7 @@ def save_aesthetic_head(head: AestheticHead | dict[str, Tensor], directory: str 
     from safetensors.torch import save_file
 
     state_dict = head.state_dict() if isinstance(head, nn.Module) else head
-    checked = _head_from_state_dict(dict(state_dict), "head")
+    checked = head_from_state_dict(dict(state_dict), "head")
     path = Path(directory) / AESTHETIC_HEAD_FILENAME
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file({k: v.detach().float().contiguous().cpu() for k, v in checked.state_dict().items()}, str(path))
@@ -88,7 +91,7 @@ def convert_laion_aesthetic_checkpoint(
 ) -> Path:
     """Convert the public ``sac+logos+ava1-l14-linearMSE.pth`` into ``aesthetic_head.safetensors``."""
     state_dict = torch.load(pth_path, map_location="cpu", weights_only=True)
-    return save_aesthetic_head(_head_from_state_dict(state_dict, str(pth_path)), directory)
+    return save_aesthetic_head(head_from_state_dict(state_dict, str(pth_path)), directory)
 
 
 def load_aesthetic_head(directory: str | os.PathLike[str]) -> AestheticHead:
@@ -100,7 +103,7 @@ def load_aesthetic_head(directory: str | os.PathLike[str]) -> AestheticHead:
             f"reward.weights_path={str(directory)!r} has no {AESTHETIC_HEAD_FILENAME}; create it with "
             "digenrl.rewards.aesthetic.convert_laion_aesthetic_checkpoint"
         )
-    return _head_from_state_dict(load_file(str(path)), str(path)).eval()
+    return head_from_state_dict(load_file(str(path)), str(path)).eval()
 
 
 @register_reward("aesthetic")
@@ -119,8 +122,6 @@ class Aesthetic(RewardFunction):
         batch_size: int = 32,
     ) -> None:
         super().__init__(device)
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         self.clip = LocalClip.load(
             weights_path, processor_path=processor_path, device=self.device, dtype=dtype, with_tokenizer=False
         )
@@ -131,12 +132,7 @@ class Aesthetic(RewardFunction):
                 f"{AESTHETIC_HEAD_FILENAME} expects {self.head.layers[0].in_features}-d embeddings but "
                 f"the CLIP model in reward.weights_path has projection_dim={projection_dim}"
             )
-        self.batch_size = batch_size
-
-    def to(self, device: torch.device | str) -> Aesthetic:
-        self.clip.to(device)
-        self.head.to(device)
-        return super().to(device)
+        self.batch_size = check_batch_size(batch_size)
 
     @torch.no_grad()
     def score_images(self, images: Tensor, prompts: list[str]) -> Tensor:

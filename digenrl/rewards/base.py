@@ -6,6 +6,9 @@ advantages, arXiv 2505.05470 §3), so the contract is deliberately small:
 
 * ``images``: float tensor ``[B, 3, H, W]`` with values in ``[0, 1]``; videos are ``[B, 3, F, H, W]``.
 * ``prompts``: ``list[str]`` of length ``B``.
+* ``metadata`` (optional): ``list[dict]`` of length ``B``, what the prompt set gives each prompt beside its
+  text (a ``.jsonl`` prompt file's other fields, docs/rewards.md); e.g. the text an OCR reward expects.
+  Rewards that read it override :meth:`RewardFunction.score_batch`; the others never see it.
 * result: ``Tensor[B]`` float32 on the device of ``images``.
 
 Videos are scored frame by frame (each frame paired with its sample's prompt) and the per-frame scores
@@ -22,13 +25,17 @@ reward silently scoring garbage (e.g. a NaN cast to uint8 before JPEG encoding).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Self
+from collections.abc import Mapping, Sequence
+from typing import Any, Self
 
 import torch
 from torch import Tensor
 
 IMAGE_NDIM = 4
 VIDEO_NDIM = 5
+
+#: What a prompt carries beside its text (one JSON object per prompt); empty when the set has none.
+PromptMetadata = Mapping[str, Any]
 
 
 class NonFiniteRewardError(RuntimeError):
@@ -56,10 +63,28 @@ class RewardFunction(ABC):
     def score_images(self, images: Tensor, prompts: list[str]) -> Tensor:
         """Score ``images`` ``[N, 3, H, W]`` (float32, finite, in ``[0, 1]``) → ``Tensor[N]``."""
 
+    def score_batch(self, images: Tensor, prompts: list[str], metadata: list[PromptMetadata]) -> Tensor:
+        """What :meth:`__call__` scores with: :meth:`score_images` plus each prompt's metadata. Rewards
+        that read metadata (OCR, remote, weighted sums) override this; the default ignores it."""
+        return self.score_images(images, prompts)
+
+    @classmethod
+    def check_prompts(cls, prompts: list[str], metadata: list[PromptMetadata], key: str) -> None:
+        """Raise ``ValueError`` naming ``key`` (the prompt set's config key) when this reward cannot score
+        these prompts; called at start-up. Rewards that need something of each prompt override it (the
+        OCR reward needs the text to render); the default accepts every prompt."""
+        return None
+
     def to(self, device: torch.device | str) -> Self:
-        """Move the reward's models (if any) to ``device``; returns ``self`` like ``nn.Module.to``."""
+        """Move the reward's models (:meth:`modules`) to ``device``; returns ``self``, as ``nn.Module.to``."""
+        for module in self.modules():
+            module.to(device)
         self.device = torch.device(device)
         return self
+
+    def num_parameters(self) -> int:
+        """Parameters of the reward's models (0 for a pixel reward)."""
+        return sum(p.numel() for module in self.modules() for p in module.parameters())
 
     def modules(self) -> list[torch.nn.Module]:
         """The ``nn.Module`` s this reward holds — its model weights, what a colocated run parks around
@@ -73,11 +98,14 @@ class RewardFunction(ABC):
                 found.extend(v for v in vars(value).values() if isinstance(v, torch.nn.Module))
         return list({id(m): m for m in found}.values())
 
-    def __call__(self, images: Tensor, prompts: list[str]) -> Tensor:
+    def __call__(
+        self, images: Tensor, prompts: list[str], metadata: Sequence[PromptMetadata] | None = None
+    ) -> Tensor:
         frames, frame_prompts, batch, num_frames = flatten_frames(images, prompts)
+        frame_metadata = [m for m in check_metadata(metadata, batch) for _ in range(num_frames)]
         finite = torch.isfinite(frames).flatten(1).all(dim=1)
         clean = torch.where(finite[:, None, None, None], frames, 0.0).clamp_(0.0, 1.0)
-        scores = self.score_images(clean, frame_prompts)
+        scores = self.score_batch(clean, frame_prompts, frame_metadata)
         if scores.shape != (clean.shape[0],):
             raise RuntimeError(
                 f"reward {self.name!r} returned shape {tuple(scores.shape)}, expected ({clean.shape[0]},)"
@@ -88,6 +116,17 @@ class RewardFunction(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, device={str(self.device)!r})"
+
+
+def check_metadata(metadata: Sequence[PromptMetadata] | None, batch: int) -> list[PromptMetadata]:
+    """``metadata`` as one mapping per sample (``None``: empty mappings)."""
+    if metadata is None:
+        return [{} for _ in range(batch)]
+    if isinstance(metadata, str | bytes | Mapping) or not all(isinstance(m, Mapping) for m in metadata):
+        raise ValueError("metadata must be a list with one mapping (dict) per prompt, or None")
+    if len(metadata) != batch:
+        raise ValueError(f"metadata has length {len(metadata)} but images has batch size {batch}")
+    return list(metadata)
 
 
 def flatten_frames(images: Tensor, prompts: list[str]) -> tuple[Tensor, list[str], int, int]:

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from digenrl.rewards.base import RewardFunction
 from digenrl.rewards.clip_backbone import LocalClip
+from digenrl.rewards.local_weights import check_batch_size
 from digenrl.rewards.registry import register_reward
 
 PICKSCORE_NORMALIZER = 26.0  # flow_grpo/pickscore_scorer.py: scores = scores / 26
@@ -45,37 +46,15 @@ class PickScore(RewardFunction):
         normalizer: float = PICKSCORE_NORMALIZER,
     ) -> None:
         super().__init__(device)
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         if not normalizer > 0:
             raise ValueError(f"normalizer must be positive (FlowGRPO uses 26), got {normalizer!r}")
         self.clip = LocalClip.load(
             weights_path, processor_path=processor_path, device=self.device, dtype=dtype
         )
-        self.batch_size = batch_size
+        self.batch_size = check_batch_size(batch_size)
         self.normalizer = float(normalizer)
-
-    def to(self, device: torch.device | str) -> PickScore:
-        self.clip.to(device)
-        return super().to(device)
 
     @torch.no_grad()
     def score_images(self, images: Tensor, prompts: list[str]) -> Tensor:
-        # GRPO groups (and video frames) repeat prompts: embed each distinct prompt once.
-        distinct = list(dict.fromkeys(prompts))
-        text_embeds = torch.cat(
-            [
-                self.clip.text_embeddings(distinct[start : start + self.batch_size])
-                for start in range(0, len(distinct), self.batch_size)
-            ]
-        )
-        row_of_prompt = {prompt: row for row, prompt in enumerate(distinct)}
-        rows = torch.tensor([row_of_prompt[p] for p in prompts], device=text_embeds.device)
-        image_embeds = torch.cat(
-            [
-                self.clip.image_embeddings(images[start : start + self.batch_size])
-                for start in range(0, images.shape[0], self.batch_size)
-            ]
-        )
-        cosine = (image_embeds * text_embeds[rows]).sum(dim=-1)
+        cosine = self.clip.cosine(images, prompts, self.batch_size)
         return self.clip.model.logit_scale.float().exp() * cosine / self.normalizer

@@ -16,7 +16,9 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor
 
-from digenrl.rewards.base import RewardFunction
+from digenrl.rewards.base import PromptMetadata, RewardFunction
+
+REMOTE = "remote"  # the registry name of digenrl/rewards/remote.py's reward
 
 _BUILTIN_MODULES = (
     "digenrl.rewards.jpeg",
@@ -24,6 +26,11 @@ _BUILTIN_MODULES = (
     "digenrl.rewards.pickscore",
     "digenrl.rewards.aesthetic",
     "digenrl.rewards.vlm_judge",
+    "digenrl.rewards.clipscore",
+    "digenrl.rewards.hpsv2",
+    "digenrl.rewards.imagereward",
+    "digenrl.rewards.ocr",
+    "digenrl.rewards.remote",
 )
 
 _REGISTRY: dict[str, type[RewardFunction]] = {}
@@ -110,15 +117,23 @@ def build_reward(
 
 
 def build_configured_reward(
-    name: str, weights: Mapping[str, float] | None, weights_path: str | None, device: torch.device | str
+    name: str,
+    weights: Mapping[str, float] | None,
+    weights_path: str | None,
+    device: torch.device | str,
+    *,
+    remote: Mapping[str, Any] | None = None,
 ) -> RewardFunction:
     """The reward of a run's ``reward.*`` config: ``reward.name``, or the weighted sum ``reward.weights``
     (whose one part with a model gets ``reward.weights_path``). A reward without a model ignores
     ``reward.weights_path``, as a weighted sum without one does: startup validation has rejected the key
-    unless a command-line override chose the reward (digenrl/validation.py KNOB_RULES)."""
+    unless a command-line override chose the reward (digenrl/validation.py KNOB_RULES). ``remote``: the
+    ``remote`` reward's settings (``RewardConfig.remote_settings``: url, timeout_s, retries), given to it
+    wherever it appears."""
+    remote_kwargs = {REMOTE: dict(remote or {})}
     if not weights:
         path = weights_path if reward_needs_weights(name) else None
-        return build_reward(name, weights_path=path, device=device)
+        return build_reward(name, weights_path=path, device=device, **remote_kwargs.get(name, {}))
     with_models = [n for n in weights if reward_needs_weights(n)]
     if len(with_models) > 1 and weights_path:
         raise ValueError(
@@ -126,7 +141,8 @@ def build_configured_reward(
             "reward.weights_path: a weighted sum can take the weights of one of them"
         )
     paths = {with_models[0]: weights_path} if with_models and weights_path else {}
-    return CompositeReward.from_spec(weights, weights_paths=paths, device=device)
+    kwargs = {n: remote_kwargs[n] for n in weights if n in remote_kwargs}
+    return CompositeReward.from_spec(weights, weights_paths=paths, device=device, reward_kwargs=kwargs)
 
 
 class CompositeReward(RewardFunction):
@@ -197,14 +213,20 @@ class CompositeReward(RewardFunction):
         return cls(parts, device=device)
 
     def score_images(self, images: Tensor, prompts: list[str]) -> Tensor:
+        return self.score_batch(images, prompts, [{} for _ in prompts])
+
+    def score_batch(self, images: Tensor, prompts: list[str], metadata: list[PromptMetadata]) -> Tensor:
         total = torch.zeros(images.shape[0], dtype=torch.float32, device=images.device)
         for reward, weight in self.parts:
-            total = total + weight * reward.score_images(images, prompts).to(images.device, torch.float32)
+            part = reward.score_batch(images, prompts, metadata)
+            total = total + weight * part.to(images.device, torch.float32)
         return total
 
-    def score_parts(self, images: Tensor, prompts: list[str]) -> dict[str, Tensor]:
+    def score_parts(
+        self, images: Tensor, prompts: list[str], metadata: list[PromptMetadata] | None = None
+    ) -> dict[str, Tensor]:
         """Unweighted per-part rewards ``{name: Tensor[B]}`` for logging."""
-        return {reward.name: reward(images, prompts) for reward, _ in self.parts}
+        return {reward.name: reward(images, prompts, metadata) for reward, _ in self.parts}
 
     def to(self, device: torch.device | str) -> CompositeReward:
         for reward, _ in self.parts:

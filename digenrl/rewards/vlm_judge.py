@@ -62,14 +62,21 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 import torch
 from torch import Tensor
 from torch.nn import functional as F
 
 from digenrl.rewards.base import RewardFunction
-from digenrl.rewards.clip_backbone import require_local_dir
+from digenrl.rewards.local_weights import (
+    build_random,
+    check_batch_size,
+    require_local_dir,
+    save_pretrained_all,
+    warn_random_weights,
+)
+from digenrl.rewards.local_weights import offline_tokenizer as stand_in_tokenizer
 from digenrl.rewards.registry import register_reward
 
 log = logging.getLogger(__name__)
@@ -325,13 +332,7 @@ def build_config(architecture: dict[str, dict[str, Any]], tokenizer: Any) -> Any
 
 def offline_tokenizer() -> Any:
     """The offline WordPiece stand-in with Qwen's chat / vision special tokens added (one id each)."""
-    from transformers import AutoTokenizer
-
-    from digenrl.models.text import fallback_tokenizer_dir
-
-    tokenizer = AutoTokenizer.from_pretrained(fallback_tokenizer_dir(), local_files_only=True)
-    tokenizer.add_tokens(list(QWEN_SPECIAL_TOKENS), special_tokens=True)
-    return tokenizer
+    return stand_in_tokenizer(QWEN_SPECIAL_TOKENS)
 
 
 def _chat_template_from_dir(directory: str) -> str | None:
@@ -399,22 +400,15 @@ class VLMJudge(RewardFunction):
             raise ValueError(
                 f"vision_attention must be one of {VISION_ATTENTION_MODES}, got {vision_attention!r}"
             )
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         if "{prompt}" not in question:
             raise ValueError(f"question must contain '{{prompt}}' (where the prompt goes), got {question!r}")
         self.dtype = dtype or default_dtype_for(self.device)
-        self.batch_size = batch_size
+        self.batch_size = check_batch_size(batch_size)
         self.question = question
         self.weights_path = None if weights_path is None else os.fspath(weights_path)
         if self.weights_path is None:
             self.model, self.tokenizer, self.transform = self._random(seed, attn_implementation)
-            log.warning(
-                "reward %r has random weights (%s parameters): its scores are noise; set "
-                "reward.weights_path to a local Qwen2.5-VL directory for a real judge",
-                self.name,
-                f"{self.num_parameters():,}",
-            )
+            warn_random_weights(self.name, self.num_parameters(), "a Qwen2.5-VL judge")
         else:
             self.model, self.tokenizer, self.transform = self._load_dir(
                 self.weights_path, attn_implementation
@@ -438,18 +432,14 @@ class VLMJudge(RewardFunction):
     def _random(self, seed: int, attn_implementation: str) -> tuple[Any, Any, QwenImageTransform]:
         from transformers import Qwen2_5_VLForConditionalGeneration
 
-        from digenrl.models.construction import default_dtype
-
         tokenizer = offline_tokenizer()
         config = build_config(self.architecture, tokenizer)
         config._attn_implementation = attn_implementation
-        cuda = [self.device] if self.device.type == "cuda" else []
-        # Built on the device in the target dtype (no float32 CPU copy of 8 B parameters), as
-        # digenrl/models/construction.py does for the generators; buffers the model computes in float32
-        # (rotary inverse frequencies) stay float32, as from_pretrained leaves them.
-        with torch.random.fork_rng(devices=cuda), torch.device(self.device), default_dtype(self.dtype):
-            torch.manual_seed(seed)
-            model = Qwen2_5_VLForConditionalGeneration(config)
+        # Built on the device in the target dtype (no float32 CPU copy of 8 B parameters); buffers the model
+        # computes in float32 (rotary inverse frequencies) stay float32, as from_pretrained leaves them.
+        model = build_random(
+            Qwen2_5_VLForConditionalGeneration, config, seed=seed, device=self.device, dtype=self.dtype
+        )
         return model, tokenizer, QwenImageTransform()
 
     def _load_dir(self, directory: str, attn_implementation: str) -> tuple[Any, Any, QwenImageTransform]:
@@ -496,20 +486,9 @@ class VLMJudge(RewardFunction):
 
     def save_pretrained(self, directory: str | os.PathLike[str]) -> Path:
         """Write model, tokenizer and image processor so ``weights_path=directory`` loads this judge."""
-        path = Path(directory)
-        path.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(path)
-        self.tokenizer.save_pretrained(path)
-        self.transform.image_processor().save_pretrained(path)
-        return path
+        return save_pretrained_all(directory, self.model, self.tokenizer, self.transform.image_processor())
 
     # ------------------------------------------------------------------ scoring
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.model.parameters())
-
-    def to(self, device: torch.device | str) -> Self:
-        self.model.to(device)
-        return super().to(device)
 
     def chat_text(self, prompt: str) -> str:
         """The judge's input text for ``prompt`` with ONE image placeholder (expanded in :meth:`encode`)."""

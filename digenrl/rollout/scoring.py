@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -24,15 +26,25 @@ class ScoreResult:
 
 class Scorer:
     """VAE decode + reward, in chunks of ``decode_batch`` samples; non-finite rewards are handled by
-    ``nonfinite_policy`` (``drop-group`` or ``abort``), see :mod:`digenrl.rewards.nonfinite`."""
+    ``nonfinite_policy`` (``drop-group`` or ``abort``), see :mod:`digenrl.rewards.nonfinite`.
+
+    ``metadata``: prompt text → what the prompt set gives that prompt beside its text
+    (:func:`digenrl.data.prompts.metadata_lookup`), handed to the reward with the prompts; prompts not in
+    it get an empty mapping."""
 
     def __init__(
-        self, decoder: LatentDecoder, reward: RewardFunction, nonfinite_policy: str, decode_batch: int = 0
+        self,
+        decoder: LatentDecoder,
+        reward: RewardFunction,
+        nonfinite_policy: str,
+        decode_batch: int = 0,
+        metadata: Mapping[str, Mapping[str, Any]] | None = None,
     ):
         self.decoder = decoder
         self.reward = reward
         self.nonfinite_policy = nonfinite_policy
         self.decode_batch = decode_batch
+        self.metadata = dict(metadata or {})
 
     @torch.no_grad()
     def __call__(self, batch: TrajectoryBatch) -> ScoreResult:
@@ -44,7 +56,9 @@ class Scorer:
         for start in range(0, b, chunk):
             stop = min(start + chunk, b)
             images = self.decoder.decode(batch.final_latents[start:stop])
-            rewards.append(self.reward(images, batch.prompts[start:stop]).float().cpu())
+            prompts = batch.prompts[start:stop]
+            metadata = [self.metadata.get(p, {}) for p in prompts]
+            rewards.append(self.reward(images, prompts, metadata).float().cpu())
         raw = torch.cat(rewards)
         checked, keep = check_finite_rewards(
             raw, batch.prompts, batch.prompt_ids.cpu(), self.nonfinite_policy

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from digenrl.config import Config
-from digenrl.data.prompts import PromptSource
+from digenrl.data.prompts import PromptSource, configured_prompt_sets, metadata_lookup
 from digenrl.models import ModelBundle, build_model_bundle
 from digenrl.models.construction import TORCH_DTYPES
 from digenrl.models.optimize import optimize_flow_model
@@ -113,11 +113,18 @@ def build_rank_components(
             autocast=autocast,
         )
     engine = scorer = None
+    prompt_sets = configured_prompt_sets(cfg.data)
     if score:
         reward = build_configured_reward(
-            cfg.reward.name, cfg.reward.weights, cfg.reward.weights_path, device=ctx.device
+            cfg.reward.name,
+            cfg.reward.weights,
+            cfg.reward.weights_path,
+            device=ctx.device,
+            remote=cfg.reward.remote_settings(),
         )
-        scorer = Scorer(bundle.decoder, reward, cfg.reward.nonfinite_policy)
+        scorer = Scorer(
+            bundle.decoder, reward, cfg.reward.nonfinite_policy, metadata=metadata_lookup(prompt_sets)
+        )
     if generate:
         engine = RolloutEngine(
             bundle.flow_model,
@@ -156,7 +163,7 @@ def build_rank_components(
         bundle=bundle,
         sampler=sampler,
         latent_shape=latent_shape,
-        prompts=PromptSource.from_config(cfg.data.prompts, cfg.seed),
+        prompts=PromptSource(prompt_sets["data.prompts"].prompts, cfg.seed),
         engine=engine,
         scorer=scorer,
         trainer=trainer,

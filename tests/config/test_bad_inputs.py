@@ -67,7 +67,9 @@ FREE_FORM = {
     "trainer.lora_targets",
     "reward.name",
     "reward.weights_path",
+    "reward.url",
     "data.prompts",
+    "data.eval_prompts",
 }
 
 DECLARED = list(declared_fields(Config()))

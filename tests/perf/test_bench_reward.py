@@ -82,3 +82,29 @@ def test_bench_reports_costs_and_applies_them_where_they_fit(bench, tmp_path: Pa
         assert getattr(written, field) == getattr(original, field)
     assert not (out / "costs" / gpu_file.name).exists()
     assert written.score_s(2) == pytest.approx(original.vae_decode_s(2) + fragment["reward_points"]["2"])
+
+
+@pytest.mark.parametrize(
+    ("reward", "batch_sizes"),
+    [("tiny-clipscore", "2"), ("tiny-hpsv2.1", "2"), ("tiny-imagereward", "2"), ("tiny-ocr", "1")],
+)
+def test_bench_runs_each_new_reward_on_its_tiny_twin(
+    bench, tmp_path: Path, reward: str, batch_sizes: str
+) -> None:
+    """Every reward with a model goes through the same benchmark (parameters counted through the reward's
+    helper objects, OCR fed its target text as metadata); the real sizes build in --dry-run."""
+    args = ["--reward", reward, "--device", "cpu", "--threads", "1", "--batch-sizes", batch_sizes]
+    args += ["--height", "32", "--width", "32", "--iters", "1", "--warmup", "0", "--no-flops"]
+    assert bench.main([*args, "--ceiling-size", "0", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / f"reward-{reward}.json").read_text())
+    (row,) = report["results"]
+    assert row["ms_per_call"] > 0 and row["scores_finite"] and report["dtype"] == "float32"
+    assert 0 < report["parameters"] < 2_000_000 and report["reward_param_bytes"] == 4 * report["parameters"]
+    assert report["cost_fragment"]["reward_points"] == {batch_sizes: row["ms_per_call"] / 1e3}
+
+
+def test_dry_run_builds_the_real_size_on_meta(bench, tmp_path: Path) -> None:
+    assert bench.main(["--reward", "hpsv2.1", "--dry-run", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "reward-hpsv2.1.json").read_text())
+    assert report["dry_run"] and report["parameters"] == 986_109_441 and report["results"] == []
+    assert report["reward_param_bytes"] == 4 * report["parameters"]

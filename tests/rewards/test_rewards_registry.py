@@ -19,6 +19,15 @@ BUILTIN = {
     "aesthetic",
     "vlm-judge",
     "tiny-vlm-judge",
+    "clipscore",
+    "tiny-clipscore",
+    "hpsv2.1",
+    "tiny-hpsv2.1",
+    "imagereward",
+    "tiny-imagereward",
+    "ocr",
+    "tiny-ocr",
+    "remote",
 }
 
 
@@ -162,3 +171,23 @@ def test_a_run_config_builds_its_reward_and_the_models_it_holds(tmp_path):
     assert torch.allclose(composite(images, ["a", "b"]), parts["pickscore"] + 0.5 * parts["brightness"])
     with pytest.raises(ValueError, match="several rewards with models"):
         build_configured_reward("x", {"pickscore": 1.0, "aesthetic": 1.0}, str(clip), "cpu")
+
+
+def test_composite_hands_metadata_to_every_part(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(registry_module, "_REGISTRY", dict(registry_module._REGISTRY))
+
+    @register_reward("test-text-length")
+    class TextLength(RewardFunction):
+        def score_images(self, images: Tensor, prompts: list[str]) -> Tensor:
+            return self.score_batch(images, prompts, [{} for _ in prompts])
+
+        def score_batch(self, images: Tensor, prompts: list[str], metadata: list) -> Tensor:
+            return torch.tensor([float(len(m.get("text", ""))) for m in metadata])
+
+    images = torch.rand(2, 3, 8, 8)
+    composite = CompositeReward.from_spec({"test-text-length": 2.0, "brightness": 1.0})
+    metadata = [{"text": "abc"}, {}]
+    expected = 2.0 * torch.tensor([3.0, 0.0]) + build_reward("brightness")(images, ["a", "b"])
+    torch.testing.assert_close(composite(images, ["a", "b"], metadata), expected)
+    assert composite.score_parts(images, ["a", "b"], metadata)["test-text-length"].tolist() == [3.0, 0.0]
+    assert composite(images, ["a", "b"]).tolist() == build_reward("brightness")(images, ["a", "b"]).tolist()
