@@ -232,7 +232,9 @@ def convert_imagereward_checkpoint(
         state_dict = dict(checkpoint)
     else:
         state_dict = torch.load(checkpoint, map_location="cpu", weights_only=True)
-    tokenizer = AutoTokenizer.from_pretrained(require_local_dir(tokenizer_path, "tokenizer_path"))
+    tokenizer = AutoTokenizer.from_pretrained(
+        require_local_dir(tokenizer_path, "tokenizer_path"), local_files_only=True
+    )
     if tokenizer.bos_token != BLIP_TOKENS["bos_token"]:
         tokenizer.add_special_tokens(BLIP_TOKENS)
     model = BlipForImageTextRetrieval(blip_config(architecture, tokenizer))
