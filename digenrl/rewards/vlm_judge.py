@@ -70,9 +70,11 @@ from torch.nn import functional as F
 
 from digenrl.rewards.base import RewardFunction
 from digenrl.rewards.local_weights import (
+    PRETRAINED_LAYOUT,
+    TOKENIZER_FILES,
     build_random,
     check_batch_size,
-    require_local_dir,
+    require_files,
     save_pretrained_all,
     warn_random_weights,
 )
@@ -448,9 +450,12 @@ class VLMJudge(RewardFunction):
 
         from digenrl.models.construction import realign_tensors
 
-        directory = require_local_dir(directory, "reward.weights_path")
-        if not os.path.isfile(os.path.join(directory, "config.json")):
-            raise ValueError(f"reward.weights_path={directory!r} has no config.json (save_pretrained output)")
+        layout = {
+            **PRETRAINED_LAYOUT,
+            "tokenizer": TOKENIZER_FILES,
+            "image processor": ("preprocessor_config.json",),
+        }
+        directory = require_files(directory, layout, "Qwen2.5-VL (save_pretrained)")
         config = AutoConfig.from_pretrained(directory, local_files_only=True)
         if config.model_type != "qwen2_5_vl":
             raise ValueError(

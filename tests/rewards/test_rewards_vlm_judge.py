@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -192,10 +193,12 @@ def test_chat_template_in_weights_dir_is_used(judge: VLMJudge, saved_dir: Path, 
 def test_loading_errors_name_the_setting(saved_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"reward\.weights_path=.*not an existing local directory"):
         build_reward("vlm-judge", weights_path=str(tmp_path / "missing"))
-    with pytest.raises(ValueError, match=r"reward\.weights_path=.*has no config\.json"):
+    with pytest.raises(
+        ValueError, match=r"reward\.weights_path=.*missing: model config \(config\.json\); weights"
+    ):
         build_reward("vlm-judge", weights_path=str(tmp_path))
     wrong = tmp_path / "wrong"
-    wrong.mkdir()
+    shutil.copytree(saved_dir, wrong)
     config = json.loads((saved_dir / "config.json").read_text())
     (wrong / "config.json").write_text(json.dumps({**config, "model_type": "qwen2_vl"}))
     with pytest.raises(ValueError, match=r"'qwen2_vl' model.*Qwen2\.5-VL"):
