@@ -48,7 +48,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from digenrl.models.construction import realign_tensors
 from digenrl.rewards.aesthetic import AestheticHead, head_from_state_dict
 from digenrl.rewards.base import RewardFunction
 from digenrl.rewards.clip_backbone import ClipImageTransform
@@ -297,6 +296,8 @@ class ImageReward(RewardFunction):
 
     def _load(self, directory: str) -> None:
         from transformers import AutoTokenizer, BlipForImageTextRetrieval
+
+        from digenrl.models.construction import realign_tensors
 
         layout = {**PRETRAINED_LAYOUT, "tokenizer": TOKENIZER_FILES, "head": (HEAD_FILENAME,)}
         require_files(directory, layout, "ImageReward")
