@@ -363,6 +363,15 @@ def check_reward(cfg: Config) -> None:
             f"reward {needing[0]!r} runs a model and needs its weights: set reward.weights_path to a local "
             "directory (model hubs are not contacted)"
         )
+    if path is not None:
+        from digenrl.rewards.local_weights import require_files
+
+        for name in names:  # the one reward with a model (several with one path are refused when built)
+            if reward_class(name).weights_layout:
+                try:
+                    require_files(path, reward_class(name).weights_layout, f"{name!r} reward")
+                except ValueError as exc:
+                    raise ConfigError(str(exc)) from None
 
 
 def check_checkpoint_format(cfg: Config) -> None:

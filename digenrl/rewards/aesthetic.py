@@ -30,13 +30,23 @@ from torch import Tensor, nn
 
 from digenrl.rewards.base import RewardFunction
 from digenrl.rewards.clip_backbone import LocalClip
-from digenrl.rewards.local_weights import check_batch_size, require_local_dir
+from digenrl.rewards.local_weights import (
+    IMAGE_PROCESSOR_FILES,
+    PRETRAINED_LAYOUT,
+    check_batch_size,
+    require_local_dir,
+)
 from digenrl.rewards.registry import register_reward
 
 AESTHETIC_HEAD_FILENAME = "aesthetic_head.safetensors"
 LAION_HEAD_HIDDEN_DIMS = (1024, 128, 64, 16)  # improved-aesthetic-predictor simple_inference.py MLP
 LAION_HEAD_DROPOUTS = (0.2, 0.2, 0.1)  # after the first three Linear layers; none after Linear(64, 16)
 LAION_EMBED_DIM = 768  # CLIP ViT-L/14 projection_dim
+AESTHETIC_LAYOUT = {
+    **PRETRAINED_LAYOUT,
+    "image processor": IMAGE_PROCESSOR_FILES,
+    "aesthetic head": (AESTHETIC_HEAD_FILENAME,),
+}
 
 
 class AestheticHead(nn.Module):
@@ -111,6 +121,7 @@ class Aesthetic(RewardFunction):
     """LAION aesthetic score (≈1–10 for the public head) of each image; prompts are ignored."""
 
     needs_weights = True
+    weights_layout = AESTHETIC_LAYOUT
 
     def __init__(
         self,

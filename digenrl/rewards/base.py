@@ -49,12 +49,16 @@ class RewardFunction(ABC):
     attributes ``name`` (the registry name), ``needs_weights`` (True when the reward runs a model with
     weights: it takes ``weights_path``, may live on scorer ranks and has bytes to park) and
     ``weights_optional`` (True when such a reward can also build random weights at its real size without a
-    ``weights_path``, as the generators do; see :func:`digenrl.rewards.registry.build_reward`).
+    ``weights_path``, as the generators do; see :func:`digenrl.rewards.registry.build_reward`); a reward
+    with weights declares the files its directory holds in ``weights_layout``.
     """
 
     name: str = "reward"
     needs_weights: bool = False
     weights_optional: bool = False
+    #: The files a ``weights_path`` directory must hold: ``{what: (file, alternative, ...)}``, checked at
+    #: start-up and when the reward loads (:func:`digenrl.rewards.local_weights.require_files`).
+    weights_layout: Mapping[str, tuple[str, ...]] = {}
 
     def __init__(self, device: torch.device | str = "cpu") -> None:
         self.device = torch.device(device)

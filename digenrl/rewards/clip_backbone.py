@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from digenrl.rewards.local_weights import (
+    IMAGE_PROCESSOR_FILES,
     PRETRAINED_LAYOUT,
     TOKENIZER_FILES,
     build_random,
@@ -203,7 +204,7 @@ class LocalClip:
         proc_dir = model_dir
         if processor_path is not None:
             proc_dir = require_local_dir(processor_path, "processor_path")
-        layout = {} if transform is not None else {"image processor": ("preprocessor_config.json",)}
+        layout = {} if transform is not None else {"image processor": IMAGE_PROCESSOR_FILES}
         if with_tokenizer:
             layout["tokenizer"] = TOKENIZER_FILES
         require_files(proc_dir, layout, "CLIP processor")

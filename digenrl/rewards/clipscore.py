@@ -29,7 +29,7 @@ from torch import Tensor
 
 from digenrl.rewards.base import RewardFunction
 from digenrl.rewards.clip_backbone import ClipImageTransform, LocalClip
-from digenrl.rewards.local_weights import check_batch_size, warn_random_weights
+from digenrl.rewards.local_weights import FULL_LAYOUT, check_batch_size, warn_random_weights
 from digenrl.rewards.registry import register_reward
 
 CLIPSCORE_WEIGHT = 2.5  # Hessel et al. 2021, Eq. 1 (clipscore.py get_clip_score: w=2.5)
@@ -92,6 +92,7 @@ class ClipScore(RewardFunction):
 
     needs_weights = True
     weights_optional = True
+    weights_layout = FULL_LAYOUT
     architecture: dict[str, Any] = CLIP_VIT_L_14
 
     def __init__(

@@ -68,6 +68,7 @@ from digenrl.rewards.base import RewardFunction
 from digenrl.rewards.clip_backbone import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, LocalClip, clip_config
 from digenrl.rewards.local_weights import (
     PRETRAINED_LAYOUT,
+    TOKENIZER_FILES,
     check_batch_size,
     require_files,
     require_local_dir,
@@ -120,6 +121,9 @@ TINY_OPEN_CLIP: dict[str, Any] = {
     },
     "projection_dim": 16,
 }
+
+#: A ``CLIPModel.save_pretrained`` directory with its tokenizer (the preprocessing is HPSv2's, fixed).
+HPS_LAYOUT = {**PRETRAINED_LAYOUT, "tokenizer": TOKENIZER_FILES}
 
 
 @dataclass(frozen=True)
@@ -253,6 +257,7 @@ class HPSv21(RewardFunction):
 
     needs_weights = True
     weights_optional = True
+    weights_layout = HPS_LAYOUT
     architecture: dict[str, Any] = OPEN_CLIP_VIT_H_14
 
     def __init__(
@@ -275,7 +280,9 @@ class HPSv21(RewardFunction):
         else:
             from transformers import CLIPConfig
 
-            directory = require_files(weights_path, PRETRAINED_LAYOUT, "HPSv2.1 (CLIPModel save_pretrained)")
+            directory = require_files(
+                weights_path, self.weights_layout, "HPSv2.1 (CLIPModel save_pretrained)"
+            )
             size = CLIPConfig.from_pretrained(directory, local_files_only=True).vision_config.image_size
             self.clip = LocalClip.load(
                 directory, device=self.device, dtype=dtype, transform=ResizeMaxSize(size)

@@ -69,6 +69,7 @@ IMAGEREWARD_STD = 1.0333394966054072  # ImageReward.py: self.std
 TEXT_MAX_LENGTH = 35  # ImageReward.py: tokenizer(..., padding='max_length', max_length=35)
 IMAGE_SIZE = 224  # ImageReward.py: _transform(224)
 HEAD_FILENAME = "imagereward_head.safetensors"
+IMAGEREWARD_LAYOUT = {**PRETRAINED_LAYOUT, "tokenizer": TOKENIZER_FILES, "head": (HEAD_FILENAME,)}
 BLIP_TOKENS = {"bos_token": "[DEC]", "additional_special_tokens": ["[ENC]"]}  # blip.py init_tokenizer
 
 #: ImageReward-v1.0: BLIP ViT-L/16 at 224 px + BERT-base with cross-attention (med_config.json).
@@ -257,6 +258,7 @@ class ImageReward(RewardFunction):
 
     needs_weights = True
     weights_optional = True
+    weights_layout = IMAGEREWARD_LAYOUT
     architecture: dict[str, Any] = IMAGEREWARD_V1
 
     def __init__(
@@ -299,8 +301,7 @@ class ImageReward(RewardFunction):
 
         from digenrl.models.construction import realign_tensors
 
-        layout = {**PRETRAINED_LAYOUT, "tokenizer": TOKENIZER_FILES, "head": (HEAD_FILENAME,)}
-        require_files(directory, layout, "ImageReward")
+        require_files(directory, self.weights_layout, "ImageReward")
         model = BlipForImageTextRetrieval.from_pretrained(directory, local_files_only=True, dtype=self.dtype)
         self.model = realign_tensors(model.to(self.device))
         self.tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)

@@ -47,6 +47,9 @@ def require_files(directory: str | os.PathLike[str], groups: dict[str, tuple[str
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "vocab.txt", "tokenizer.model")
 PRETRAINED_LAYOUT = {"model config": ("config.json",), "weights": WEIGHT_FILES}
+IMAGE_PROCESSOR_FILES = ("preprocessor_config.json",)
+#: A ``save_pretrained`` model with its tokenizer and image processor (CLIP, GOT-OCR 2.0, Qwen2.5-VL).
+FULL_LAYOUT = {**PRETRAINED_LAYOUT, "tokenizer": TOKENIZER_FILES, "image processor": IMAGE_PROCESSOR_FILES}
 
 
 def offline_tokenizer(extra_special_tokens: tuple[str, ...] = ()) -> Any:

@@ -44,8 +44,7 @@ from torch import Tensor
 from digenrl.rewards.base import PromptMetadata, RewardFunction
 from digenrl.rewards.clip_backbone import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, ClipImageTransform
 from digenrl.rewards.local_weights import (
-    PRETRAINED_LAYOUT,
-    TOKENIZER_FILES,
+    FULL_LAYOUT,
     build_random,
     check_batch_size,
     offline_tokenizer,
@@ -187,6 +186,7 @@ class OcrReward(RewardFunction):
 
     needs_weights = True
     weights_optional = True
+    weights_layout = FULL_LAYOUT
     architecture: dict[str, Any] = GOT_OCR2
 
     def __init__(
@@ -232,12 +232,7 @@ class OcrReward(RewardFunction):
 
         from digenrl.models.construction import realign_tensors
 
-        layout = {
-            **PRETRAINED_LAYOUT,
-            "tokenizer": TOKENIZER_FILES,
-            "image processor": ("preprocessor_config.json",),
-        }
-        require_files(directory, layout, "GOT-OCR 2.0")
+        require_files(directory, self.weights_layout, "GOT-OCR 2.0")
         config = AutoConfig.from_pretrained(directory, local_files_only=True)
         if config.model_type != "got_ocr2":
             raise ValueError(

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from digenrl.rewards.base import RewardFunction
 from digenrl.rewards.clip_backbone import LocalClip
-from digenrl.rewards.local_weights import check_batch_size
+from digenrl.rewards.local_weights import FULL_LAYOUT, check_batch_size
 from digenrl.rewards.registry import register_reward
 
 PICKSCORE_NORMALIZER = 26.0  # flow_grpo/pickscore_scorer.py: scores = scores / 26
@@ -34,6 +34,7 @@ class PickScore(RewardFunction):
     """PickScore of each image for its prompt, batched (``batch_size`` images per forward), no grad."""
 
     needs_weights = True
+    weights_layout = FULL_LAYOUT  # from a run's config the processor and tokenizer sit beside the model
 
     def __init__(
         self,

@@ -70,8 +70,7 @@ from torch.nn import functional as F
 
 from digenrl.rewards.base import RewardFunction
 from digenrl.rewards.local_weights import (
-    PRETRAINED_LAYOUT,
-    TOKENIZER_FILES,
+    FULL_LAYOUT,
     build_random,
     check_batch_size,
     require_files,
@@ -383,6 +382,7 @@ class VLMJudge(RewardFunction):
 
     needs_weights = True
     weights_optional = True
+    weights_layout = FULL_LAYOUT
     architecture: dict[str, dict[str, Any]] = QWEN25_VL_7B
 
     def __init__(
@@ -450,12 +450,7 @@ class VLMJudge(RewardFunction):
 
         from digenrl.models.construction import realign_tensors
 
-        layout = {
-            **PRETRAINED_LAYOUT,
-            "tokenizer": TOKENIZER_FILES,
-            "image processor": ("preprocessor_config.json",),
-        }
-        directory = require_files(directory, layout, "Qwen2.5-VL (save_pretrained)")
+        directory = require_files(directory, self.weights_layout, "Qwen2.5-VL (save_pretrained)")
         config = AutoConfig.from_pretrained(directory, local_files_only=True)
         if config.model_type != "qwen2_5_vl":
             raise ValueError(

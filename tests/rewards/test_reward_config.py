@@ -71,3 +71,15 @@ def test_eval_prompts_are_read_at_startup(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=rf"data\.eval_prompts='{bad}', line 2: .*'prompt'"):
         check(tmp_path, f"data.eval_prompts={bad}")
     check(tmp_path, "data.eval_prompts=builtin:eval")
+
+
+def test_an_incomplete_weights_directory_is_refused_at_startup(tmp_path: Path) -> None:
+    from digenrl.rewards import build_reward
+
+    directory = build_reward("tiny-clipscore").save_pretrained(tmp_path / "clip")
+    check(tmp_path, "reward=clipscore", f"reward.weights_path={directory}")
+    (directory / "model.safetensors").unlink()
+    with pytest.raises(ConfigError, match=r"not a complete 'clipscore' reward directory; missing: weights"):
+        check(tmp_path, "reward=clipscore", f"reward.weights_path={directory}")
+    with pytest.raises(ConfigError, match=r"'imagereward' reward directory; missing: .*imagereward_head"):
+        check(tmp_path, "reward=imagereward", f"reward.weights_path={directory}")
