@@ -245,6 +245,15 @@ class RuntimeConfig:
 
 
 @dataclass
+class ResumeConfig:
+    """Continue the run in ``out_dir`` from a checkpoint (README, "Runs"); ``resume=true`` is shorthand for
+    ``resume.enabled=true``."""
+
+    enabled: bool = False
+    step: int | None = None  # the checkpoint to resume (step_<step>); None = the one ``latest`` names
+
+
+@dataclass
 class Config:
     """One experiment."""
 
@@ -255,7 +264,7 @@ class Config:
     out_dir: str = "runs/tiny"
     checkpoint_every: int = 10  # iterations between checkpoints (and always one at the end); 0 = end only
     checkpoint_keep: int = 2  # newest complete checkpoints kept; older ones go once a new one is published
-    resume: bool = False  # continue the run in out_dir from its latest checkpoint (README: "Runs")
+    resume: ResumeConfig = field(default_factory=ResumeConfig)
     overwrite: bool = False  # a fresh run into an out_dir that holds a run deletes that run's files first
     model: ModelConfig = field(default_factory=ModelConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
@@ -457,7 +466,7 @@ def save_config(cfg: Config, path: str | Path, *, run_id: str | None = None) -> 
 
 RESUMABLE_KEYS = (
     "iterations",
-    "resume",
+    "resume",  # the section: resume.enabled, resume.step
     "overwrite",
     "out_dir",
     "checkpoint_every",
@@ -499,12 +508,15 @@ class _Absent:
 
 
 def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """Every key outside :data:`RESUMABLE_KEYS` whose value differs between two ``Config.to_dict()``s,
+    """Every key outside :data:`RESUMABLE_KEYS` (a section there covers its keys, and a checkpoint's
+    ``resume: true`` of before it was a section) whose value differs between two ``Config.to_dict()``s,
     as ``"key: <saved> in the checkpoint, <current> now"`` lines (empty: the run may resume)."""
     old, new = dotted_items(saved), dotted_items(current)
     absent = _Absent()
     return [
         f"{key}: {old.get(key, absent)!r} in the checkpoint, {new.get(key, absent)!r} now"
         for key in sorted(old.keys() | new.keys())
-        if key not in RESUMABLE_KEYS and old.get(key, absent) != new.get(key, absent)
+        if key not in RESUMABLE_KEYS
+        and key.partition(".")[0] not in RESUMABLE_KEYS
+        and old.get(key, absent) != new.get(key, absent)
     ]

@@ -195,10 +195,15 @@ def validate_config(cfg: Config, world_size: int | None = None) -> None:
         raise ConfigError(
             f"checkpoint_keep must be >= 0 (0 = keep every checkpoint), got {cfg.checkpoint_keep}"
         )
-    if cfg.resume and cfg.overwrite:
+    if cfg.resume.enabled and cfg.overwrite:
         raise ConfigError(
             "resume=true and overwrite=true contradict each other: resume continues the run in out_dir, "
             "overwrite deletes it; set one of them"
+        )
+    if cfg.resume.step is not None and (cfg.resume.step < 0 or not cfg.resume.enabled):
+        raise ConfigError(
+            f"resume.step={cfg.resume.step} names the checkpoint to resume (step_<n>, n >= 0) and needs "
+            "resume=true; set both, or neither"
         )
     for key in ("height", "width", "frames"):
         positive(f"model.{key}", getattr(cfg.model, key))
@@ -289,12 +294,15 @@ def check_files(cfg: Config) -> None:
 
 def check_writable_dir(key: str, directory: str) -> None:
     """``directory`` exists as a writable folder, or its nearest existing ancestor is one (the run creates
-    the rest); nothing is created here."""
+    the rest); nothing is created here. An empty value is refused (it would mean the file system root)."""
+    if not directory.strip():
+        raise ConfigError(f"{key}={directory!r} must name a directory (e.g. {key}=runs/my-run)")
     probe = Path(directory).absolute()
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     if not probe.is_dir():
-        raise ConfigError(f"{key}={directory!r} cannot be created: {probe} is a file, not a directory")
+        what = "exists and is not a directory" if probe == Path(directory).absolute() else "cannot be created"
+        raise ConfigError(f"{key}={directory!r} {what}: {probe} is a file, not a directory")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise ConfigError(
             f"{key}={directory!r} is not writable: no write permission on {probe}; choose a directory you "
