@@ -358,6 +358,16 @@ class RuntimeConfig:
 
 
 @dataclass
+class ResumeConfig:
+    """Continue the run in ``out_dir`` from a checkpoint (README, "Runs"); ``resume=true`` is shorthand for
+    ``resume.enabled=true``."""
+
+    enabled: bool = False
+    # the checkpoint to resume (step_<step>); None = the one ``latest`` names
+    step: int | None = field(default=None, metadata=within(0, 10_000_000))
+
+
+@dataclass
 class Config:
     """One experiment."""
 
@@ -370,7 +380,7 @@ class Config:
     checkpoint_every: int = field(default=10, metadata=within(0, 10_000_000))
     # newest complete checkpoints kept; older ones go once a new one is published; 0 = all
     checkpoint_keep: int = field(default=2, metadata=_NON_NEGATIVE_COUNT)
-    resume: bool = False  # continue the run in out_dir from its latest checkpoint (README: "Runs")
+    resume: ResumeConfig = field(default_factory=ResumeConfig)
     overwrite: bool = False  # a fresh run into an out_dir that holds a run deletes that run's files first
     model: ModelConfig = field(default_factory=ModelConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
@@ -660,7 +670,7 @@ def save_config(cfg: Config, path: str | Path, *, run_id: str | None = None) -> 
 
 RESUMABLE_KEYS = (
     "iterations",
-    "resume",
+    "resume",  # the section: resume.enabled, resume.step
     "overwrite",
     "out_dir",
     "checkpoint_every",
@@ -702,12 +712,15 @@ class _Absent:
 
 
 def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """Every key outside :data:`RESUMABLE_KEYS` whose value differs between two ``Config.to_dict()``s,
+    """Every key outside :data:`RESUMABLE_KEYS` (a section there covers its keys, and a checkpoint's
+    ``resume: true`` of before it was a section) whose value differs between two ``Config.to_dict()``s,
     as ``"key: <saved> in the checkpoint, <current> now"`` lines (empty: the run may resume)."""
     old, new = dotted_items(saved), dotted_items(current)
     absent = _Absent()
     return [
         f"{key}: {old.get(key, absent)!r} in the checkpoint, {new.get(key, absent)!r} now"
         for key in sorted(old.keys() | new.keys())
-        if key not in RESUMABLE_KEYS and old.get(key, absent) != new.get(key, absent)
+        if key not in RESUMABLE_KEYS
+        and key.partition(".")[0] not in RESUMABLE_KEYS
+        and old.get(key, absent) != new.get(key, absent)
     ]

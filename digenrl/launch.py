@@ -77,7 +77,13 @@ def main(argv: list[str]) -> int:
         validate_devices(cfg, world, distributed=under_torchrun or world > 1)
         if not under_torchrun and world > 1:
             from digenrl.runtime.run_dir import plan_run_start
+            from digenrl.runtime.run_lock import TOKEN_ENV, acquire_run_lock
 
+            # one job per out_dir: held until this launcher exits; its workers inherit it by the token
+            lock, lock_note = acquire_run_lock(cfg.out_dir)
+            os.environ[TOKEN_ENV] = lock.info["token"]
+            if lock_note:
+                print(f"[digenrl] {lock_note}", flush=True)
             plan_run_start(cfg)  # refuse before any worker starts (read-only: the workers' rank 0 decides)
     except ConfigError as exc:
         # Every rank of a node finds the same error: say it once. Each node says it (files and devices may
@@ -110,6 +116,7 @@ def main(argv: list[str]) -> int:
     from digenrl.runtime.fault_injection import inject_delay
     from digenrl.runtime.profiles import load_profile
     from digenrl.runtime.run_dir import agree_run_start
+    from digenrl.runtime.run_lock import release_run_locks
     from digenrl.runtime.watchdog import end_process, start_watchdog
     from digenrl.systems import get_system
 
@@ -146,6 +153,7 @@ def main(argv: list[str]) -> int:
     if watchdog is not None:
         watchdog.stop()  # before the process group goes: a finished rank is not a hung one
     shutdown_distributed()
+    release_run_locks()  # a clean end (also at interpreter exit; explicit for processes that os._exit)
     return 0
 
 

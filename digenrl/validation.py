@@ -155,6 +155,7 @@ KNOB_RULES: tuple[KnobRule, ...] = (
     ),
     KnobRule(("tag",), "with tag.enabled=true", ("tag.enabled",), lambda cfg: cfg.tag.enabled),
     KnobRule(("tcss",), "with tcss.enabled=true", ("tcss.enabled",), lambda cfg: cfg.tcss.enabled),
+    KnobRule(("resume",), "with resume.enabled=true", ("resume.enabled",), lambda cfg: cfg.resume.enabled),
     # no row for gap: with gap.enabled=false the fragments still exist (the trainer waits for all of them),
     # so gap.fragment_groups, gap.assignment and gap.train_order are still read
     KnobRule(
@@ -289,7 +290,7 @@ def validate_config(cfg: Config, world_size: int | None = None) -> None:
     check_sampler(cfg)
     if len(cfg.trainer.betas) != 2:
         raise ConfigError(f"trainer.betas must be two numbers (AdamW's betas), got {cfg.trainer.betas}")
-    if cfg.resume and cfg.overwrite:
+    if cfg.resume.enabled and cfg.overwrite:
         raise ConfigError(
             "resume=true and overwrite=true contradict each other: resume continues the run in out_dir, "
             "overwrite deletes it; set one of them"
@@ -478,12 +479,15 @@ def check_files(cfg: Config) -> None:
 
 def check_writable_dir(key: str, directory: str) -> None:
     """``directory`` exists as a writable folder, or its nearest existing ancestor is one (the run creates
-    the rest); nothing is created here."""
+    the rest); nothing is created here. An empty value is refused (it would mean the file system root)."""
+    if not directory.strip():
+        raise ConfigError(f"{key}={directory!r} must name a directory (e.g. {key}=runs/my-run)")
     probe = Path(directory).absolute()
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     if not probe.is_dir():
-        raise ConfigError(f"{key}={directory!r} cannot be created: {probe} is a file, not a directory")
+        what = "exists and is not a directory" if probe == Path(directory).absolute() else "cannot be created"
+        raise ConfigError(f"{key}={directory!r} {what}: {probe} is a file, not a directory")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise ConfigError(
             f"{key}={directory!r} is not writable: no write permission on {probe}; choose a directory you "

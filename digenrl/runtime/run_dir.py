@@ -7,15 +7,22 @@ is written, rank 0 decides how this run uses ``out_dir`` (:func:`plan_run_start`
 
 * ``resume=false`` into a directory that holds a run → refused, unless ``overwrite=true``, which deletes
   that run's files (and nothing else) first; a new ``run_id``.
-* ``resume=true`` with a checkpoint → the checkpoint's config must equal this run's in every key but
-  :data:`digenrl.config.RESUMABLE_KEYS`, else refused naming every differing key with both values; the
-  run keeps the checkpoint's ``run_id`` and starts at its iteration.
+* ``resume=true`` with a checkpoint (the one ``latest`` names, or ``resume.step=N``'s) → the checkpoint is
+  checked whole (:func:`digenrl.trainer.checkpoint.verify_checkpoint`: a damaged or altered file is refused
+  naming it); its config must equal this run's in every key but :data:`digenrl.config.RESUMABLE_KEYS`,
+  and the input files it records must have the same content (:mod:`digenrl.runtime.run_inputs`), else
+  refused naming every differing key with both values; the run keeps the checkpoint's ``run_id`` and
+  starts at its iteration. ``resume.step=N`` also points ``latest`` at ``step_N``, so a later plain resume
+  continues this branch; newer checkpoints are replaced as the run reaches their steps.
 * ``resume=true`` without a checkpoint → a new run with a line saying so, if the directory holds no run
   (a first launch of a job script that always passes ``resume=true``); refused if it holds a run that
-  never reached a checkpoint, since starting over would delete what that run logged.
+  never reached a checkpoint, since starting over would delete what that run logged, and refused listing
+  the complete checkpoints when ``latest`` is missing beside them.
 
-:func:`agree_run_start` runs the decision on rank 0 and hands it to every rank through torchrun's store,
-so the error is printed once (by ``launch.main``) and every rank stops with it.
+Every run file must lie inside ``out_dir`` (a symlink out of it is refused), and one job at a time uses
+``out_dir`` (:mod:`digenrl.runtime.run_lock`). :func:`agree_run_start` locks ``out_dir`` and runs the
+decision on rank 0 and hands it to every rank through torchrun's store, so the error is printed once (by
+``launch.main``) and every rank stops with it.
 """
 
 from __future__ import annotations
@@ -25,14 +32,26 @@ import json
 import os
 import shutil
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from digenrl.config import RESUMABLE_KEYS, Config, ConfigError, config_differences
 from digenrl.runtime.event_records import EVENTS_SUBDIR
 from digenrl.runtime.metrics import METRICS_FILE, TENSORBOARD_DIR, read_metrics
-from digenrl.trainer.checkpoint import CHECKPOINT_DIR, checkpoint_steps, latest_checkpoint_dir, read_meta
+from digenrl.runtime.run_inputs import input_differences, input_fingerprints
+from digenrl.runtime.run_lock import acquire_run_lock, holds_run_lock
+from digenrl.trainer.checkpoint import (
+    CHECKPOINT_DIR,
+    LATEST,
+    CheckpointError,
+    checkpoint_steps,
+    inside,
+    latest_checkpoint_dir,
+    point_latest,
+    step_dir_name,
+    verify_checkpoint,
+)
 
 if TYPE_CHECKING:
     from digenrl.runtime.distributed import DistContext
@@ -53,6 +72,7 @@ class RunStart:
     start_iteration: int = 0  # the checkpoint's next iteration; 0 for a new run
     checkpoint: str | None = None  # the checkpoint directory a resumed run loads; None = a new run
     note: str = ""  # what rank 0 prints about it
+    inputs: dict = field(default_factory=dict)  # input file fingerprints (run_inputs.py), for checkpoints
 
     @property
     def resumed(self) -> bool:
@@ -79,9 +99,11 @@ def existing_run(out_dir: str | Path) -> list[str]:
 
 def plan_run_start(cfg: Config) -> RunStart:
     """Decide how ``cfg`` starts in ``cfg.out_dir`` (see the module docstring); reads only. Raises
-    ConfigError naming what would be lost or mixed and how to proceed."""
+    ConfigError naming what would be lost or mixed, or what is wrong, and how to proceed."""
     out = cfg.out_dir
-    if not cfg.resume:
+    check_run_files_inside(out)
+    inputs = input_fingerprints(cfg)
+    if not cfg.resume.enabled:
         held = existing_run(out)
         if held and not cfg.overwrite:
             raise ConfigError(
@@ -90,8 +112,8 @@ def plan_run_start(cfg: Config) -> RunStart:
                 "another out_dir"
             )
         note = f"overwrite=true: deleted the previous run in {out} ({'; '.join(held)})" if held else ""
-        return RunStart(run_id=new_run_id(), note=note)
-    checkpoint = latest_checkpoint_dir(out)
+        return RunStart(run_id=new_run_id(), note=note, inputs=inputs)
+    checkpoint = _checkpoint_to_resume(cfg)
     if checkpoint is None:
         held = existing_run(out)
         if held:
@@ -102,14 +124,19 @@ def plan_run_start(cfg: Config) -> RunStart:
         return RunStart(
             run_id=new_run_id(),
             note=f"resume=true: no checkpoint in {out}, starting a new run at iteration 0",
+            inputs=inputs,
         )
-    meta = read_meta(checkpoint)
+    try:
+        meta = verify_checkpoint(checkpoint)
+    except CheckpointError as error:
+        raise ConfigError(f"resume=true: {error}{_other_checkpoints(out, but=checkpoint)}") from None
     if "config" not in meta or "run_id" not in meta:
         raise ConfigError(
             f"resume=true: checkpoint {checkpoint} does not record the config and run_id it was written "
             "with (an older format), so resuming it cannot be checked; start a new run in another out_dir"
         )
     differences = config_differences(meta["config"], cfg.to_dict())
+    differences += input_differences(meta.get("inputs") or {}, inputs, cfg)
     if differences:
         listed = "\n  ".join(differences)
         raise ConfigError(
@@ -124,7 +151,71 @@ def plan_run_start(cfg: Config) -> RunStart:
         start_iteration=step,
         checkpoint=str(checkpoint),
         note=f"resuming run {meta['run_id']} at iteration {step} from {checkpoint}",
+        inputs=inputs,
     )
+
+
+def _checkpoint_to_resume(cfg: Config) -> Path | None:
+    """The step directory ``resume.step`` or ``latest`` names; None when there is no checkpoint at all."""
+    out, wanted = cfg.out_dir, cfg.resume.step
+    root = Path(out) / CHECKPOINT_DIR
+    if wanted is not None:
+        if wanted not in checkpoint_steps(out):
+            raise ConfigError(
+                f"resume.step={wanted}: out_dir={out!r} holds no complete checkpoint "
+                f"{root / step_dir_name(wanted)}{_other_checkpoints(out)}"
+            )
+        return root / step_dir_name(wanted)
+    try:
+        latest = latest_checkpoint_dir(out)
+    except CheckpointError as error:
+        raise ConfigError(f"resume=true: {error}{_other_checkpoints(out)}") from None
+    if latest is None and checkpoint_steps(out):
+        raise ConfigError(
+            f"resume=true: {root / LATEST} is missing, so which checkpoint continues the run is not recorded"
+            f"{_other_checkpoints(out)}"
+        )
+    return latest
+
+
+def _other_checkpoints(out_dir: str, but: Path | None = None) -> str:
+    """The end of a message: the checkpoints that pass :func:`verify_checkpoint` and how to resume one."""
+    root = Path(out_dir) / CHECKPOINT_DIR
+    valid = []
+    for step in checkpoint_steps(out_dir):
+        path = root / step_dir_name(step)
+        if but is None or path.resolve() != Path(but).resolve():
+            try:
+                verify_checkpoint(path)
+                valid.append(step)
+            except CheckpointError:
+                pass
+    if not valid:
+        return "; no other complete checkpoint is there"
+    return (
+        f"; complete checkpoints there: {', '.join(map(step_dir_name, valid))}. Resume one of them with "
+        f"resume=true resume.step=<n> (the newest: resume.step={valid[-1]})"
+    )
+
+
+def check_run_files_inside(out_dir: str | Path) -> None:
+    """Every run file and folder in ``out_dir`` (:data:`RUN_FILES`, walked without following links)
+    resolves inside ``out_dir``: a symlink out of it would make a resume read, cut back or delete files
+    elsewhere. Raises ConfigError naming the link."""
+    out = Path(out_dir)
+    for name in RUN_FILES:
+        top = out / name
+        if not (top.exists() or top.is_symlink()):
+            continue
+        paths = [top]
+        if top.is_dir() and not top.is_symlink():
+            for folder, dirs, files in os.walk(top):
+                paths += [Path(folder) / entry for entry in (*dirs, *files)]
+        for path in paths:
+            try:
+                inside(out, path)
+            except CheckpointError as error:
+                raise ConfigError(f"out_dir={str(out_dir)!r}: {error}") from None
 
 
 def clear_run(out_dir: str | Path) -> None:
@@ -143,17 +234,27 @@ def new_run_id() -> str:
 
 
 def agree_run_start(cfg: Config, ctx: DistContext) -> RunStart:
-    """Every rank: rank 0 plans the start (:func:`plan_run_start`) and, with ``overwrite``, clears the old
-    run; the other ranks read its decision from torchrun's store. A refusal raises ConfigError on every
-    rank (its text travels with the decision), so all stop with it and ``launch.main`` prints it once."""
+    """Every rank: rank 0 locks ``out_dir`` for the job (:mod:`digenrl.runtime.run_lock`), plans the start
+    (:func:`plan_run_start`) and carries it out (``overwrite`` clears the old run, ``resume.step`` points
+    ``latest`` at its checkpoint); the other ranks read its decision from torchrun's store. A refusal
+    raises ConfigError on every rank (its text travels with the decision), so all stop with it and
+    ``launch.main`` prints it once."""
     decision: dict
     if ctx.rank == 0:
+        lock = None
         try:
+            fresh = not holds_run_lock(cfg.out_dir)
+            lock, lock_note = acquire_run_lock(cfg.out_dir)
             start = plan_run_start(cfg)
             if cfg.overwrite:
                 clear_run(cfg.out_dir)
-            decision = {"start": asdict(start)}
+            if start.resumed and cfg.resume.step is not None:
+                point_latest(cfg.out_dir, start.start_iteration)
+            lock.record(start.run_id)
+            decision = {"start": {**asdict(start), "note": "; ".join(filter(None, (lock_note, start.note)))}}
         except ConfigError as error:
+            if lock is not None and fresh:
+                lock.release()  # a refused start wrote nothing and leaves no holder behind
             decision = {"error": str(error)}
     if ctx.is_distributed:
         from digenrl.runtime.control_plane import ControlPlane

@@ -106,6 +106,7 @@ class System:
             "trainer": state,
             "run_id": self.run_start.run_id,
             "config": self.cfg.to_dict(),
+            "inputs": self.run_start.inputs,  # fingerprints of the input files (runtime/run_inputs.py)
         }
         return payload, shards
 

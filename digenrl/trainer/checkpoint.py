@@ -31,6 +31,10 @@ Two formats for the trainer state (``trainer.checkpoint_format``, docs/design.md
   saved by N FSDP2 ranks resumes under M ranks or in one process; :func:`full_trainer_state` converts one
   offline.
 
+Reading trusts nothing in the folder (digenrl/trainer/checkpoint_files.py): every file is unpickled
+weights-only, every path must stay inside the run folder, and :func:`verify_checkpoint` checks a checkpoint
+whole (what a resume does at startup, before any model is built), naming the file and what is wrong.
+
 Either way a run can resume under another process layout (e.g. 4 → 2 FSDP2 ranks): the loader reads the
 format from ``meta.json``. RNG states are per rank: a resumed rank r restores ``rank_r.pt`` when it exists.
 
@@ -46,8 +50,8 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
-import tempfile
 import warnings
 from datetime import timedelta
 from pathlib import Path
@@ -59,10 +63,16 @@ import torch.distributed as dist
 import yaml
 
 from digenrl.runtime.errors import DistributedTimeoutError
+from digenrl.trainer.checkpoint_files import RNG_GLOBALS, CheckpointError, inside, load_tensors, read_json
 
 CHECKPOINT_DIR = "checkpoints"
 LATEST = "latest"
 SHARDED_DIR = "trainer_dcp"  # the sharded format's torch.distributed.checkpoint directory
+TRAINER_FILE = "trainer.pt"
+META_FILE = "meta.json"
+RNG_DIR = "rng"
+_STEP_NAME = re.compile(r"step_(\d+)")
+_RNG_NAME = re.compile(r"rank_\d+\.pt")
 
 
 def capture_rng_state() -> dict[str, Any]:
@@ -240,14 +250,15 @@ def load_sharded(path: str | Path, template: dict[str, Any], *, group: Any = Non
     Collective over ``group`` when distributed; DCP reads each rank's part whatever layout wrote it."""
     import torch.distributed.checkpoint as dcp
 
-    directory = Path(path) / SHARDED_DIR
-    if not (directory / ".metadata").is_file():
-        raise FileNotFoundError(f"{path} has no sharded trainer state ({directory / '.metadata'} is missing)")
-    with warnings.catch_warnings():
+    from digenrl.trainer.safe_dcp import SafeDcpPlanner, SafeDcpReader, own_errors
+
+    directory = inside(Path(path).parent.parent, Path(path) / SHARDED_DIR)
+    with warnings.catch_warnings(), own_errors():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.load(
             template,
-            storage_reader=dcp.FileSystemReader(directory),
+            storage_reader=SafeDcpReader(directory),
+            planner=SafeDcpPlanner(),
             process_group=group,
             no_dist=not _distributed(),
         )
@@ -260,25 +271,31 @@ def full_trainer_state(checkpoint: dict[str, Any]) -> dict[str, Any]:
     state = checkpoint["trainer"]
     if checkpoint.get("format", "full") == "full":
         return state
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    # as torch's dcp_to_torch_save reads it (the whole state rebuilt from the index), minus the unsafe reads
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-    with tempfile.TemporaryDirectory() as tmp:
-        target = Path(tmp) / "trainer.pt"
-        dcp_to_torch_save(Path(checkpoint["path"]) / SHARDED_DIR, target)
-        tensors = torch.load(target, weights_only=False)
+    from digenrl.trainer.safe_dcp import SafeDcpReader, SafeDcpWholePlanner, own_errors
+
+    path = Path(checkpoint["path"])
+    tensors: dict[str, Any] = {}
+    reader = SafeDcpReader(inside(path.parent.parent, path / SHARDED_DIR))
+    with own_errors():
+        _load_state_dict(tensors, storage_reader=reader, planner=SafeDcpWholePlanner(), no_dist=True)
     return {**state, "model": tensors["model"], "optimizer": tensors["optimizer"]}
 
 
 def checkpoint_steps(out_dir: str | Path) -> list[int]:
-    """Steps of the complete checkpoint directories in ``out_dir`` (a ``meta.json`` marks one), ascending."""
+    """Steps of the complete checkpoint directories in ``out_dir`` (a ``meta.json`` marks one, and the
+    directory lies inside ``out_dir``), ascending; :func:`verify_checkpoint` checks one whole."""
     root = Path(out_dir) / CHECKPOINT_DIR
     if not root.is_dir():
         return []
+    base = Path(out_dir).resolve()
     steps = []
     for path in root.glob("step_*"):
-        digits = path.name.removeprefix("step_")
-        if digits.isdigit() and (path / "meta.json").is_file():
-            steps.append(int(digits))
+        match = _STEP_NAME.fullmatch(path.name)
+        if match and (path / META_FILE).is_file() and (path / META_FILE).resolve().is_relative_to(base):
+            steps.append(int(match[1]))
     return sorted(steps)
 
 
@@ -293,11 +310,11 @@ def _prune(root: Path, keep: int, *, newest: int) -> None:
 def _publish(
     root: Path, tmp: Path, final: Path, step: int, payload: dict[str, Any], trainer_format: str
 ) -> None:
-    _torch_save_synced(payload, tmp / "trainer.pt")
+    _torch_save_synced(payload, tmp / TRAINER_FILE)
     if isinstance(payload.get("config"), dict):
         (tmp / "config.yaml").write_text(yaml.safe_dump(payload["config"], sort_keys=False))
         _fsync_file(tmp / "config.yaml")
-    rng_files = sorted(p.name for p in (tmp / "rng").iterdir())
+    rng_files = sorted(p.name for p in (tmp / RNG_DIR).iterdir())
     meta = {
         "step": step,
         "rng_files": rng_files,
@@ -307,10 +324,10 @@ def _publish(
     if trainer_format == "sharded":
         meta["sharded_files"] = sorted(p.name for p in (tmp / SHARDED_DIR).iterdir())
         _fsync_dir(tmp / SHARDED_DIR)
-    meta.update({key: payload[key] for key in ("run_id", "config") if key in payload})
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-    _fsync_file(tmp / "meta.json")
-    _fsync_dir(tmp / "rng")
+    meta.update({key: payload[key] for key in ("run_id", "config", "inputs") if key in payload})
+    (tmp / META_FILE).write_text(json.dumps(meta, indent=1))
+    _fsync_file(tmp / META_FILE)
+    _fsync_dir(tmp / RNG_DIR)
     _fsync_dir(tmp)
     if final.exists():  # re-saving a step (e.g. after a resume): move the old one aside first
         old = root / f".{final.name}.old"
@@ -322,28 +339,88 @@ def _publish(
     else:
         os.replace(tmp, final)
     _fsync_dir(root)
+    point_latest(root.parent, step)
+
+
+def point_latest(out_dir: str | Path, step: int) -> None:
+    """Make ``latest`` name ``step_<step>`` (atomically: a crash leaves the old pointer or the new one)."""
+    root = Path(out_dir) / CHECKPOINT_DIR
     pointer = root / f".{LATEST}.tmp"
-    pointer.write_text(final.name + "\n")
+    pointer.write_text(step_dir_name(step) + "\n")
     _fsync_file(pointer)
     os.replace(pointer, root / LATEST)
     _fsync_dir(root)
 
 
 def latest_checkpoint_dir(out_dir: str | Path) -> Path | None:
-    root = Path(out_dir) / CHECKPOINT_DIR
-    pointer = root / LATEST
+    """The step directory ``latest`` names (``None``: no ``latest``); a CheckpointError when it names
+    anything but a complete ``step_<n>`` directory inside ``out_dir``."""
+    pointer = Path(out_dir) / CHECKPOINT_DIR / LATEST
     if not pointer.is_file():
         return None
-    name = pointer.read_text().strip()
-    path = root / name
-    if not name.startswith("step_") or not (path / "meta.json").is_file():
-        raise FileNotFoundError(f"{pointer} names {name!r}, which is not a complete checkpoint directory")
+    inside(out_dir, pointer)
+    try:
+        name = pointer.read_text().strip()
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{pointer} is not text; it should name a step directory (step_<n>)") from None
+    if not _STEP_NAME.fullmatch(name):
+        raise CheckpointError(f"{pointer} names {name[:200]!r}, which is not a step directory (step_<n>)")
+    path = pointer.parent / name
+    inside(out_dir, path)
+    if not (path / META_FILE).is_file():
+        raise CheckpointError(f"{pointer} names {name}, which is not a complete checkpoint (no {META_FILE})")
     return path
 
 
 def read_meta(path: str | Path) -> dict[str, Any]:
     """``meta.json`` of the checkpoint directory ``path``: step, files, and the run identity when saved."""
-    return json.loads((Path(path) / "meta.json").read_text())
+    path = Path(path)
+    return read_json(inside(path.parent.parent, path / META_FILE))
+
+
+def verify_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Check the checkpoint in ``path`` whole, cheaply, before a resume builds anything; returns its meta.
+
+    ``meta.json`` parses and has its fields; ``rng/`` holds every rank's file it lists; ``trainer.pt`` and
+    the RNG files load weights-only (``trainer.pt`` memory-mapped: only its small pickle is read, so a big
+    full-format file costs little); the sharded format's index loads and every shard it lists is there.
+    Every file must lie inside the run folder. A problem is a CheckpointError naming the file."""
+    path = Path(path)
+    run = path.parent.parent
+    meta = read_meta(path)
+    meta_file = path / META_FILE
+    step, rng_files, fmt = meta.get("step"), meta.get("rng_files"), meta.get("trainer_format", "full")
+    if isinstance(step, bool) or not isinstance(step, int) or step_dir_name(step) != path.name:
+        raise CheckpointError(f"{meta_file}: 'step' is {step!r}, expected {path.name.removeprefix('step_')}")
+    if (
+        not isinstance(rng_files, list)
+        or not rng_files
+        or not all(isinstance(name, str) and _RNG_NAME.fullmatch(name) for name in rng_files)
+    ):
+        raise CheckpointError(f"{meta_file}: 'rng_files' is {rng_files!r}, expected a list of rank_<r>.pt")
+    if fmt not in ("full", "sharded"):
+        raise CheckpointError(f"{meta_file}: 'trainer_format' is {fmt!r}, expected 'full' or 'sharded'")
+    rng = inside(run, path / RNG_DIR)
+    if not rng.is_dir():
+        raise CheckpointError(
+            f"{path / RNG_DIR} is missing: the RNG states of the ranks that saved the checkpoint "
+            f"({', '.join(rng_files)}); without them a resumed run would not continue the run it resumes"
+        )
+    for name in rng_files:
+        load_tensors(inside(run, rng / name), allow=RNG_GLOBALS)
+    load_tensors(inside(run, path / TRAINER_FILE), mmap=True)
+    if fmt == "sharded":
+        from digenrl.trainer.safe_dcp import read_dcp_metadata
+
+        directory = inside(run, path / SHARDED_DIR)
+        index = read_dcp_metadata(directory)
+        listed = set(meta.get("sharded_files") or []) | {
+            str(info.relative_path) for info in (index.storage_data or {}).values()
+        }
+        for name in sorted(listed):
+            if not inside(run, directory / name).is_file():
+                raise CheckpointError(f"{directory / name} is missing (a shard of the sharded trainer state)")
+    return meta
 
 
 def load_latest_checkpoint(
@@ -360,11 +437,17 @@ def load_checkpoint(
     """The checkpoint in directory ``path``: the writer's payload plus ``step``, ``path``, ``format`` (of the
     trainer state: full | sharded; sharded tensors stay on disk until :meth:`PolicyTrainer.load_state_dict`
     or :func:`full_trainer_state` reads them) and ``rng`` (this rank's RNG state, or ``None`` when the
-    checkpoint was written by fewer ranks); restore it with :func:`restore_rng_state`."""
+    checkpoint was written by fewer ranks); restore it with :func:`restore_rng_state`. Files are read
+    weights-only and must lie inside the run folder (CheckpointError otherwise)."""
     path = Path(path)
+    run = path.parent.parent
     meta = read_meta(path)
-    payload = torch.load(path / "trainer.pt", map_location=map_location, weights_only=False)
-    rng_path = path / "rng" / f"rank_{rank}.pt"
-    rng = torch.load(rng_path, weights_only=False) if rng_path.is_file() else None
+    payload = load_tensors(inside(run, path / TRAINER_FILE), map_location=map_location)
+    if not isinstance(payload, dict):
+        raise CheckpointError(f"{path / TRAINER_FILE} holds a {type(payload).__name__}, not a payload dict")
+    name = f"rank_{rank}.pt"
+    rng = None
+    if name in meta.get("rng_files", [name]):
+        rng = load_tensors(inside(run, path / RNG_DIR / name), allow=RNG_GLOBALS)
     fmt = meta.get("trainer_format", "full")  # checkpoints from before the sharded format are full
     return {**payload, "step": int(meta["step"]), "path": str(path), "format": fmt, "rng": rng}

@@ -41,7 +41,7 @@ def test_dotted_overrides_and_yaml_types():
         TINY, ["algo.group_size=8", "trainer.lr=1e-3", "trainer.betas=[0.8, 0.9]", "resume=true"]
     )
     assert cfg.algo.group_size == 8 and cfg.trainer.lr == pytest.approx(1e-3)
-    assert cfg.trainer.betas == [0.8, 0.9] and cfg.resume is True
+    assert cfg.trainer.betas == [0.8, 0.9] and cfg.resume.enabled is True
     # names stay strings even when they look like numbers
     assert parse_override("out_dir=2024") == ("out_dir", "2024")
 

@@ -3,14 +3,24 @@ update (README, "Runs"). Each refusal happens at startup, before anything is wri
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import signal
+import subprocess
+import time
 
 import pytest
 import torch
 
 from digenrl.runtime.metrics import read_metrics
-from digenrl.trainer.checkpoint import checkpoint_steps, load_latest_checkpoint
-from tests.systems.launcher import run_train
+from digenrl.trainer.checkpoint import (
+    checkpoint_steps,
+    latest_checkpoint_dir,
+    load_latest_checkpoint,
+    read_meta,
+)
+from tests.systems.launcher import REPO, run_train, train_command, train_env
 
 BASE = ["system=colocated-sync", "profile=cpu-1", "algo.prompts_per_iteration=2"]
 
@@ -68,6 +78,50 @@ def test_a_new_run_into_a_used_out_dir_is_refused_once_and_overwrite_replaces_it
     new_id = _run_id(out)
     assert new_id != old_id and [r["run_id"] for r in read_metrics(out)] == [new_id]
     assert load_latest_checkpoint(out)["run_id"] == new_id
+
+
+def test_a_second_job_into_the_out_dir_of_a_running_job_is_refused_naming_it(tmp_path):
+    """Job 1 (``python run_train.py`` on cpu-2: a launcher holding the lock, two workers sharing it) waits
+    at iteration 1 after its first checkpoint; job 2 into the same out_dir is refused at once, naming
+    job 1; job 1 ends and releases the lock, and the folder resumes."""
+    out, go = tmp_path / "run", tmp_path / "go"
+    two = ["system=colocated-sync", "profile=cpu-2", "algo.prompts_per_iteration=2", "iterations=2"]
+    two += ["checkpoint_every=1"]
+    env = dict(train_env(), DIGENRL_INJECT_FAULT=f"rank=0,iteration=1,after={go}")
+    first = subprocess.Popen(
+        train_command([*two, f"out_dir={out}"]),
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while not (out / "checkpoints" / "latest").is_file():
+            assert first.poll() is None and time.monotonic() < deadline, first.communicate(timeout=30)
+            time.sleep(0.2)
+        record = json.loads((out / ".lock").read_text())
+        assert record["pid"] == first.pid and record["run_id"] == _run_id(out)
+        metrics = (out / "metrics.jsonl").read_bytes()
+        second = run_train([*two, "resume=true", f"out_dir={out}"], check=False, launcher="command")
+        assert second.returncode == 2, second.stderr
+        assert f"is in use by another run: pid {first.pid} on host " in second.stderr
+        assert f"run {_run_id(out)}, since " in second.stderr
+        assert (out / "metrics.jsonl").read_bytes() == metrics
+        assert read_meta(latest_checkpoint_dir(out))["inputs"]["data.prompts"].startswith("sha256:")
+    finally:
+        go.touch()  # job 1 goes on to its injected failure
+        try:
+            first.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.communicate()
+    assert first.returncode == 1 and (out / ".lock").read_text() == ""  # ended: no holder left
+    resumed = run_train([*two, "resume=true", f"out_dir={out}"], nproc=2)
+    assert "resuming run" in resumed.stdout and "took over" not in resumed.stdout
+    assert [r["iteration"] for r in read_metrics(out)] == [0, 1]
 
 
 # float16 full fine-tuning with a large lr: the first AdamW step overflows float16 (max 65504)
