@@ -711,11 +711,32 @@ class _Absent:
         return "(absent)"
 
 
+@dataclass(frozen=True)
+class _AbsentAtDefault:
+    """A key the checkpoint does not have, standing for its default (equal to it)."""
+
+    default: Any
+
+    def __eq__(self, other: object) -> bool:
+        return self.default == other
+
+    def __hash__(self) -> int:
+        return 0
+
+    def __repr__(self) -> str:
+        return f"(absent, so its default {self.default!r})"
+
+
 def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """Every key outside :data:`RESUMABLE_KEYS` (a section there covers its keys, and a checkpoint's
     ``resume: true`` of before it was a section) whose value differs between two ``Config.to_dict()``s,
-    as ``"key: <saved> in the checkpoint, <current> now"`` lines (empty: the run may resume)."""
+    as ``"key: <saved> in the checkpoint, <current> now"`` lines (empty: the run may resume).
+
+    A key the checkpoint does not have (a newer version of the package added it) counts as its default
+    there: the older run computed what the default computes, so only a non-default value now differs."""
     old, new = dotted_items(saved), dotted_items(current)
+    defaults = dotted_items(Config().to_dict())
+    old = {**{k: _AbsentAtDefault(v) for k, v in defaults.items() if k not in old and k in new}, **old}
     absent = _Absent()
     return [
         f"{key}: {old.get(key, absent)!r} in the checkpoint, {new.get(key, absent)!r} now"

@@ -197,7 +197,8 @@ def test_config_differences_name_every_changed_key_except_the_resumable_ones():
         "seed: 0 in the checkpoint, 3 now",
         "trainer.lr: 0.0003 in the checkpoint, 0.5 now",
     ]
-    del saved["trainer"]["nonfinite"]  # a checkpoint written before a key existed
-    assert config_differences(saved, Config().to_dict()) == [
-        "trainer.nonfinite: (absent) in the checkpoint, 'stop' now"
+    del saved["trainer"]["nonfinite"]  # a checkpoint written before a key existed: it ran the default
+    assert config_differences(saved, Config().to_dict()) == []
+    assert config_differences(saved, load_config(None, ["trainer.nonfinite=skip"]).to_dict()) == [
+        "trainer.nonfinite: (absent, so its default 'stop') in the checkpoint, 'skip' now"
     ]
