@@ -573,7 +573,12 @@ def load_config(
     path: str | Path | None = None, overrides: list[str] | dict[str, Any] | None = None
 ) -> Config:
     """Build a :class:`Config` from a YAML file (optional) and overrides; does not validate names
-    (:func:`digenrl.validation.validate_config` does)."""
+    (:func:`digenrl.validation.validate_config` does).
+
+    A run's resolved ``config.yaml`` (first line ``# run_id: …``, :func:`save_config`) lists every key, read
+    or not, of a run that passed validation: none of them counts as set by the user, so the file loads and
+    validates as the config of the same run (``--config runs/a/config.yaml``) instead of tripping the knob
+    rules; command-line overrides on top still count."""
     cfg = Config()
     if path is not None:
         data = read_yaml(path, "config file", "--config") or {}  # an empty file: the defaults
@@ -589,10 +594,17 @@ def load_config(
                         "keep one"
                     )
                 set_here[leaf] = str(spelled)
-        _record(cfg, list(set_here), str(path))
+        if not _is_resolved_config(path):
+            _record(cfg, list(set_here), str(path))
     if overrides:
         apply_overrides(cfg, overrides)
     return cfg
+
+
+def _is_resolved_config(path: str | Path) -> bool:
+    """Whether ``path`` is a run's resolved config (its first line names the run, :func:`save_config`)."""
+    with open(path, encoding="utf-8", errors="replace") as stream:
+        return stream.readline().startswith(RUN_ID_HEADER)
 
 
 # --------------------------------------------------------------------------- files named by keys
@@ -656,11 +668,15 @@ def read_yaml(path: str | Path, what: str, key: str) -> Any:
         raise ConfigError(f"{what} {where}: not valid YAML ({problem})") from None
 
 
+#: The first line of a run's resolved config.yaml, before the run's id.
+RUN_ID_HEADER = "# run_id: "
+
+
 def save_config(cfg: Config, path: str | Path, *, run_id: str | None = None) -> None:
     """Write ``cfg`` as YAML (atomically: a crash leaves the old file or the new one). ``run_id`` goes into
     a leading comment, so the file still loads as a config (``--config out_dir/config.yaml``)."""
     path = Path(path)
-    header = f"# run_id: {run_id}\n" if run_id else ""
+    header = f"{RUN_ID_HEADER}{run_id}\n" if run_id else ""
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(header + yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     tmp.replace(path)

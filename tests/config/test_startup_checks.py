@@ -189,3 +189,39 @@ def test_sharded_checkpoints_with_fsdp2_full_fine_tuning_pass(tmp_path):
     for backend in ("auto", "fsdp2"):
         overrides = ["trainer.mode=full", f"trainer.backend={backend}", "trainer.checkpoint_format=sharded"]
         validate_config(load_config(TINY, [*overrides, f"out_dir={tmp_path / 'run'}"]), world_size=2)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [[], ["system=colocated-sync", "profile=cpu-1"], ["trainer.mode=full", "system=separate-sync"]],
+)
+def test_a_runs_resolved_config_loads_back_as_a_config(tmp_path, overrides):
+    """``--config runs/a/config.yaml`` (README, "Outputs"): the resolved file lists every key, read or not;
+    none counts as set by the user, so the knob rules do not refuse the run's own config."""
+    from digenrl.config import save_config
+
+    cfg = load_config(TINY, [*overrides, f"out_dir={tmp_path / 'run'}"])
+    validate_config(cfg, world_size=2 if cfg.profile == "cpu-2" else 1)
+    save_config(cfg, tmp_path / "config.yaml", run_id="feed")
+    again = load_config(tmp_path / "config.yaml")
+    validate_config(again, world_size=2 if cfg.profile == "cpu-2" else 1)
+    assert again.to_dict() == cfg.to_dict()
+
+
+def test_a_plain_config_file_still_has_its_unread_knobs_refused(tmp_path):
+    from digenrl.config import save_config
+
+    """Only a run's resolved config (its ``# run_id:`` line) is read that way: a user's file that sets an
+    unread knob is still refused, and so is an unread knob set on the command line on top of a resolved
+    config."""
+    path = tmp_path / "mine.yaml"
+    path.write_text("system: colocated-sync\nprofile: cpu-1\ntag:\n  policy: auto\n")
+    with pytest.raises(ConfigError, match=r"tag\.policy"):
+        validate_config(load_config(path, [f"out_dir={tmp_path / 'run'}"]), world_size=1)
+    path.write_text("system: colocated-sync\nprofile: cpu-1\n")
+    save_config(load_config(path), tmp_path / "config.yaml", run_id="feed")
+    with pytest.raises(ConfigError, match=r"tag\.max_fragments"):
+        validate_config(
+            load_config(tmp_path / "config.yaml", ["tag.max_fragments=2", f"out_dir={tmp_path / 'run'}"]),
+            world_size=1,
+        )
