@@ -1,10 +1,9 @@
 """TCSS — one-step-constrained asynchrony (trajectory-consistent stale synchronisation), docs/design.md §3.
 
 At the tail of iteration k the generators would idle while the trainer finishes the last fragments and
-publishes θ_{k+1}. With TCSS on they start iteration k+1's fragments with θ_k instead; θ_{k+1} takes
-effect at the next fragment boundary (:class:`digenrl.runtime.policy_version.PolicyVersion`). Two
-invariants make this safe, and both are checked on every fragment at run time (a violation is a hard
-error naming the fragment and the versions):
+publishes θ_{k+1}. With TCSS on they start iteration k+1's fragments with θ_k instead. Two invariants
+make this safe, and both are checked on every fragment at run time (a violation is a hard error naming
+the fragment and the versions):
 
 1. **one version per trajectory** — every sample of a fragment carries the same behaviour version, and
    every TSP stage ran it with that version (stages call ``PolicyVersion.require``);
@@ -16,11 +15,32 @@ fragment's update stays a correct importance-weighted one: staleness moves gradi
 ratio's correctness (the UniRL asynchronous trainer measured ratio 1.0 at staleness 2 for the same
 reason, docs/references.md [000]).
 
-Checkpoints: the iteration after a checkpoint is generated strictly on-policy (the generators wait for the
-checkpointed θ instead of starting it with the previous one), so nothing is in flight when the
-checkpoint is taken and a resumed run starts exactly where the checkpoint says. Which later fragments
-run one version stale depends on timing, as in any asynchronous schedule: ``metrics.jsonl`` records it
-per iteration (``staleness_max``, ``stale_fraction``).
+**Where θ_{k+1} takes over** (``tcss.switch``). By default the plan fixes it: fragments [0, s) of
+iteration k+1 are generated with θ_k and [s, F) with θ_{k+1} (:meth:`StalenessBound.version_of`), so the
+version of a fragment depends on its index only and two runs with one seed compute the same thing. A
+producer claiming fragment f uses the version the plan binds f to and waits for it when it is newer
+than what it holds (``wait_sync``); it can never be asked for an older one, because the fragments below
+s are claimed from the head only, in index order (:meth:`digenrl.gap.stream.FragmentStream.claim` with
+``head_only``), before the claimer applies θ_{k+1}, and TAG helpers (trainer ranks, which hold θ_{k+1}
+once they stepped) claim from [s, F) only.
+
+``auto`` (the default) is s = F: all of iteration k+1 is generated with θ_k. That is what the timing
+switch does whenever training is the bottleneck — in both CPU ablations (experiments/results/ablation)
+and in 15 of the 21 simulated best TCSS plans of the throughput table 100 % of its samples were one
+version stale — and a larger s never makes a generator wait longer, it only trades freshness (and the
+fragments a TAG helper may take) for throughput: on those 21 plans s = F kept the timing switch's
+simulated throughput in 18 and lost up to 23 % where TAG helpers made half the fragments; s = one
+fragment per generator rank lost up to 33 % (experiments/results/tcss/README.md). A smaller s makes
+more samples fresh; the generators then wait for θ_{k+1} at fragment s whenever the trainer's tail is
+longer than their work on [0, s). ``tcss.switch=timing`` applies θ_{k+1} at whichever fragment boundary
+follows its arrival: no waits and the freshest samples timing allows, but which fragments are stale, and
+so the run, depends on timing (not reproducible).
+
+Checkpoints: the iteration after a checkpoint — and the first one a resumed process runs — is generated
+strictly on-policy (s = 0: the generators wait for the checkpointed θ instead of starting it with the
+previous one), so nothing is in flight when the checkpoint is taken and a resumed run replays the
+uninterrupted one exactly (with ``tcss.switch=timing``: from the checkpoint on, until timing differs).
+``metrics.jsonl`` records the staleness per iteration (``staleness_max``, ``stale_fraction``).
 """
 
 from __future__ import annotations
@@ -29,25 +49,66 @@ from dataclasses import dataclass
 
 import torch
 
+from digenrl.config import Config, ConfigError
 from digenrl.rollout.trajectory import TrajectoryBatch
 
 
 class StalenessError(RuntimeError):
-    """A fragment broke a TCSS invariant (mixed versions, or staler than allowed)."""
+    """A fragment broke a TCSS invariant (mixed versions, staler than allowed, or not the plan's version)."""
+
+
+SWITCH_KEY = "tcss.switch"
+SWITCH_MODES = ("auto", "timing")
+
+
+def resolve_switch(value: str, num_fragments: int) -> int | None:
+    """``tcss.switch`` as the first fragment of an iteration generated with that iteration's own version
+    (None: ``timing``; ``auto`` = ``num_fragments``, see the module docstring)."""
+    if value == "timing":
+        return None
+    if value == "auto":
+        return num_fragments
+    try:
+        switch = int(value)
+    except ValueError:
+        switch = -1
+    if not 0 <= switch <= num_fragments:
+        raise ConfigError(
+            f"{SWITCH_KEY}={value!r} is not allowed; choose auto, timing or a fragment index in "
+            f"[0, {num_fragments}] (the iteration's {num_fragments} fragments)"
+        )
+    return switch
 
 
 @dataclass(frozen=True)
 class StalenessBound:
     """How far generation may run ahead of the trainer: ``lag`` = 1 with TCSS, 0 without (``separate-async``
-    uses it with ``lag`` = ``asynchrony.max_staleness``); none at all right after a checkpoint."""
+    uses it with ``lag`` = ``asynchrony.max_staleness``); none at all right after a checkpoint or at the
+    first iteration ``start`` of a resumed process. ``switch``: the plan's switch fragment s of a
+    one-stale iteration (None: no planned switch — ``tcss.switch=timing``, or ``separate-async``, which
+    only asks :meth:`oldest_version`)."""
 
     lag: int
     checkpoint_every: int = 0
     iterations: int = 0
+    switch: int | None = None
+    start: int = 0
 
     @classmethod
-    def from_config(cls, tcss: bool, checkpoint_every: int, iterations: int) -> StalenessBound:
-        return cls(lag=1 if tcss else 0, checkpoint_every=checkpoint_every, iterations=iterations)
+    def from_config(cls, cfg: Config, num_fragments: int) -> StalenessBound:
+        tcss = cfg.tcss.enabled
+        return cls(
+            lag=1 if tcss else 0,
+            checkpoint_every=cfg.checkpoint_every,
+            iterations=cfg.iterations,
+            switch=resolve_switch(cfg.tcss.switch, num_fragments) if tcss else None,
+        )
+
+    @property
+    def planned(self) -> bool:
+        """Whether the version of every fragment is the plan's (:meth:`version_of`); False: newer weights
+        apply whenever they arrive (``tcss.switch=timing``: not reproducible)."""
+        return self.lag == 0 or self.switch is not None
 
     def checkpoint_before(self, iteration: int) -> bool:
         """Whether a checkpoint is written between iteration − 1 and ``iteration``."""
@@ -57,14 +118,28 @@ class StalenessBound:
 
     def oldest_version(self, iteration: int) -> int:
         """The oldest policy version a fragment of ``iteration`` may be generated with."""
-        if self.checkpoint_before(iteration):
+        if self.checkpoint_before(iteration) or iteration == self.start:
             return iteration  # drain: nothing of this iteration may be in flight at the checkpoint
         return max(0, iteration - self.lag)
+
+    def switch_at(self, iteration: int) -> int:
+        """The plan's first fragment of ``iteration`` generated with θ_iteration; the fragments below it
+        use θ_{iteration−1} (0: the whole iteration is on-policy)."""
+        if self.oldest_version(iteration) == iteration:
+            return 0
+        if self.switch is None:
+            raise ValueError("no planned switch fragment (tcss.switch=timing)")
+        return self.switch
+
+    def version_of(self, iteration: int, fragment: int) -> int:
+        """The version the plan binds ``fragment`` of ``iteration`` to (a function of the index only)."""
+        return iteration - 1 if fragment < self.switch_at(iteration) else iteration
 
     def check_fragment(
         self, shard: TrajectoryBatch, *, trainer_version: int, fragment: int, rank: int
     ) -> int:
-        """Both invariants for a received shard (see the module docstring); returns its staleness."""
+        """Both invariants for a received shard (see the module docstring), and with a planned switch that
+        the shard was generated by the version the plan binds it to; returns its staleness."""
         if shard.batch_size == 0:
             return 0
         versions = torch.unique(shard.policy_version.cpu()).tolist()
@@ -79,6 +154,13 @@ class StalenessBound:
                 f"rank {rank}: fragment {fragment} of iteration {shard.iteration} was generated by policy "
                 f"version {versions[0]} and reached the trainer at version {trainer_version} (staleness "
                 f"{staleness}; allowed 0..{self.lag}{', tcss=true' if self.lag else ', tcss=false'})"
+            )
+        if self.planned and versions[0] != self.version_of(shard.iteration, fragment):
+            raise StalenessError(
+                f"rank {rank}: fragment {fragment} of iteration {shard.iteration} was generated by policy "
+                f"version {versions[0]}, but the plan binds it to version "
+                f"{self.version_of(shard.iteration, fragment)} (switch at fragment "
+                f"{self.switch_at(shard.iteration)})"
             )
         return staleness
 
