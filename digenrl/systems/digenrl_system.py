@@ -218,7 +218,10 @@ class DigenRL(SeparateSystem):
         tag = f"TAG {cfg.tag.policy}" if self.helper is not None else "TAG off"
         tcss = "TCSS off (on-policy)"
         if cfg.tcss.enabled and self.bound.planned:
-            tcss = f"TCSS on (fragments below {self.bound.switch} of {plan.num_fragments} one version stale)"
+            tcss = (
+                f"TCSS on (tcss.switch={cfg.tcss.switch}: fragments [0, {self.bound.switch}) of "
+                f"{plan.num_fragments} one version stale)"
+            )
         elif cfg.tcss.enabled:
             tcss = "TCSS on (tcss.switch=timing: stale fragments depend on timing, not reproducible)"
         return (
