@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import statistics
 import sys
 import time
@@ -213,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [summarize(runs[name]) for name in chosen]
     text = table(rows)
     print(text)
-    command = "python experiments/measure.py ablation " + " ".join(sys.argv[2:] if argv is None else argv)
+    command = "python experiments/measure.py ablation " + shlex.join(sys.argv[2:] if argv is None else argv)
     meta = {
         "command": command,
         "date": time.strftime("%Y-%m-%d"),

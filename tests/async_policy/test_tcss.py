@@ -37,25 +37,26 @@ def test_the_timing_switch_has_no_plan_and_keeps_the_oldest_version_rule():
 
 
 @pytest.mark.parametrize(
-    ("value", "fragments", "generators", "expected"),
-    [("auto", 8, 3, 3), ("auto", 2, 4, 2), ("timing", 8, 3, None), ("0", 8, 3, 0), ("8", 8, 3, 8)],
+    ("value", "fragments", "expected"),
+    [("auto", 8, 8), ("auto", 2, 2), ("timing", 8, None), ("0", 8, 0), ("3", 8, 3), ("8", 8, 8)],
 )
-def test_resolve_switch(value, fragments, generators, expected):
-    assert resolve_switch(value, fragments, generators) == expected
+def test_resolve_switch(value, fragments, expected):
+    assert resolve_switch(value, fragments) == expected
 
 
 @pytest.mark.parametrize("value", ["9", "-1", "later", "2.5", ""])
 def test_a_bad_switch_names_the_key_and_the_range(value):
     with pytest.raises(ConfigError, match=r"tcss\.switch=.* \[0, 8\]"):
-        resolve_switch(value, 8, 3)
+        resolve_switch(value, 8)
 
 
 def test_from_config_resolves_auto_and_leaves_tcss_off_on_policy():
     cfg = load_config(None, ["system=digenrl", "tcss=true", "iterations=5"])
-    assert StalenessBound.from_config(cfg, num_fragments=6, generators=4).switch == 4
+    auto = StalenessBound.from_config(cfg, 6)
+    assert auto.switch == 6 and [auto.version_of(2, f) for f in range(6)] == [1] * 6
     cfg = load_config(None, ["system=digenrl", "tcss=true", "tcss.switch=timing"])
-    assert not StalenessBound.from_config(cfg, num_fragments=6, generators=4).planned
-    off = StalenessBound.from_config(load_config(None, ["system=digenrl"]), num_fragments=6, generators=4)
+    assert not StalenessBound.from_config(cfg, 6).planned
+    off = StalenessBound.from_config(load_config(None, ["system=digenrl"]), 6)
     assert off.lag == 0 and off.version_of(3, 0) == 3
 
 

@@ -158,8 +158,8 @@ def test_tcss_planned_switch_binds_each_fragment_to_the_runtimes_version_and_wai
         plan = SchedulePlan(
             "digenrl", trainers=2, generators=2 * stages, fragment_groups=1, tsp_stages=stages, tcss=True
         )
-        plan = plan.with_(tag=tag, tag_budget=2 if tag else None)
-        switch = 2 * stages  # auto: one fragment per generator rank
+        switch = 2 * stages  # one fragment per generator rank
+        plan = plan.with_(tag=tag, tag_budget=2 if tag else None, tcss_switch=str(switch))
         planned = simulate(H200_8, costs, w, plan)
         generated = [s for s in planned.spans if s["phase"] == "generate"]
         for s in generated:
@@ -173,8 +173,11 @@ def test_tcss_planned_switch_binds_each_fragment_to_the_runtimes_version_and_wai
         timing = simulate(H200_8, costs, w, plan.with_(tcss_switch="timing"))
         assert timing.samples_per_s >= planned.samples_per_s * (1 - 1e-9)
         assert {s["policy_version"] for s in timing.spans if s["phase"] == "generate"} <= set(range(6))
-        everything = simulate(H200_8, costs, w, plan.with_(tcss_switch="8"))  # whole iterations one behind
-        assert everything.samples_per_s >= planned.samples_per_s * (1 - 1e-9)
+        everything = simulate(H200_8, costs, w, plan.with_(tcss_switch="auto"))  # s = F = 8
+        generated = [s for s in everything.spans if s["phase"] == "generate"]
+        assert all(s["policy_version"] == max(0, s["iteration"] - 1) for s in generated)
+        if not tag:  # a larger switch never waits longer (with TAG it also takes the helpers' fragments)
+            assert everything.samples_per_s >= planned.samples_per_s * (1 - 1e-9)
     with pytest.raises(ValueError, match=r"tcss\.switch"):
         simulate(H200_8, costs, w, plan.with_(tcss_switch="9"))
 

@@ -242,10 +242,14 @@ def _admit(run: _Run, pipeline: _Pipeline, iteration: int) -> Process:
     """Stage 0: the next fragment this pipeline may start, or _STOP after the last iteration."""
     cluster, weights, bound = run.cluster, run.weights, run.bound
     rank, stages = pipeline.ranks[0], len(pipeline.ranks)
+    # the runtime (DigenRL.claim): with TCSS's planned switch a pipeline claims first, then waits for the
+    # fragment's version; with TCSS off it waits for θ_k before claiming (at the end of iteration k − 1),
+    # with the timing switch for the oldest version allowed
+    claim_first = bound.planned and bound.lag > 0
     k = iteration
     while k < cluster.workload.iterations:
         tags = {"iteration": k}
-        if not bound.planned:  # timing: the newest version the pool holds, if recent enough
+        if not claim_first:
             yield from weights.wait_for(rank, bound.oldest_version(k), **tags)
         yield from cluster.wait_until(
             rank, "wait_pipeline", pipeline.changed, lambda: pipeline.inflight <= stages, **tags
@@ -254,9 +258,9 @@ def _admit(run: _Run, pipeline: _Pipeline, iteration: int) -> Process:
         if queue:
             index = queue.popleft()
             pipeline.inflight += 1
-            if not bound.planned:
+            if not bound.planned:  # timing: the newest version the pool holds
                 return _Fragment(k, index, run.sizes[index], weights.version)
-            version = bound.version_of(k, index)  # claimed first, then wait for its version, as the runtime
+            version = bound.version_of(k, index)
             yield from weights.wait_for(rank, version, **tags)
             return _Fragment(k, index, run.sizes[index], version)
         k += 1
