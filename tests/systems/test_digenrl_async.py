@@ -157,6 +157,24 @@ def test_a_run_resumed_with_the_planned_switch_replays_the_uninterrupted_run(swi
     assert_resumed_exactly(full, tmp_path / "resumed", keys)
 
 
+def test_a_killed_run_with_the_planned_switch_resumes_to_the_uninterrupted_run(switch_runs, tmp_path):
+    """The trainer is SIGKILLed at the start of iteration 3 (after checkpoint step_2); ``resume=true`` in
+    the same folder then computes what the uninterrupted run computed."""
+    overrides, nproc, _ = SWITCH["tsp2"]
+    out = tmp_path / "killed"
+    kill = f"rank=0,iteration=3,kind=kill,after={out / 'checkpoints' / 'latest'}"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DIGENRL_INJECT_FAULT", kill)
+        killed = run_train([*overrides, *SWITCH_RUN, f"out_dir={out}"], nproc=nproc, check=False)
+    assert killed.returncode != 0
+    assert [r["iteration"] for r in read_metrics(out)] == [0, 1, 2]
+    run_train([*overrides, *SWITCH_RUN, "resume=true", f"out_dir={out}"], nproc=nproc, timeout_s=300)
+    keys = (*RESUME_KEYS, "stale_fraction", "staleness_max")
+    # logs=False: a SIGKILLed rank loses the event records it had not flushed (issue 19, item 3, is fixed
+    # separately); the event logs of a resumed run are checked by the other resume tests
+    assert_resumed_exactly(switch_runs / "tsp2-slow-generator", out, keys, copied=False, logs=False)
+
+
 def test_the_timing_switch_runs_and_a_checkpoint_taken_with_it_resumes_exactly(tmp_path, monkeypatch):
     """``tcss.switch=timing`` (opt-in): the iteration after a checkpoint is generated on-policy (nothing
     is in flight when the checkpoint is written), so resuming from it replays that iteration exactly;
