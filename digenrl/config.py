@@ -317,6 +317,11 @@ class TcssConfig:
     (docs/design.md §3 "TCSS"). Opt-in: it changes the algorithm."""
 
     enabled: bool = False
+    # which fragments of iteration k+1 use θ_k, fixed by the plan so a run is reproducible: a fragment
+    # index s (fragments [0, s) use θ_k, [s, F) θ_{k+1}) or "auto" = F (all of them); "timing": θ_{k+1}
+    # applies at whichever fragment boundary follows its arrival (not reproducible).
+    # digenrl/async_policy/tcss.py
+    switch: str = "auto"
 
 
 @dataclass

@@ -9,7 +9,10 @@ fragment reaches the trainers:
   claim from the tail, the fragments the generators would reach last, so helping never delays a fragment
   a trainer is about to wait for. A claim first reserves one of the iteration's F slots (one counter),
   then takes an index from its end (two more counters), so head and tail never hand out the same
-  fragment. ``round-robin`` assignment is static: pipeline p makes fragments p, p+D, … (no store).
+  fragment. With TCSS's planned switch s (:mod:`digenrl.async_policy.tcss`) the fragments [0, s) are
+  claimed from the head only, in index order, before any other (a ticket of their own): they are bound
+  to the previous policy version, which a helper no longer holds. ``round-robin`` assignment is static:
+  pipeline p makes fragments p, p+D, … (no store).
 * **keys** — fragment f of iteration k for trainer t travels under ``it<k>/frag<f>/to<t>``.
 * **shipping** — the producer cuts the fragment into one shard per trainer rank: by (sample, timestep)
   units (``units``, GAP: even one small fragment keeps every trainer busy, :mod:`digenrl.gap.
@@ -91,11 +94,15 @@ class FragmentStream:
         return self.plan.assignment == "dynamic"
 
     # ------------------------------------------------------------------ producers
-    def claim(self, iteration: int, *, pipeline: int | None = None, tail: bool = False) -> int | None:
+    def claim(
+        self, iteration: int, *, pipeline: int | None = None, tail: bool = False, head_only: int = 0
+    ) -> int | None:
         """The next fragment of ``iteration`` this producer makes, or None when none is left.
 
-        ``dynamic``: store tickets, head (generators) or ``tail`` (TAG helpers). ``round-robin``: the next
-        fragment of ``pipeline``'s static list; helpers cannot claim (nothing is shared).
+        ``dynamic``: store tickets, head (generators) or ``tail`` (TAG helpers); fragments below
+        ``head_only`` go to head claims only, in index order, before the rest (every claimer of the
+        iteration must pass the same value). ``round-robin``: the next fragment of ``pipeline``'s static
+        list; helpers cannot claim (nothing is shared).
         """
         if not self.dynamic:
             if tail or pipeline is None:
@@ -106,11 +113,17 @@ class FragmentStream:
                 return None
             self._static_next[(iteration, pipeline)] = position + 1
             return mine[position]
-        if self.plane.ticket(f"claims/it{iteration}") >= self.num_fragments:
+        if not 0 <= head_only <= self.num_fragments:
+            raise ValueError(f"head_only must be in [0, {self.num_fragments}], got {head_only}")
+        if head_only and not tail:
+            prefix = self.plane.ticket(f"claims/it{iteration}/prefix")
+            if prefix < head_only:
+                return prefix
+        if self.plane.ticket(f"claims/it{iteration}") >= self.num_fragments - head_only:
             return None
         if tail:
             return self.num_fragments - 1 - self.plane.ticket(f"claims/it{iteration}/tail")
-        return self.plane.ticket(f"claims/it{iteration}/head")
+        return head_only + self.plane.ticket(f"claims/it{iteration}/head")
 
     def shards(self, batch: TrajectoryBatch, fragment: int = 0) -> list[TrajectoryBatch]:
         """One shard per trainer rank, in trainer order (see the module docstring). Unit shards of the

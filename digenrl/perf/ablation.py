@@ -4,6 +4,8 @@ Each variant is a real ``torchrun`` run of ``experiments/run_train.py`` with the
 batch and seed. The ladder: ``colocated-sync`` (every rank generates and trains), ``separate-sync``
 (disjoint pools, full-batch barrier), then ``digenrl`` with GAP, + TSP (needs 2+ generators), + TAG,
 + TCSS, and ``separate-async`` at staleness 1 beside the last (equal staleness, docs/design.md §4).
+Opt-in rows (``--variants``, :func:`switch_variants`) run the TCSS row with other ``tcss.switch`` values:
+``timing`` (the non-reproducible switch) and one fragment per generator rank (fresher, may wait).
 Every variant runs ``--repeats`` times, interleaved with the others, and the table reports medians over
 the runs (the samples/s of each run in brackets: a shared CPU machine drifts). Per run: the median
 iteration time after ``--warmup`` iterations, trained
@@ -23,6 +25,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import statistics
 import sys
 import time
@@ -52,6 +55,18 @@ def ladder(generators: int, stages: int, fragment_groups: int) -> dict[str, tupl
     variants[f"digenrl {mechanisms}+tag+tcss"] = ([*base, "tag=true", "tag.policy=auto", "tcss=true"], 1)
     variants["separate-async s=1"] = (["system=separate-async", "asynchrony.max_staleness=1"], 1)
     return variants
+
+
+def switch_variants(generators: int, stages: int, fragment_groups: int) -> dict[str, tuple[list[str], int]]:
+    """The ladder's TCSS row (``tcss.switch=auto``: the whole next iteration one version stale) with
+    ``tcss.switch=timing`` and with the switch at fragment ``generators`` instead."""
+    name, (overrides, staleness) = next(
+        (n, v) for n, v in ladder(generators, stages, fragment_groups).items() if n.endswith("+tcss")
+    )
+    return {
+        f"{name} switch=timing": ([*overrides, "tcss.switch=timing"], staleness),
+        f"{name} switch={generators}": ([*overrides, f"tcss.switch={generators}"], staleness),
+    }
 
 
 def run_variant(
@@ -176,8 +191,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     generators = args.nproc - args.trainers
-    variants = ladder(generators, args.tsp_stages or generators, args.fragment_groups)
-    chosen = args.variants or list(variants)
+    stages = args.tsp_stages or generators
+    default = ladder(generators, stages, args.fragment_groups)
+    variants = {**default, **switch_variants(generators, stages, args.fragment_groups)}
+    chosen = args.variants or list(default)
     unknown = [v for v in chosen if v not in variants]
     if unknown:
         parser.error(
@@ -197,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [summarize(runs[name]) for name in chosen]
     text = table(rows)
     print(text)
-    command = "python experiments/measure.py ablation " + " ".join(sys.argv[2:] if argv is None else argv)
+    command = "python experiments/measure.py ablation " + shlex.join(sys.argv[2:] if argv is None else argv)
     meta = {
         "command": command,
         "date": time.strftime("%Y-%m-%d"),

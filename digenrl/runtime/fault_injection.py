@@ -17,8 +17,8 @@ checkpoint, so a test that asserts which checkpoint survives a fault names the f
 (e.g. ``<out_dir>/checkpoints/latest``) instead of racing the writer.
 
 ``DIGENRL_INJECT_DELAY="rank=R,phase=P,seconds=S"`` makes rank R sleep S seconds each time it enters
-phase P (``train``: before each fragment it trains; ``exit``: after the run, before the watchdog stops)
-— a deliberately slow rank.
+phase P (``train``: before each fragment it trains; ``generate``: before each fragment a generator rank
+runs its steps of; ``exit``: after the run, before the watchdog stops) — a deliberately slow rank.
 
 Neither variable is meant for users; unset, both cost one environment lookup.
 """

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from digenrl.config import TRAIN_ORDERS
+from digenrl.async_policy.tcss import resolve_switch
+from digenrl.config import TRAIN_ORDERS, ConfigError
 from digenrl.gap.fragments import ASSIGNMENTS, FragmentPlan
 from digenrl.sim.workload import Workload
 
@@ -56,7 +57,10 @@ class SchedulePlan:
     with ``tag_budget`` (fragments each trainer rank may generate per iteration; None = pick the budget
     with the best predicted throughput, 0 included, so TAG is only inserted where it shortens the
     makespan) and ``park_grads`` (``tag.park_grads``: move pending gradients to the host while helping),
-    ``tcss`` (one-step-stale generation across the iteration boundary).
+    ``tcss`` (one-step-stale generation across the iteration boundary) with ``tcss_switch``
+    (``tcss.switch``: ``auto`` or a fragment index s — fragments [0, s) of iteration k+1 use θ_k, a
+    pipeline reaching fragment s waits for θ_{k+1}; ``timing`` — θ_{k+1} applies at the next fragment
+    boundary after it arrives; :mod:`digenrl.async_policy.tcss`).
     """
 
     system: str
@@ -82,6 +86,7 @@ class SchedulePlan:
     tag_budget: int | None = None
     park_grads: bool = False
     tcss: bool = False
+    tcss_switch: str = "auto"
 
     def __post_init__(self) -> None:
         if self.system not in SYSTEMS:
@@ -214,6 +219,8 @@ class SchedulePlan:
                 raise ValueError(
                     "TAG needs fragment_assignment='dynamic' (helpers claim from the shared queue)"
                 )
+            if self.tcss:
+                self.switch_fragment(workload)  # auto, timing or a fragment index (ValueError)
             if self.tag and workload.trainer_mode == "full" and self.trainers > 1:
                 raise ValueError(
                     "TAG needs a trainer that can generate alone; full fine-tuning shards the model (FSDP2)"
@@ -231,6 +238,13 @@ class SchedulePlan:
 
     def num_fragments(self, workload: Workload) -> int:
         return self.fragment_plan(workload).num_fragments
+
+    def switch_fragment(self, workload: Workload) -> int | None:
+        """TCSS's switch fragment as the runtime resolves ``tcss.switch`` (None: ``timing``)."""
+        try:
+            return resolve_switch(self.tcss_switch, self.num_fragments(workload))
+        except ConfigError as error:
+            raise ValueError(str(error)) from None
 
     def with_(self, **changes: Any) -> SchedulePlan:
         return replace(self, **changes)
@@ -277,11 +291,16 @@ class SchedulePlan:
             return (
                 f"digenrl ({pools}, D={self.pipelines} x S={self.tsp_stages}, F={self.fragment_groups} "
                 f"groups/fragment, GAP={'on' if self.gap else 'off'}, TAG={tag}, "
-                f"TCSS={'on' if self.tcss else 'off'}; {self.fragment_assignment}, "
+                f"TCSS={self._tcss_text()}; {self.fragment_assignment}, "
                 f"{self.train_order} order, {self.transport_mode}{extra})"
             )
         extra = "".join(f", {k}" for k in self._memory_knobs())
         return f"{self.system} ({pools}, {self.transport_mode}{extra})"
+
+    def _tcss_text(self) -> str:
+        if not self.tcss:
+            return "off"
+        return "on" if self.tcss_switch == "auto" else f"on, switch {self.tcss_switch}"
 
     def overrides(self) -> list[str]:
         """The ``experiments/run_train.py`` overrides that run this plan (``key=value``). A knob the runtime
@@ -313,6 +332,8 @@ class SchedulePlan:
                 f"tag.enabled={str(self.tag).lower()}",
                 f"tcss.enabled={str(self.tcss).lower()}",
             ]
+            if self.tcss:
+                out.append(f"tcss.switch={self.tcss_switch}")
             if self.tag:
                 if self.tag_budget is None:
                     out.append("tag.policy=auto")

@@ -36,7 +36,7 @@ import csv
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -243,12 +243,14 @@ def sub_cluster(base: HardwareProfile, nodes: int) -> HardwareProfile:
 
 @dataclass
 class Comparison:
-    """Every row of one scenario on one profile: tuned baselines, DigenRL at staleness 0 and ≤ 1, and the
-    best plan of DigenRL's own mechanisms at each staleness (None: none can run)."""
+    """Every row of one scenario on one profile: tuned baselines, DigenRL at staleness 0 and ≤ 1, the
+    best plan of DigenRL's own mechanisms at each staleness (None: none can run), and that plan with TCSS's
+    timing-driven switch (``tcss.switch=timing``, not reproducible) where it uses TCSS."""
 
     baselines: dict[str, PlanScore | None]
     digenrl: dict[int, PlannerResult]
     mechanisms: dict[int, PlanScore | None]
+    timing_switch: dict[int, PlanScore | None] = field(default_factory=dict)
 
     def best_baseline(self, staleness: int) -> PlanScore:
         return max(
@@ -279,7 +281,12 @@ def compare(
             mechanisms[s] = planner.search(**options, include_baselines=False).best
         except ValueError:  # no plan of the mechanisms can run (memory, or a one-GPU profile)
             mechanisms[s] = None
-    return Comparison(baselines, searches, mechanisms)
+    timing = {
+        s: planner.score(m.plan.with_(tcss_switch="timing"))
+        for s, m in mechanisms.items()
+        if m is not None and m.plan.tcss
+    }
+    return Comparison(baselines, searches, mechanisms, timing)
 
 
 def _bubbles(score: PlanScore) -> str:
@@ -352,6 +359,7 @@ def comparison_rows(
         label = "digenrl" if staleness == 0 else f"digenrl s={staleness}"
         best_base = comparison.best_baseline(staleness)
         mech = comparison.mechanisms[staleness]
+        timing = comparison.timing_switch.get(staleness)
         rows.append(
             {
                 **common,
@@ -360,7 +368,12 @@ def comparison_rows(
                 "ratio_vs_best_baseline": result.best.samples_per_s / best_base.samples_per_s,
                 "mechanisms": ""
                 if mech is None
-                else f"{mech.samples_per_s:.4g} samples/s: {mech.plan.describe()}",
+                else f"{mech.samples_per_s:.4g} samples/s: {mech.plan.describe()}"
+                + (
+                    ""
+                    if timing is None
+                    else f"; with tcss.switch=timing {timing.samples_per_s:.4g} samples/s"
+                ),
                 "note": why_not_digenrl(result, mech),
             }
         )

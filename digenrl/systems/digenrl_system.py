@@ -19,10 +19,12 @@ the moment it arrives and step once after the last::
 * TAG — :class:`~digenrl.tag.helper.TagHelper`: a trainer rank whose next fragment is not ready claims one
   from the tail and generates it with its own model; :class:`~digenrl.tag.policy.TagPolicy` sets the
   per-iteration budget (``tag.policy=auto``: the simulator's prediction from this run's measured costs).
-* TCSS — :class:`~digenrl.async_policy.tcss.StalenessBound`: with ``tcss.enabled`` a generator may admit
-  iteration k's fragments with θ_{k−1}; weights arrive into staging and apply at fragment boundaries
-  (:class:`~digenrl.runtime.policy_version.PolicyVersion`); every received fragment is checked for one
-  version per trajectory and staleness ≤ 1 (0 with TCSS off).
+* TCSS — :class:`~digenrl.async_policy.tcss.StalenessBound`: with ``tcss.enabled`` fragments [0, s) of
+  iteration k are generated with θ_{k−1} and [s, F) with θ_k (``tcss.switch``: s fixed by the plan, so the
+  run is reproducible; a producer claiming fragment s or later waits for θ_k, TAG helpers claim only
+  there; ``timing``: whatever arrived by the fragment boundary); weights arrive into staging and apply at
+  fragment boundaries (:class:`~digenrl.runtime.policy_version.PolicyVersion`); every received fragment
+  is checked for one version per trajectory, staleness ≤ 1 (0 with TCSS off) and the plan's version.
 
 With TCSS off the update equals the synchronous one on the same data: every sample's noise is keyed by
 its identity, so *who* generates a fragment (a pipeline or a helper) and *when* never changes its
@@ -36,12 +38,13 @@ std would need the whole batch before any fragment could train.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
 import torch
 
-from digenrl.async_policy.tcss import StalenessBound, StalenessStats
+from digenrl.async_policy.tcss import StalenessBound, StalenessStats, resolve_switch
 from digenrl.config import Config, ConfigError
 from digenrl.gap.fragments import FragmentPlan
 from digenrl.gap.unit_packer import UnitPacker
@@ -98,7 +101,8 @@ class DigenRL(SeparateSystem):
         tsp.check_num_steps(num_steps)
         if cfg.tsp.boundaries is not None:
             check_boundaries(cfg.tsp.boundaries, tsp.stages, num_steps)
-        FragmentPlan(cfg.algo.prompts_per_iteration, cfg.gap.fragment_groups, tsp.num_pipelines)
+        plan = FragmentPlan(cfg.algo.prompts_per_iteration, cfg.gap.fragment_groups, tsp.num_pipelines)
+        resolve_switch(cfg.tcss.switch, plan.num_fragments)  # tcss.* without tcss: validation.KNOB_RULES
         if cfg.gap.enabled and cfg.algo.adv_std != "group":
             raise ConfigError(
                 "gap.enabled=true normalises advantages per fragment, which needs algo.adv_std=group "
@@ -147,7 +151,7 @@ class DigenRL(SeparateSystem):
             profile=profile,
             boundaries=cfg.tsp.boundaries,
         )
-        self.bound = StalenessBound.from_config(cfg.tcss.enabled, cfg.checkpoint_every, cfg.iterations)
+        self.bound = StalenessBound.from_config(cfg, self.stream.num_fragments)
         self.shipping: list = []  # sends of scored fragments still in flight (this rank is their producer)
         self.helper: TagHelper | None = None
         self.tag_policy: TagPolicy | None = None
@@ -207,14 +211,32 @@ class DigenRL(SeparateSystem):
         cfg, plan, layout = self.cfg, self.stream.plan, self.tsp_plan.layout
         gap = "on" if cfg.gap.enabled else "off"
         tag = f"TAG {cfg.tag.policy}" if self.helper is not None else "TAG off"
-        tcss = "TCSS on (at most one version stale)" if cfg.tcss.enabled else "TCSS off (on-policy)"
+        tcss = "TCSS off (on-policy)"
+        if cfg.tcss.enabled and self.bound.planned:
+            tcss = (
+                f"TCSS on (tcss.switch={cfg.tcss.switch}: fragments [0, {self.bound.switch}) of "
+                f"{plan.num_fragments} one version stale)"
+            )
+        elif cfg.tcss.enabled:
+            tcss = "TCSS on (tcss.switch=timing: stale fragments depend on timing, not reproducible)"
         return (
             f"GAP {gap} ({plan.num_fragments} fragments of {plan.fragment_groups} group(s)), "
             f"TSP {layout.num_pipelines} pipeline(s) x {layout.stages} stage(s), {tag}, {tcss}"
         )
 
+    def restore(self, payload: dict) -> int:
+        """A resumed process starts on-policy: its generators hold only the checkpointed θ."""
+        start = super().restore(payload)
+        self.bound = dataclasses.replace(self.bound, start=start)
+        return start
+
     def before_first_iteration(self) -> None:
         self.initial_sync()
+
+    def head_only(self, iteration: int) -> int:
+        """Fragments of ``iteration`` that only generator pipelines claim: with TCSS's planned switch the
+        ones bound to θ_{k−1}, which a trainer rank (a TAG helper, at θ_k) no longer holds."""
+        return self.bound.switch_at(iteration) if self.bound.planned else 0
 
     # ------------------------------------------------------------------ generator pool: one TSP stage
     def generate_iteration(self, iteration: int) -> IterationReport:
@@ -226,11 +248,14 @@ class DigenRL(SeparateSystem):
             if isinstance(fragment, EndOfIteration):
                 stage.end_iteration(iteration)
                 break
+            if self.version.latest < fragment.version:  # a later stage: the version may still be on its way
+                self.wait_for_version(fragment.version, iteration)
             self.version.require(
                 fragment.version,
                 self.parts.bundle.flow_model,
                 what=f"rank {self.ctx.rank}: fragment {fragment.fragment} of iteration {iteration}",
             )
+            inject_delay(self.ctx.rank, "generate")  # robustness tests only: a deliberately slow generator
             start = time.perf_counter()
             with events.span(
                 "generate",
@@ -256,19 +281,34 @@ class DigenRL(SeparateSystem):
         return generator_report(local, samples, {"rollout": t1 - t0, "sync": time.perf_counter() - t1})
 
     def claim(self, iteration: int) -> InFlight | EndOfIteration:
-        """Stage 0: at a fragment boundary take the newest weights that arrived, make sure they are recent
-        enough for ``iteration`` (TCSS: one version behind at most; off: exactly θ_k), then claim."""
+        """Stage 0: claim the next fragment and bind it to the version the plan gives it (waiting for that
+        version if it has not arrived; TCSS off: θ_k). ``tcss.switch=timing``: at the fragment boundary
+        take the newest weights that arrived, at most one version behind ``iteration``, then claim."""
         self.service_weight_sync()
-        self.version.apply_staged(self.parts.bundle.flow_model)
-        oldest = self.bound.oldest_version(iteration)
-        if self.version.current < oldest:
-            self.wait_for_version(oldest, iteration)
-        fragment = self.stream.claim(iteration, pipeline=self.stage.pipeline)
-        if fragment is None:
-            return EndOfIteration(iteration)
+        if self.bound.planned:
+            fragment = self.stream.claim(
+                iteration, pipeline=self.stage.pipeline, head_only=self.head_only(iteration)
+            )
+            if fragment is None:
+                return EndOfIteration(iteration)
+            version = self.bound.version_of(iteration, fragment)
+            self.wait_for_version(version, iteration)
+            self.version.require(
+                version,
+                self.parts.bundle.flow_model,
+                what=f"rank {self.ctx.rank}: fragment {fragment} of iteration {iteration}",
+            )
+        else:
+            self.version.apply_staged(self.parts.bundle.flow_model)
+            oldest = self.bound.oldest_version(iteration)
+            if self.version.current < oldest:
+                self.wait_for_version(oldest, iteration)
+            fragment = self.stream.claim(iteration, pipeline=self.stage.pipeline)
+            if fragment is None:
+                return EndOfIteration(iteration)
+            version = self.version.current
         prompts = self.parts.prompts.prompts_for(iteration, self.cfg.algo.prompts_per_iteration)
         ids = list(self.stream.plan.prompt_ids(fragment))
-        version = self.version.current
         batch = self.parts.engine.start(
             [prompts[i] for i in ids], ids, iteration=iteration, policy_version=version
         )
@@ -344,12 +384,13 @@ class DigenRL(SeparateSystem):
                 decision.budget,
                 next_ready=lambda: self.stream.ready(iteration, pending[0]),
                 finish=self.finish_helper_fragment,
+                head_only=self.head_only(iteration),
             )
         while pending:
             f = self.next_to_train(iteration, pending)
             if not self.stream.ready(iteration, f) and self.may_help(decision, helped):
                 # nothing to train yet: a ready training unit would have won
-                made = self.helper.try_help(iteration, version, prompts)
+                made = self.helper.try_help(iteration, version, prompts, head_only=self.head_only(iteration))
                 if made is not None:
                     self.finish_helper_fragment(made)
                     helped += 1

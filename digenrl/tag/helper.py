@@ -12,6 +12,8 @@ Rules, and how they hold here:
   said the next fragment is not ready; helping is not pre-empted mid-fragment;
 * the helper is bound to the exact policy version of what it generates — the trainer's own weights, which
   are θ_k until the optimizer step that ends iteration k, and the fragment's records carry that version;
+  with TCSS's planned switch it claims only fragments the plan binds to θ_k (``head_only``: the ones
+  below the switch are bound to θ_{k−1} and belong to the generators, :mod:`digenrl.async_policy.tcss`);
 * it never commits an optimizer step and never disturbs a pending gradient accumulation: generation runs
   under ``torch.no_grad`` and touches no ``.grad``; with ``tag.park_grads`` the pending gradients move to
   host memory while generating and come back bit for bit (:class:`ParkedGradients`);
@@ -129,10 +131,13 @@ class TagHelper:
         then they help only at the head of an iteration (:meth:`head_round`)."""
         return self.backend.joint_generation
 
-    def try_help(self, iteration: int, version: int, prompts: list[str]) -> InFlight | None:
-        """Claim a fragment from the tail and generate it with this rank's model (policy ``version``);
-        None when nothing is left to claim. ``prompts`` are the iteration's prompts (index = prompt id)."""
-        fragment = self.stream.claim(iteration, tail=True)
+    def try_help(
+        self, iteration: int, version: int, prompts: list[str], *, head_only: int = 0
+    ) -> InFlight | None:
+        """Claim a fragment from the tail (at or above ``head_only``) and generate it with this rank's
+        model (policy ``version``); None when nothing is left to claim. ``prompts`` are the iteration's
+        prompts (index = prompt id)."""
+        fragment = self.stream.claim(iteration, tail=True, head_only=head_only)
         if fragment is None:
             return None
         inject_fault(self.stream.plane.rank, iteration, phase="tag")  # robustness tests only
@@ -162,6 +167,8 @@ class TagHelper:
         budget: int | None,
         next_ready: Callable[[], bool],
         finish: Callable[[InFlight], object],
+        *,
+        head_only: int = 0,
     ) -> int:
         """Joint mode: every trainer rank calls this at the head of the iteration; the weights are
         gathered once (collective), each rank generates while its next fragment is not ready (at most
@@ -171,7 +178,7 @@ class TagHelper:
         self.enter(iteration, version)
         try:
             while (budget is None or made < budget) and not next_ready():
-                fragment = self.try_help(iteration, version, prompts)
+                fragment = self.try_help(iteration, version, prompts, head_only=head_only)
                 if fragment is None:
                     break
                 finish(fragment)

@@ -188,6 +188,7 @@ class TagPolicy:
             tag=budget > 0,
             tag_budget=budget,
             tcss=cfg.tcss.enabled,
+            tcss_switch=cfg.tcss.switch,
         )
 
     def predict(self, costs: CostModel, budget: int) -> float:

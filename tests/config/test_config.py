@@ -144,6 +144,7 @@ def test_every_shipped_experiment_config_loads_and_validates(path):
     [
         (["system=colocated-sync", "tag=true"], ["tag.enabled=true", "command line", "digenrl"]),
         (["system=separate-sync", "tcss=true"], ["tcss.enabled=true", "system='separate-sync'", "digenrl"]),
+        (["system=separate-async", "tcss.switch=timing"], ["tcss.switch='timing'", "tcss.enabled=true"]),
         (["system=colocated-sync", "sync.bucket_mb=8"], ["sync.bucket_mb", "separate-async, separate-sync"]),
         (
             ["system=separate-sync", "asynchrony.max_staleness=1"],

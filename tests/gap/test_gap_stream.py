@@ -3,6 +3,7 @@ overlap, and round-robin claims follow the static plan."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 
@@ -19,17 +20,25 @@ def _stream(store, rank: int, plan: FragmentPlan) -> FragmentStream:
     return FragmentStream(plan, plane, (0, 1), sharding="units", device=torch.device("cpu"), timeout_s=5)
 
 
-@pytest.mark.parametrize("fragments", [1, 2, 7, 16])
-def test_dynamic_claims_from_head_and_tail_partition_the_iteration(fragments):
+TAILS = (0, 2, 4)  # of five producers, these claim from the tail (TAG helpers), the others from the head
+
+
+def _claim_concurrently(plan: FragmentPlan, iteration: int, head_only: int = 0):
+    """Five producers claim ``iteration`` at once; returns their streams, each one's claims, and the head
+    claims in the order the store handed them out."""
     store = torch.distributed.HashStore()
-    plan = FragmentPlan(fragments * 2, 2, 3)
-    producers = [(_stream(store, rank, plan), rank % 2 == 0) for rank in range(5)]  # even ranks: tails
+    streams = [_stream(store, rank, plan) for rank in range(5)]
     claims: dict[int, list[int]] = {rank: [] for rank in range(5)}
+    order: list[int] = []
+    lock = threading.Lock()
 
     def produce(rank: int) -> None:
-        stream, tail = producers[rank]
+        tail = rank in TAILS
         while True:
-            f = stream.claim(3, pipeline=0, tail=tail)
+            with contextlib.nullcontext() if tail else lock:
+                f = streams[rank].claim(iteration, pipeline=0, tail=tail, head_only=head_only)
+                if f is not None and not tail:
+                    order.append(f)
             if f is None:
                 return
             claims[rank].append(f)
@@ -39,13 +48,31 @@ def test_dynamic_claims_from_head_and_tail_partition_the_iteration(fragments):
         t.start()
     for t in threads:
         t.join()
+    return streams, claims, order
+
+
+@pytest.mark.parametrize("fragments", [1, 2, 7, 16])
+def test_dynamic_claims_from_head_and_tail_partition_the_iteration(fragments):
+    streams, claims, _ = _claim_concurrently(FragmentPlan(fragments * 2, 2, 3), 3)
     everything = sorted(f for fs in claims.values() for f in fs)
     assert everything == list(range(fragments))  # each fragment exactly once
     for rank, fs in claims.items():
-        tail = producers[rank][1]
-        assert fs == (sorted(fs, reverse=True) if tail else sorted(fs))  # each end moves one way
+        assert fs == (sorted(fs, reverse=True) if rank in TAILS else sorted(fs))  # each end moves one way
     # the next iteration is a fresh queue
-    assert producers[1][0].claim(4, pipeline=0) == 0
+    assert streams[1].claim(4, pipeline=0) == 0
+
+
+@pytest.mark.parametrize(("fragments", "head_only"), [(4, 2), (7, 3), (5, 5), (6, 1)])
+def test_fragments_below_head_only_go_to_head_claims_in_index_order_before_the_rest(fragments, head_only):
+    """TCSS's planned switch: the fragments bound to the previous version are claimed by generator
+    pipelines (head) only and first; helpers (tail) get only the rest; every fragment exactly once."""
+    streams, claims, order = _claim_concurrently(FragmentPlan(fragments, 1, 2), 2, head_only)
+    assert sorted(f for fs in claims.values() for f in fs) == list(range(fragments))
+    assert all(f >= head_only for rank in TAILS for f in claims[rank])
+    assert order[:head_only] == list(range(head_only))  # the prefix first, in index order
+    assert order == sorted(order)
+    with pytest.raises(ValueError, match="head_only"):
+        streams[1].claim(3, pipeline=0, head_only=fragments + 1)
 
 
 def test_round_robin_claims_follow_the_plan_and_refuse_helpers():

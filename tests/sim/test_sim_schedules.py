@@ -146,6 +146,42 @@ def test_tcss_keeps_every_trajectory_at_most_one_version_stale():
         )
 
 
+def test_tcss_planned_switch_binds_each_fragment_to_the_runtimes_version_and_waits_there():
+    """The runtime's rule (StalenessBound.version_of): fragments [0, s) of iteration k use θ_{k−1}, the rest
+    θ_k — a pipeline reaching fragment s before θ_k waits for it, a TAG helper takes only fragments ≥ s —
+    whatever the costs; the timing switch never waits for weights, so it is never slower."""
+    rng = random.Random(2033)
+    for stages, tag in ((1, False), (2, False), (1, True)):
+        # a long optimizer step: the trainer's tail outlasts the fragments before the switch
+        costs = toy_costs(step=0.05, unit=rng.uniform(0.01, 0.05), optimizer=1.0, decode=0.05)
+        w = _workload(prompts_per_iteration=8, num_steps=4, train_steps=3, iterations=6)
+        plan = SchedulePlan(
+            "digenrl", trainers=2, generators=2 * stages, fragment_groups=1, tsp_stages=stages, tcss=True
+        )
+        switch = 2 * stages  # one fragment per generator rank
+        plan = plan.with_(tag=tag, tag_budget=2 if tag else None, tcss_switch=str(switch))
+        planned = simulate(H200_8, costs, w, plan)
+        generated = [s for s in planned.spans if s["phase"] == "generate"]
+        for s in generated:
+            k, f = s["iteration"], s["fragment"]
+            assert s["policy_version"] == (k - 1 if k > 0 and f < switch else k), s
+        helpers = [s for s in generated if s["extra"].get("helper")]
+        assert bool(helpers) == tag and all(s["fragment"] >= switch for s in helpers if s["iteration"])
+        generator_ranks = set(plan.generator_ranks(H200_8.world_size))
+        waits = [s for s in planned.spans if s["phase"] == "wait_sync" and s["rank"] in generator_ranks]
+        assert waits, "no pipeline waited for θ_k at the switch fragment"
+        timing = simulate(H200_8, costs, w, plan.with_(tcss_switch="timing"))
+        assert timing.samples_per_s >= planned.samples_per_s * (1 - 1e-9)
+        assert {s["policy_version"] for s in timing.spans if s["phase"] == "generate"} <= set(range(6))
+        everything = simulate(H200_8, costs, w, plan.with_(tcss_switch="auto"))  # s = F = 8
+        generated = [s for s in everything.spans if s["phase"] == "generate"]
+        assert all(s["policy_version"] == max(0, s["iteration"] - 1) for s in generated)
+        if not tag:  # a larger switch never waits longer (with TAG it also takes the helpers' fragments)
+            assert everything.samples_per_s >= planned.samples_per_s * (1 - 1e-9)
+    with pytest.raises(ValueError, match=r"tcss\.switch"):
+        simulate(H200_8, costs, w, plan.with_(tcss_switch="9"))
+
+
 _HELPER_PHASES = ("score", "tag_switch", "optimizer", "sync")
 
 
