@@ -125,7 +125,7 @@ def test_a_resumed_run_with_gap_tsp_and_tag_replays_the_uninterrupted_run_exactl
             ["trainer.backend=deepspeed", "every rank", "colocated-sync"],
         ),
         (["tsp_stages=2", "tsp.boundaries=[0, 9, 8]"], ["tsp.boundaries"]),
-        (["tcss.switch=2"], ["tcss.switch=2", "tcss.enabled=true"]),
+        (["tcss.switch=2"], ["tcss.switch='2'", "tcss.enabled=true"]),
         (["tcss=true", "tcss.switch=5"], ["tcss.switch='5'", "[0, 4]"]),
         (["tcss=true", "tcss.switch=soon"], ["tcss.switch='soon'", "auto, timing"]),
     ],
