@@ -16,6 +16,8 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["digenrl", "digenrl.*"]),
+    # the hardware profiles (digenrl/runtime/profiles.py loads profile=NAME from there)
+    package_data={"digenrl.runtime": ["hardware_profiles/*.yaml", "hardware_profiles/README.md"]},
     install_requires=[
         "torch>=2.6",
         "diffusers>=0.42,<0.43",

@@ -6,7 +6,7 @@ A profile says how many nodes there are, how many devices each node holds, what 
 (relative speed, memory, peak bf16 TFLOP/s, HBM bandwidth) and how fast the links are. The planner and the
 discrete-event simulator read it to size pools and predict step times; the launcher reads it to check that
 ``torchrun`` started the expected number of ranks. The YAML schema is documented in
-``hardware_profiles/README.md``.
+``digenrl/runtime/hardware_profiles/README.md`` (the profiles ship with the package).
 
 Units: TFLOP/s for compute, GB/s (gigaBYTES per second, 1e9 B/s) for every bandwidth, GiB for memory.
 Ranks are assigned node by node in the order the ``nodes`` list is written (torchrun's default: node n
@@ -23,8 +23,9 @@ from typing import Any
 
 from digenrl.config import RUNTIME_BACKENDS, read_yaml
 
-#: ``hardware_profiles/`` at the repository root, found relative to this file (digenrl/runtime/profiles.py).
-PROFILE_DIR = Path(__file__).resolve().parents[2] / "hardware_profiles"
+#: The shipped profiles: package data next to this module (setup.py ``package_data``), so an installed
+#: package finds them as a checkout does.
+PROFILE_DIR = Path(__file__).resolve().with_name("hardware_profiles")
 
 _TOP_LEVEL_KEYS = ("name", "description", "backend", "nodes", "gpu_types", "links")
 _NODE_KEYS = ("count", "gpus_per_node", "workers_per_node", "gpu", "intra_node_gbps")
@@ -152,7 +153,7 @@ class HardwareProfile:
 
 
 def available_profiles() -> list[str]:
-    """Names of the profiles shipped in ``hardware_profiles/`` (file stems), sorted."""
+    """Names of the shipped profiles (:data:`PROFILE_DIR` file stems), sorted."""
     if not PROFILE_DIR.is_dir():
         return []
     return sorted(path.stem for path in PROFILE_DIR.glob("*.yaml"))
@@ -165,7 +166,7 @@ def is_profile_path(name_or_path: str | Path) -> bool:
 
 
 def load_profile(name_or_path: str | Path) -> HardwareProfile:
-    """Load a profile by name (``hardware_profiles/<name>.yaml``) or from an explicit YAML path."""
+    """Load a profile by name (``<PROFILE_DIR>/<name>.yaml``) or from an explicit YAML path."""
     path = Path(name_or_path)
     is_path = is_profile_path(name_or_path)
     if is_path:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import copy
 import random
+from pathlib import Path
 
 import pytest
 import yaml
 
+import digenrl
 from digenrl.runtime.profiles import (
     PROFILE_DIR,
     available_profiles,
@@ -136,3 +138,10 @@ def test_validation_errors_name_the_key(path, value, expected):
         parent[path[-1]] = value
     with pytest.raises(ValueError, match=expected):
         profile_from_dict(raw)
+
+
+def test_profiles_ship_with_the_package():
+    """The profiles are package data (an installed package finds them), not a folder of the checkout."""
+    package = Path(digenrl.__file__).resolve().parent
+    assert PROFILE_DIR.is_relative_to(package) and sorted(EXPECTED) == available_profiles()
+    assert '"hardware_profiles/*.yaml"' in (package.parent / "setup.py").read_text()
