@@ -50,7 +50,7 @@ from dataclasses import dataclass
 import torch
 
 from digenrl.config import Config, ConfigError
-from digenrl.rollout.trajectory import TrajectoryBatch
+from digenrl.data.trajectory import TrajectoryBatch
 
 
 class StalenessError(RuntimeError):

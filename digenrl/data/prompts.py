@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from digenrl.config import DataConfig, read_text_file
-from digenrl.rollout.noise import mix_seed
+from digenrl.data.seeding import mix_seed
 
 BUILTIN_PROMPTS: tuple[str, ...] = (
     "a red fox in fresh snow",

@@ -36,9 +36,9 @@ import json
 
 import torch
 
+from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.gap.fragments import FragmentPlan
 from digenrl.gap.unit_sharding import shard_units
-from digenrl.rollout.trajectory import TrajectoryBatch
 from digenrl.runtime.control_plane import ControlPlane
 from digenrl.runtime.transfer import (
     PendingSend,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from digenrl.rollout.trajectory import TrajectoryBatch
+from digenrl.data.trajectory import TrajectoryBatch
 
 
 class UnitPacker:

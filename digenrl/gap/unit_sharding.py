@@ -33,7 +33,7 @@ from dataclasses import replace
 
 import torch
 
-from digenrl.rollout.trajectory import TrajectoryBatch
+from digenrl.data.trajectory import TrajectoryBatch
 
 
 def timestep_major_units(step_indices: torch.Tensor) -> list[tuple[int, int]]:

@@ -1,5 +1,6 @@
 """Diffusers-based model zoo with one flow-matching velocity interface (see flow_model.py)."""
 
+from digenrl.data.text_condition import TextCondition
 from digenrl.models.bundle import ModelBundle, build_model_bundle, save_model_bundle
 from digenrl.models.construction import TORCH_DTYPES
 from digenrl.models.flow_model import (
@@ -19,7 +20,6 @@ from digenrl.models.specs import (
     get_model_spec,
 )
 from digenrl.models.text import TextEncoder
-from digenrl.models.text_condition import TextCondition
 from digenrl.models.vae import LatentDecoder, latent_compression
 
 __all__ = [

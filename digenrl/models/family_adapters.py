@@ -18,8 +18,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from digenrl.data.text_condition import TextCondition
 from digenrl.models.latent_packing import flux_image_ids, flux_text_ids, pack_2x2, unpack_2x2
-from digenrl.models.text_condition import TextCondition
 
 VelocityFn = Callable[[nn.Module, Tensor, Tensor, TextCondition, Tensor | None], Tensor]
 

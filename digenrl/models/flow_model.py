@@ -15,10 +15,10 @@ import os
 import torch
 from torch import Tensor, nn
 
+from digenrl.data.text_condition import TextCondition
 from digenrl.models.construction import instantiate_diffusers_model, load_diffusers_model
 from digenrl.models.family_adapters import FAMILY_VELOCITY
 from digenrl.models.spec_types import ModelSpec
-from digenrl.models.text_condition import TextCondition
 from digenrl.models.vae import latent_channels, latent_compression
 
 

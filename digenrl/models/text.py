@@ -31,13 +31,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from digenrl.data.text_condition import TextCondition
 from digenrl.models.construction import (
     freeze,
     instantiate_transformers_model,
     load_transformers_model,
 )
 from digenrl.models.spec_types import EncoderComponentSpec, TextEncoderSpec
-from digenrl.models.text_condition import TextCondition
 
 __all__ = ["TextCondition", "TextEncoder", "build_component", "compose_condition", "fallback_tokenizer_dir"]
 

@@ -44,13 +44,13 @@ import torch
 import torch.distributed as dist
 
 from digenrl.config import Config, load_config
+from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.models import MODEL_SPECS, TextCondition, build_flow_model
 from digenrl.models.construction import TORCH_DTYPES
 from digenrl.perf import roofline
 from digenrl.perf.bench_cli import fmt, name_list, output_paths
 from digenrl.perf.bench_trainer import synthetic_batch
 from digenrl.rollout.sampler import Sampler
-from digenrl.rollout.trajectory import TrajectoryBatch
 from digenrl.trainer import PolicyTrainer
 from digenrl.trainer.parallel import import_deepspeed, init_one_rank_group
 

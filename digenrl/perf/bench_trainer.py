@@ -57,6 +57,7 @@ from itertools import product
 import torch
 
 from digenrl.config import CFG_GRAD_MODES, TRAINER_MODES, Config, apply_overrides
+from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.models import MODEL_SPECS, FlowModel, TextCondition, build_flow_model
 from digenrl.models.attention_safety import KNOWN_BAD_ATTENTION, parse_cudnn_version, parse_torch_version
 from digenrl.models.construction import TORCH_DTYPES
@@ -65,7 +66,6 @@ from digenrl.perf import backward_check, bench_cli, roofline
 from digenrl.perf.bench_cli import DYNAMIC, PATHS, fmt, int_list, name_list, output_paths
 from digenrl.perf.kernel_profile import format_profile, profile_call
 from digenrl.rollout.sampler import CFG_SPLIT_MIN_BATCH, Sampler
-from digenrl.rollout.trajectory import TrajectoryBatch
 from digenrl.sim.measure import time_grad_park, wire_bytes
 from digenrl.trainer import PolicyTrainer
 from digenrl.trainer.micro_batches import plan_micro_batches

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from digenrl.data.text_condition import TextCondition
 from digenrl.models.flow_model import FlowModel
-from digenrl.models.text_condition import TextCondition
 from digenrl.rollout.noise import INITIAL_NOISE_STEP, step_noise
 from digenrl.rollout.sampler import Sampler
 

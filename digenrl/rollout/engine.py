@@ -19,11 +19,13 @@ from dataclasses import replace
 import torch
 
 from digenrl.algo.timesteps import sde_step_mask, select_train_steps
+from digenrl.data.seeding import mix_seed
+from digenrl.data.text_condition import TextCondition
+from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.models.flow_model import FlowModel
-from digenrl.models.text import TextCondition, TextEncoder
-from digenrl.rollout.noise import INITIAL_NOISE_STEP, mix_seed, sample_generator, sample_seed, step_noise
+from digenrl.models.text import TextEncoder
+from digenrl.rollout.noise import INITIAL_NOISE_STEP, sample_generator, sample_seed, step_noise
 from digenrl.rollout.sampler import Sampler
-from digenrl.rollout.trajectory import TrajectoryBatch
 
 _TRAIN_STEP_PURPOSE = 1
 

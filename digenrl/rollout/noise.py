@@ -14,26 +14,10 @@ from __future__ import annotations
 
 import torch
 
-_MASK64 = (1 << 64) - 1
+from digenrl.data.seeding import mix_seed
+
 INITIAL_NOISE_STEP = -1
 """Step tag of the initial latent x_T ~ N(0, I); SDE step i uses tag i."""
-
-
-def _splitmix64(x: int) -> int:
-    """SplitMix64 finaliser (Steele, Lea & Flood, "Fast splittable pseudorandom number generators",
-    OOPSLA 2014): a bijective 64-bit mixer, so distinct keys give well-spread, distinct seeds."""
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
-
-
-def mix_seed(*keys: int) -> int:
-    """Fold integer keys into one 63-bit seed (non-negative, as ``manual_seed`` wants)."""
-    h = 0
-    for key in keys:
-        h = _splitmix64(h ^ (int(key) & _MASK64))
-    return h & ((1 << 63) - 1)
 
 
 def sample_seed(seed: int, iteration: int, prompt_index: int, sample_index: int) -> int:

@@ -30,8 +30,8 @@ from dataclasses import replace
 
 import torch
 
+from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.rollout.scoring import Scorer, ScoreResult
-from digenrl.rollout.trajectory import TrajectoryBatch
 from digenrl.runtime.control_plane import ControlPlane
 from digenrl.runtime.events import EventLogger
 from digenrl.runtime.transfer import drain_sends, recv_trajectories, start_send

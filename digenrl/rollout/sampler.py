@@ -25,9 +25,9 @@ from digenrl.algo.guidance import apply_cfg
 from digenrl.algo.sde_step import StepResult, dance_step, flow_sde_step
 from digenrl.algo.sigmas import dance_sigmas, dynamic_shift_sigmas, flow_sigmas, stretch_to_terminal
 from digenrl.config import CFG_GRAD_MODES, Config
+from digenrl.data.text_condition import TextCondition
 from digenrl.models.flow_model import FlowModel
 from digenrl.models.specs import ModelSpec
-from digenrl.models.text import TextCondition
 
 CFG_SPLIT_MIN_BATCH = 8
 """Smallest training batch (samples B, before CFG doubling) at which ``cfg_grad=cond`` runs the unconditional

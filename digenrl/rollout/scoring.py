@@ -8,10 +8,10 @@ from typing import Any
 
 import torch
 
+from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.models.vae import LatentDecoder
 from digenrl.rewards.base import RewardFunction
 from digenrl.rewards.nonfinite import check_finite_rewards
-from digenrl.rollout.trajectory import TrajectoryBatch
 
 
 @dataclass

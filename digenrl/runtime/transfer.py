@@ -1,4 +1,4 @@
-"""Ship a :class:`~digenrl.rollout.trajectory.TrajectoryBatch` point-to-point (generator → trainer).
+"""Ship a :class:`~digenrl.data.trajectory.TrajectoryBatch` point-to-point (generator → trainer).
 
 Control plane / data plane split (docs/design.md §2): the sender publishes the batch's metadata — field names,
 shapes, dtypes, the prompt strings, the iteration, the text-condition layout — as JSON under a store key;
@@ -39,8 +39,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from digenrl.models.text_condition import TextCondition
-from digenrl.rollout.trajectory import TrajectoryBatch
+from digenrl.data.text_condition import TextCondition
+from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.runtime.control_plane import ControlPlane
 
 #: Version of the metadata layout; a receiver refuses metadata of another format.

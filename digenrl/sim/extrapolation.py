@@ -74,10 +74,10 @@ def model_facts(model: str, frames: int | None = None) -> dict[str, Any]:
     model's default resolution (and ``frames``, default the model's), plus :func:`component_bytes`."""
     import torch
 
+    from digenrl.data.text_condition import TextCondition
     from digenrl.models.construction import instantiate_diffusers_model
     from digenrl.models.flow_model import build_flow_model
     from digenrl.models.specs import get_model_spec
-    from digenrl.models.text_condition import TextCondition
     from digenrl.trainer.lora import default_lora_targets
 
     spec = get_model_spec(model)

@@ -32,15 +32,15 @@ from dataclasses import replace
 import torch
 
 from digenrl.config import MODEL_DTYPES, TRAINER_MODES, Config, apply_overrides
+from digenrl.data.text_condition import TextCondition
+from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.models import ModelBundle, ModelSpec, build_model_bundle
 from digenrl.models.construction import TORCH_DTYPES
 from digenrl.models.optimize import optimize_flow_model
-from digenrl.models.text_condition import TextCondition
 from digenrl.perf.roofline import resolve_device, synchronize, tensor_bytes
 from digenrl.rewards.registry import build_reward
 from digenrl.rollout.engine import RolloutEngine
 from digenrl.rollout.sampler import Sampler
-from digenrl.rollout.trajectory import TrajectoryBatch
 from digenrl.runtime.transfer import batch_to_tensors
 from digenrl.sim.costs import CFG_KEYS, CostModel, run_path
 from digenrl.trainer.trainer import PolicyTrainer

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
+from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.rollout.scoring import ScoreResult
-from digenrl.rollout.trajectory import TrajectoryBatch
 from digenrl.systems.colocated_sync import ColocatedSync
 
 

@@ -16,8 +16,8 @@ import time
 import torch
 
 from digenrl.config import Config, ConfigError
+from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.rollout.scoring import ScoreResult
-from digenrl.rollout.trajectory import TrajectoryBatch
 from digenrl.runtime.events import EventLogger
 from digenrl.runtime.residency import (
     ResidencyPlanner,

@@ -46,9 +46,9 @@ import torch
 
 from digenrl.async_policy.tcss import StalenessBound, StalenessStats, resolve_switch
 from digenrl.config import Config, ConfigError
+from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.gap.fragments import FragmentPlan
 from digenrl.gap.unit_packer import UnitPacker
-from digenrl.rollout.trajectory import TrajectoryBatch
 from digenrl.runtime.fault_injection import inject_delay
 from digenrl.runtime.memory import free_device_bytes
 from digenrl.runtime.profiles import load_profile

@@ -13,9 +13,9 @@ import torch.distributed as dist
 
 from digenrl.algo.advantages import gather_rewards, group_advantages
 from digenrl.config import AlgoConfig, Config
+from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.rollout.sampler import Sampler
 from digenrl.rollout.scoring import ScoreResult
-from digenrl.rollout.trajectory import TrajectoryBatch
 from digenrl.runtime.events import EventLogger
 from digenrl.trainer.trainer import PolicyTrainer
 

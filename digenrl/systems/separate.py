@@ -29,11 +29,11 @@ import time
 import torch
 
 from digenrl.config import Config, ConfigError
+from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.gap.fragments import FragmentPlan
 from digenrl.gap.stream import FragmentStream
 from digenrl.rollout.remote_scoring import ScorerPool, ScoringServer
 from digenrl.rollout.scoring import ScoreResult
-from digenrl.rollout.trajectory import TrajectoryBatch
 from digenrl.runtime.control_plane import ControlPlane
 from digenrl.runtime.layout import Layout, build_layout, build_process_groups
 from digenrl.runtime.weight_sync import (

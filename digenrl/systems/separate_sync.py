@@ -15,8 +15,8 @@ from __future__ import annotations
 import time
 
 from digenrl.async_policy.tcss import StalenessStats
+from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.rollout.scoring import ScoreResult
-from digenrl.rollout.trajectory import TrajectoryBatch
 from digenrl.systems.base import IterationReport
 from digenrl.systems.phases import assign_advantages, global_sum, reward_summary, train_logical_batch
 from digenrl.systems.separate import SeparateSystem, generator_report

@@ -42,9 +42,9 @@ from digenrl.trainer.optim import build_optimizer
 from digenrl.trainer.parallel import ParallelBackend, wrap_for_training
 
 if TYPE_CHECKING:
-    from digenrl.models.text_condition import TextCondition
+    from digenrl.data.text_condition import TextCondition
+    from digenrl.data.trajectory import TrajectoryBatch
     from digenrl.rollout.sampler import Sampler
-    from digenrl.rollout.trajectory import TrajectoryBatch
 
 
 @dataclass

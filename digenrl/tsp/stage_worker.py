@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.rollout.engine import RolloutEngine
-from digenrl.rollout.trajectory import TrajectoryBatch
 from digenrl.runtime.control_plane import ControlPlane
 from digenrl.runtime.transfer import PendingSend, drain_sends, recv_trajectories, start_send
 from digenrl.tsp.pipeline import TspPlan

@@ -11,11 +11,11 @@ from collections import Counter
 import pytest
 import torch
 
+from digenrl.data.text_condition import TextCondition
+from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.gap.fragments import FragmentPlan
 from digenrl.gap.unit_packer import UnitPacker
 from digenrl.gap.unit_sharding import plan_unit_shards, shard_units
-from digenrl.models.text_condition import TextCondition
-from digenrl.rollout.trajectory import TrajectoryBatch
 from digenrl.trainer import PolicyTrainer
 from tests.trainer.fixtures import grads_by_name, perturb_adapter
 from tests.tsp.fixtures import PROMPTS, bundle, make_config, make_engine

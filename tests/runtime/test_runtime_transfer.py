@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from digenrl.models.text_condition import TextCondition
-from digenrl.rollout.trajectory import TrajectoryBatch
+from digenrl.data.text_condition import TextCondition
+from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.runtime.control_plane import ControlPlane
 from digenrl.runtime.errors import DistributedTimeoutError
 from digenrl.runtime.transfer import (

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from digenrl.config import Config, apply_overrides
+from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.models import TextCondition, build_flow_model
 from digenrl.rollout.sampler import Sampler
-from digenrl.rollout.trajectory import TrajectoryBatch
 
 MODEL = "tiny-sd3"
 HEIGHT = WIDTH = 32

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from digenrl.algo.timesteps import sde_step_mask
-from digenrl.models.text_condition import TextCondition
+from digenrl.data.text_condition import TextCondition
+from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.rollout.noise import INITIAL_NOISE_STEP, sample_seed, step_noise
-from digenrl.rollout.trajectory import TrajectoryBatch
 from digenrl.runtime.transfer import batch_from_tensors, batch_to_tensors
 
 from .fixtures import PROMPTS, bundle, make_config, make_engine

@@ -9,13 +9,24 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from digenrl.models.spec_types import TextEncoderSpec
+
+class TextShape(Protocol):
+    """The shapes of a text encoder's output (a model spec's ``text_encoder``,
+    :class:`digenrl.models.spec_types.TextEncoderSpec`)."""
+
+    @property
+    def seq_len(self) -> int: ...
+    @property
+    def embed_dim(self) -> int: ...
+    @property
+    def pooled_dim(self) -> int | None: ...
+    @property
+    def uses_mask(self) -> bool: ...
 
 
 @dataclass
@@ -85,7 +96,7 @@ class TextCondition:
     @classmethod
     def random(
         cls,
-        text: TextEncoderSpec,
+        text: TextShape,
         batch: int,
         *,
         device: torch.device | str = "cpu",

@@ -22,7 +22,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-from digenrl.models.text import TextCondition
+from digenrl.data.text_condition import TextCondition
 
 
 @dataclass
