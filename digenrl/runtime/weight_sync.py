@@ -8,7 +8,7 @@ all generators). Every sync runs, on every member of the sync group, the same se
 1. **Handshake** — one ``all_gather`` of ``[version, digest(names, shapes), digest(dtypes), is_source]``.
    The tensor list is never sent: both sides build it locally from their own module, sorted by name, so
    it is identical by construction; the digest check catches a mismatch (different LoRA rank or targets,
-   a generator that was not prepared with :func:`prepare_generator_model`) and then one
+   a generator that was not prepared with :func:`digenrl.trainer.lora.prepare_generator_model`) and then one
    ``all_gather_object`` of the name lists finds the first differing name for the error. The policy
    version travels here too: a generator that expected another version fails hard, and so does every
    other member (they all evaluate the same gathered data, so nobody is left hanging in a broadcast).
@@ -44,7 +44,7 @@ import json
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -56,9 +56,25 @@ from digenrl.runtime.layout import Layout, ProcessGroups
 
 if TYPE_CHECKING:
     from digenrl.config import Config, SyncConfig
-    from digenrl.trainer.trainer import PolicyTrainer
 
 SYNC_MODES = TRAINER_MODES  # what a sync publishes: what the trainer trains (sync.mode=auto resolves to it)
+
+
+class TrainableParameters(Protocol):
+    """The trainable parameters of a trainer's parallel backend, by name (FSDP2 shards are DTensors, which
+    :meth:`WeightSync.push` gathers)."""
+
+    def named_trainable(self) -> list[tuple[str, nn.Parameter]]: ...
+
+
+class SyncSource(Protocol):
+    """What a sync reads from the trainer (:class:`digenrl.trainer.trainer.PolicyTrainer` is one): no more
+    than its backend's trainable parameters, so the runtime does not depend on the trainer's code."""
+
+    @property
+    def backend(self) -> TrainableParameters: ...
+
+
 #: Store name under which the source announces the version it is about to push (``ControlPlane`` versions).
 POLICY_VERSION_NAME = "policy"
 #: Wire dtypes, by code (the first handshake broadcasts codes from the first generator to the source).
@@ -166,24 +182,6 @@ def resolve_sync_mode(cfg: Config) -> str:
     return mode
 
 
-def prepare_generator_model(flow_model: nn.Module, cfg: Config) -> nn.Module:
-    """Give a generator's FlowModel the trainer's trainable structure, without any optimizer state.
-
-    LoRA mode applies the same adapter as ``PolicyTrainer`` (``trainer.lora_rank`` / ``lora_alpha`` /
-    ``lora_targets`` via :func:`digenrl.trainer.lora.apply_lora`), so parameter names and shapes match the
-    trainer's by construction. Everything is frozen and put in eval mode: generators never backpropagate.
-    """
-    from digenrl.trainer.lora import apply_lora, has_lora
-
-    mode = resolve_sync_mode(cfg)
-    if mode == "lora" and not has_lora(flow_model):
-        tcfg = cfg.trainer
-        apply_lora(flow_model, rank=tcfg.lora_rank, alpha=tcfg.lora_alpha, targets=tcfg.lora_targets)
-    flow_model.requires_grad_(False)
-    flow_model.eval()
-    return flow_model
-
-
 def generator_sync_parameters(flow_model: nn.Module, mode: str) -> list[tuple[str, torch.Tensor]]:
     """The generator tensors a sync overwrites, sorted by name (names relative to ``flow_model.transformer``,
     as the trainer's ``backend.named_trainable()``)."""
@@ -194,7 +192,7 @@ def generator_sync_parameters(flow_model: nn.Module, mode: str) -> list[tuple[st
         if not named:
             raise ValueError(
                 "sync mode 'lora' but the generator's transformer has no LoRA adapter; "
-                "call prepare_generator_model(flow_model, cfg) once after building it"
+                "call digenrl.trainer.lora.prepare_generator_model(flow_model, cfg) once after building it"
             )
     return sorted(named, key=lambda item: item[0])
 
@@ -354,7 +352,7 @@ class WeightSync:
         return None if self.plane is None else self.plane.read_version(POLICY_VERSION_NAME)
 
     # ------------------------------------------------------------------ trainer side
-    def push(self, trainer: PolicyTrainer, version: int) -> SyncStats:
+    def push(self, trainer: SyncSource, version: int) -> SyncStats:
         """Broadcast ``trainer``'s trainable weights as policy ``version``; every trainer rank calls this."""
         if self.role != "trainer":
             raise ValueError(f"push is for trainer ranks; rank {self.rank} is a {self.role}")

@@ -40,11 +40,11 @@ from digenrl.runtime.weight_sync import (
     POLICY_VERSION_NAME,
     SyncStats,
     WeightSync,
-    prepare_generator_model,
     resolve_sync_mode,
 )
 from digenrl.systems.base import IterationReport, System
 from digenrl.systems.components import RankComponents, build_rank_components
+from digenrl.trainer.lora import prepare_generator_model
 
 log = logging.getLogger(__name__)
 

@@ -15,9 +15,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+
+from digenrl.runtime.weight_sync import resolve_sync_mode
+
+if TYPE_CHECKING:
+    from digenrl.config import Config
 
 ATTENTION_TARGETS: tuple[str, ...] = (
     "attn.to_q",
@@ -168,3 +174,20 @@ def reference_policy(flow_model: nn.Module) -> Iterator[nn.Module]:
         transformer.enable_adapters()
         for p, flag in flags:
             p.requires_grad_(flag)
+
+
+def prepare_generator_model(flow_model: nn.Module, cfg: Config) -> nn.Module:
+    """Give a generator's FlowModel the trainer's trainable structure, without any optimizer state.
+
+    LoRA mode applies the same adapter as ``PolicyTrainer`` (``trainer.lora_rank`` / ``lora_alpha`` /
+    ``lora_targets`` via :func:`apply_lora`), so parameter names and shapes match the trainer's by
+    construction (what :class:`digenrl.runtime.weight_sync.WeightSync` checks and writes into). Everything
+    is frozen and put in eval mode: generators never backpropagate.
+    """
+    mode = resolve_sync_mode(cfg)
+    if mode == "lora" and not has_lora(flow_model):
+        tcfg = cfg.trainer
+        apply_lora(flow_model, rank=tcfg.lora_rank, alpha=tcfg.lora_alpha, targets=tcfg.lora_targets)
+    flow_model.requires_grad_(False)
+    flow_model.eval()
+    return flow_model

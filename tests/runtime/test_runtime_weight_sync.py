@@ -24,10 +24,10 @@ from digenrl.runtime.weight_sync import (
     generator_sync_parameters,
     manifest_digests,
     plan_buckets,
-    prepare_generator_model,
     resolve_sync_mode,
     tensor_checksum,
 )
+from digenrl.trainer.lora import prepare_generator_model
 from tests.runtime.spawn import spawn_workers
 
 MODEL = "tiny-sd3"
