@@ -76,8 +76,8 @@ def main(argv: list[str]) -> int:
         validate_config(cfg, world_size=world)
         validate_devices(cfg, world, distributed=under_torchrun or world > 1)
         if not under_torchrun and world > 1:
-            from digenrl.runtime.run_dir import plan_run_start
             from digenrl.runtime.run_lock import TOKEN_ENV, acquire_run_lock
+            from digenrl.trainer.run_dir import plan_run_start
 
             # one job per out_dir: held until this launcher exits; its workers inherit it by the token
             lock, lock_note = acquire_run_lock(cfg.out_dir)
@@ -115,10 +115,10 @@ def main(argv: list[str]) -> int:
     from digenrl.runtime.distributed import init_distributed, shutdown_distributed
     from digenrl.runtime.fault_injection import inject_delay
     from digenrl.runtime.profiles import load_profile
-    from digenrl.runtime.run_dir import agree_run_start
     from digenrl.runtime.run_lock import release_run_locks
     from digenrl.runtime.watchdog import end_process, start_watchdog
     from digenrl.systems import get_system
+    from digenrl.trainer.run_dir import agree_run_start
 
     # the hardware profile says what the devices are: a CPU profile runs gloo on CPUs even where CUDA exists
     backend = cfg.runtime.backend or load_profile(cfg.profile).backend

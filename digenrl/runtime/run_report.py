@@ -21,19 +21,27 @@ import argparse
 import statistics
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from digenrl.config import Config
 from digenrl.runtime.chrome_trace import merge_chrome_trace
 from digenrl.runtime.event_summary import steady_window
 from digenrl.runtime.metrics import read_metrics, with_event_summary
 
-if TYPE_CHECKING:
-    from digenrl.runtime.run_dir import RunStart
+
+class StartedRun(Protocol):
+    """How a run started, as the banner says it (:class:`digenrl.trainer.run_dir.RunStart` is one)."""
+
+    run_id: str
+    start_iteration: int
+    note: str
+
+    @property
+    def resumed(self) -> bool: ...
 
 
 def start_banner(
-    cfg: Config, world_size: int, pools: str, mechanisms: str = "", run: RunStart | None = None
+    cfg: Config, world_size: int, pools: str, mechanisms: str = "", run: StartedRun | None = None
 ) -> str:
     lines = [
         f"[digenrl] system {cfg.system} | model {cfg.model.name} | profile {cfg.profile} | "

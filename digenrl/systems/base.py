@@ -3,7 +3,7 @@
 Like torchtitan's ``train.py`` the loop is one readable function: resume → for each iteration
 (schedule-specific work, metrics, checkpoint) → merge the profile trace. Checkpoints store the
 trainer state, the next iteration index and the run's identity (its ``run_id`` and resolved config,
-digenrl/runtime/run_dir.py); every random draw of the run is keyed by ``(seed, iteration, …)``, so
+digenrl/trainer/run_dir.py); every random draw of the run is keyed by ``(seed, iteration, …)``, so
 resuming from iteration k replays exactly what an uninterrupted run would have done. Schedules that
 generate ahead of the trainer (TCSS, ``separate-async``) generate the iteration after a checkpoint
 on-policy, so nothing is in flight when it is written (:class:`digenrl.async_policy.tcss.StalenessBound`).
@@ -24,11 +24,11 @@ from digenrl.runtime.events import agree_clock_origin, merge_chrome_trace
 from digenrl.runtime.fault_injection import inject_fault
 from digenrl.runtime.metrics import add_event_summary, read_metrics
 from digenrl.runtime.policy_version import PolicyVersion
-from digenrl.runtime.run_dir import RunStart
 from digenrl.runtime.run_report import closing_summary, start_banner
 from digenrl.runtime.telemetry import GpuTelemetry
 from digenrl.systems.components import RankComponents
 from digenrl.trainer.checkpoint import load_checkpoint, save_checkpoint
+from digenrl.trainer.run_dir import RunStart
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class System:
     def __init__(self, cfg: Config, ctx: DistContext, run: RunStart):
         self.cfg = cfg
         self.ctx = ctx
-        self.run_start = run  # agreed at startup (digenrl/runtime/run_dir.py agree_run_start)
+        self.run_start = run  # agreed at startup (digenrl/trainer/run_dir.py agree_run_start)
         self.clock_origin = agree_clock_origin(ctx)
         self.version = PolicyVersion()  # the one owner of this rank's policy version
         self.parts: RankComponents = self.setup()

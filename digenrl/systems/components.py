@@ -24,7 +24,7 @@ from digenrl.rollout.scoring import Scorer
 from digenrl.runtime.distributed import DistContext
 from digenrl.runtime.events import EventLogger
 from digenrl.runtime.metrics import MetricsWriter, open_tensorboard
-from digenrl.runtime.run_dir import RunStart
+from digenrl.trainer.run_dir import RunStart
 from digenrl.trainer.trainer import PolicyTrainer
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ def build_rank_components(
     on the ``meta`` device (shapes only, no memory), only the VAE and the reward model are real.
 
     ``run``: how the run starts in out_dir — a resumed run appends to its event logs and cuts
-    ``metrics.jsonl`` back to its checkpoint's iteration (digenrl/runtime/run_dir.py).
+    ``metrics.jsonl`` back to its checkpoint's iteration (digenrl/trainer/run_dir.py).
     """
     score = generate if score is None else score
     torch.manual_seed(cfg.seed)

@@ -16,8 +16,8 @@ import torch
 
 from digenrl.config import Config, ConfigError, apply_overrides
 from digenrl.runtime.distributed import DistContext
-from digenrl.runtime.run_dir import agree_run_start
 from digenrl.runtime.run_lock import LOCK_FILE, TOKEN_ENV, acquire_run_lock, holds_run_lock
+from digenrl.trainer.run_dir import agree_run_start
 
 REPO = Path(__file__).resolve().parents[2]
 #: A process that takes the lock, records a run id, says its token and then waits to be killed.

@@ -16,8 +16,8 @@ import torch.distributed as dist
 
 from digenrl.config import RESUMABLE_KEYS, Config, ConfigError, apply_overrides, load_config
 from digenrl.runtime.distributed import DistContext
-from digenrl.runtime.run_dir import RUN_FILES, agree_run_start, clear_run, existing_run, plan_run_start
 from digenrl.trainer.checkpoint import save_checkpoint
+from digenrl.trainer.run_dir import RUN_FILES, agree_run_start, clear_run, existing_run, plan_run_start
 from tests.runtime.spawn import spawn_workers
 
 

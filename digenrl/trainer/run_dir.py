@@ -23,6 +23,9 @@ Every run file must lie inside ``out_dir`` (a symlink out of it is refused), and
 ``out_dir`` (:mod:`digenrl.runtime.run_lock`). :func:`agree_run_start` locks ``out_dir`` and runs the
 decision on rank 0 and hands it to every rank through torchrun's store, so the error is printed once (by
 ``launch.main``) and every rank stops with it.
+
+These rules live in ``trainer/`` beside :mod:`digenrl.trainer.checkpoint` because starting a run is
+deciding which checkpoint it continues; the runtime below knows nothing of checkpoints.
 """
 
 from __future__ import annotations
