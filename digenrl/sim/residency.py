@@ -4,7 +4,7 @@ switches alike (docs/design.md §2 "Layouts and residency", §3 (TAG)).
 A switch is charged only for what actually moves, over the host↔device link of the rank's profile, plus
 one device synchronisation (``CostModel.switch_sync_s``) when the runtime issues one:
 
-* colocated (``digenrl/runtime/residency.py``): the optimizer state moves only when
+* colocated (``digenrl/systems/residency.py``): the optimizer state moves only when
   ``residency.train_resident=false`` (parked when generation starts, back before the optimizer step), the
   reward model only when ``residency.reward_resident=false`` (on for scoring, off after). With the runtime
   defaults nothing moves and a phase change costs nothing;

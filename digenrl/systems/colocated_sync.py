@@ -19,16 +19,16 @@ from digenrl.config import Config, ConfigError
 from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.rollout.scoring import ScoreResult
 from digenrl.runtime.events import EventLogger
-from digenrl.runtime.residency import (
+from digenrl.systems.base import IterationReport, System
+from digenrl.systems.components import RankComponents, build_rank_components
+from digenrl.systems.phases import assign_advantages, global_sum, reward_summary, train_logical_batch
+from digenrl.systems.residency import (
     ResidencyPlanner,
     ResidencyPolicy,
     TransitionRecord,
     module_transitions,
     optimizer_transitions,
 )
-from digenrl.systems.base import IterationReport, System
-from digenrl.systems.components import RankComponents, build_rank_components
-from digenrl.systems.phases import assign_advantages, global_sum, reward_summary, train_logical_batch
 
 
 def residency_span(events: EventLogger, record: TransitionRecord, iteration: int | None) -> None:

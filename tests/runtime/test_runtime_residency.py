@@ -1,4 +1,5 @@
-"""Residency planner: the exact transition sequences of the seed PR (docs/references.md [001]) per policy.
+"""Residency planner (digenrl/systems/residency.py; a unit test, so here rather than in tests/systems, which
+runs whole runs): the exact transition sequences of the seed PR (docs/references.md [001]) per policy.
 
 The loop driver below mirrors the PR's synchronous ``train()``: an evaluation at step 0 when evaluation is
 on, then per rollout generate -> score -> (optimizer step at the end of an accumulate window) -> evaluate
@@ -15,7 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from digenrl.runtime.residency import (
+from digenrl.systems.residency import (
     ROLES,
     ResidencyPlanner,
     ResidencyPolicy,

@@ -11,7 +11,7 @@ the rank's share is generated in sub-batches — ``samples_per_forward // G`` gr
 unset), as the runtime does, or ``overlap_sub_batches`` equal parts — and one background worker decodes
 and scores each sub-batch while the next one is generated; training starts when the last score is in.
 
-Assumptions: residency follows ``digenrl.runtime.residency`` — rollout and training share the policy
+Assumptions: residency follows ``digenrl.systems.residency`` — rollout and training share the policy
 weights on a colocated rank, so at most the optimizer state moves (``train_resident=False``: parked when
 generation starts, back immediately before the optimizer step) and, with a reward model that has weights,
 the reward weights (``reward_resident=False``: onloaded for scoring, parked eagerly after); with the

@@ -23,7 +23,8 @@ sequences the tests mirror. The rules that produce them:
   GPUs, a trainer behind a separate layout) are never moved.
 
 Every transition is timed and its byte count recorded (``TransitionRecord``) so the simulator can model
-residency cost (pinned host↔device copy ≈ 51 GB/s on H200, docs/design.md §1).
+residency cost (pinned host↔device copy ≈ 51 GB/s on H200, docs/design.md §1). The colocated schedules
+(:mod:`digenrl.systems.colocated_sync`) are its only users, so it lives beside them.
 """
 
 from __future__ import annotations
