@@ -4,8 +4,9 @@ A failing rank prints its failure once, publishes it on torchrun's store and end
 peers blocked in a collective do not hang; a heartbeat watchdog names a rank that stops answering, with
 its role and phase, before the backend's timeout (``digenrl/runtime/watchdog.py``, docs/design.md §2).
 A config error is printed once (per node), before any worker process or process group exists. A plain
-``python run_train.py`` of a multi-rank profile starts torchrun itself (:func:`launch_torchrun`): its
-workers run in the user's working directory, and a signal to the command stops torchrun and every worker
+``python run_train.py`` (or ``python -m digenrl.launch``) of a multi-rank profile starts torchrun itself
+(:func:`launch_torchrun`, whose workers run ``python -m digenrl.launch``): its workers run in the user's
+working directory, and a signal to the command stops torchrun and every worker
 (``digenrl/runtime/job.py``).
 """
 
@@ -228,8 +229,9 @@ def launch_torchrun(
     log_dir: str | os.PathLike | None = None,
     stream: bool = False,
 ) -> float:
-    """Run ``experiments/run_train.py`` under torchrun in subprocesses — how the benchmark scripts launch
-    real runs side by side, and how a plain ``python run_train.py`` starts its workers. Returns wall
+    """Run ``python -m digenrl.launch`` (the :func:`main` that ``experiments/run_train.py`` calls) under
+    torchrun in subprocesses — how the benchmark scripts launch real runs side by side, and how a plain
+    ``python run_train.py`` starts its workers; nothing of the checkout is needed. Returns wall
     seconds (launch included); a failing run raises SystemExit with the tail of its stderr (``stream``:
     the workers write to this process's stdout / stderr as they go; ``timeout_s`` None = no limit; a run
     past it is stopped and raises SystemExit).
@@ -254,8 +256,7 @@ def launch_torchrun(
     for name, value in (("nproc", nproc), ("nnodes", nnodes)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
-    repo = Path(__file__).resolve().parents[1]
-    script = [str(repo / "experiments" / "run_train.py")]
+    script = ["-m", "digenrl.launch"]  # torchrun's --module: each worker runs `python -m digenrl.launch`
     script += ["--config", str(config)] if config is not None else []
     script += overrides
     env = dict(os.environ, OMP_NUM_THREADS="1", DIGENRL_THREADS=str(threads), PYTHONUNBUFFERED="1")
@@ -468,3 +469,7 @@ def _wait_for_nodes(procs: list, *, deadline: float) -> list[int] | None:
         if time.monotonic() >= deadline:
             return None
         time.sleep(0.1)
+
+
+if __name__ == "__main__":  # python -m digenrl.launch: what torchrun's workers run (launch_torchrun)
+    sys.exit(main(sys.argv[1:]))

@@ -425,16 +425,19 @@ def test_the_command_exits_2_in_seconds_naming_the_key_before_any_worker_starts(
     assert elapsed < 3.0, f"{elapsed:.1f} s"
 
 
-def test_the_command_refuses_a_binary_config_file_with_exit_2(tmp_path):
+@pytest.mark.parametrize("entry", [[str(REPO / "experiments/run_train.py")], ["-m", "digenrl.launch"]])
+def test_the_command_refuses_a_binary_config_file_with_exit_2(tmp_path, entry):
+    """Both commands (``python -m digenrl.launch`` is what torchrun's workers run, outside the checkout)."""
     binary = tmp_path / "exp.yaml"
     binary.write_bytes(bytes(range(256)))
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     proc = subprocess.run(
-        [sys.executable, str(REPO / "experiments/run_train.py"), "--config", str(binary)],
+        [sys.executable, *entry, "--config", str(binary)],
         env=env,
         capture_output=True,
         text=True,
         timeout=120,
+        cwd=tmp_path,
     )
     assert proc.returncode == 2 and f"--config='{binary}' is a binary file" in proc.stderr, proc.stderr
     assert "UnicodeDecodeError" not in proc.stderr

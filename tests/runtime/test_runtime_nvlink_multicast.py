@@ -85,3 +85,4 @@ def test_launch_torchrun_passes_it_to_its_children_and_keeps_one_node_standalone
     assert seen["env"]["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
     assert seen["env"]["NVSHMEM_DISABLE_NVLS"] == "1"
     assert seen["cmd"][3:5] == ["--standalone", "--nproc_per_node=3"]
+    assert seen["cmd"][5:7] == ["-m", "digenrl.launch"]  # the package's module, not a file of the checkout
