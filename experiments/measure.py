@@ -17,25 +17,34 @@
 from __future__ import annotations
 
 import sys
+from functools import partial
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parents[1]
 try:
     import digenrl  # noqa: F401
 except ImportError:  # running from a checkout without `pip install -e .`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(REPO))
 
-from digenrl.sim.cli import dispatch
+from digenrl.reports.cli import dispatch, missing, module_main  # noqa: E402
+from digenrl.reports.folders import Folders  # noqa: E402
+
+#: The checkout's folders: committed results, and runs/ for everything else.
+FOLDERS = Folders(root=REPO, results=REPO / "experiments" / "results", runs=REPO / "runs")
+TINY_CONFIG = REPO / "experiments" / "configs" / "tiny.yaml"
 
 COMMANDS = {
-    "costs": "digenrl.sim.measure",
+    "costs": "digenrl.perf.measure_costs",
     "generator": "digenrl.perf.bench_generator",
     "trainer": "digenrl.perf.bench_trainer",
     "reward": "digenrl.perf.bench_reward",
     "backends": "digenrl.perf.bench_backends",
-    "emit": "digenrl.sim.emit",
-    "missing": "digenrl.sim.cost_audit",
-    "ablation": "digenrl.perf.ablation",
-    "validation-runs": "digenrl.sim.validation_runs",
+    "emit": "digenrl.perf.emit_costs",
+    "missing": partial(missing, folders=FOLDERS),
+    "ablation": module_main("digenrl.perf.ablation", config=TINY_CONFIG, out=FOLDERS.runs / "ablation"),
+    "validation-runs": module_main(
+        "digenrl.reports.validation_runs", config=TINY_CONFIG, out=FOLDERS.runs / "validation"
+    ),
 }
 
 

@@ -34,7 +34,8 @@ from pathlib import Path
 from digenrl.launch import launch_torchrun
 from digenrl.runtime.event_summary import steady_window
 
-REPO = Path(__file__).resolve().parents[2]
+#: where the runs and the table go unless told (experiments/measure.py passes the checkout's runs/)
+DEFAULT_OUT = Path("runs") / "ablation"
 DIGENRL = ["system=digenrl", "tag=false", "tcss=false"]
 
 
@@ -162,11 +163,13 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, config: Path | None = None, out: Path = DEFAULT_OUT) -> int:
+    """``config`` / ``out``: the defaults of ``--config`` (None: required) and ``--out``
+    (experiments/measure.py gives the checkout's ``experiments/configs/tiny.yaml`` and ``runs/ablation``)."""
     parser = argparse.ArgumentParser(
         prog="experiments/measure.py ablation", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--config", type=Path, default=REPO / "experiments" / "configs" / "tiny.yaml")
+    parser.add_argument("--config", type=Path, default=config, required=config is None)
     parser.add_argument("--profile", default="cpu-4")
     parser.add_argument("--nproc", type=int, default=4)
     parser.add_argument("--trainers", type=int, default=2)
@@ -185,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--variants", nargs="*", help="a subset of the ladder (default: all of it)")
-    parser.add_argument("--out", type=Path, default=REPO / "runs" / "ablation")
+    parser.add_argument("--out", type=Path, default=out)
     parser.add_argument(
         "overrides", nargs="*", help="extra key=value overrides for every variant (keys every system reads)"
     )

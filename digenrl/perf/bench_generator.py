@@ -104,7 +104,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def make_sampler(model: str, spec, tokens: int, cfg_on: bool) -> Sampler:
     """The model's sampler with true CFG on (its default scale, at least 1.5) or off (scale 1);
-    guidance-distilled models keep their embedded scale (same rule as digenrl/sim/measure.py)."""
+    guidance-distilled models keep their embedded scale (same rule as digenrl/perf/measure_costs.py)."""
     if spec.guidance_embedded:
         scale = spec.default_guidance_scale
     else:

@@ -29,7 +29,7 @@ part above the resident weights).
 
 Outputs (``--out``: a directory gets ``reward-<name>.json`` / ``.md``; a ``.json`` path its ``.md`` beside):
 the report, rewritten after every row, with ``cost_fragment`` = the ``reward_points`` (seconds per batch) and
-``reward_param_bytes`` of ``digenrl/sim/costs.py``'s ``CostModel``. ``--apply-to FILE...`` writes each given
+``reward_param_bytes`` of :class:`digenrl.costs.CostModel`. ``--apply-to FILE...`` writes each given
 cost file again under ``<out>/costs/`` with these reward costs (``CostModel.with_reward``), when its device
 and decoded image size match this run's; copy the written files over ``experiments/results/costs/`` to make
 the simulator score with this reward.
@@ -49,11 +49,11 @@ from pathlib import Path
 
 import torch
 
+from digenrl.costs.cost_model import CostModel
 from digenrl.models.construction import TORCH_DTYPES
 from digenrl.perf import roofline
 from digenrl.perf.bench_cli import fmt, int_list, output_paths
 from digenrl.rewards.registry import available_rewards, build_reward, reward_class
-from digenrl.sim.costs import CostModel
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -135,7 +135,7 @@ def reward_kwargs(name: str, args: argparse.Namespace) -> dict:
 
 
 def prompts_for(batch: int) -> list[str]:
-    """The prompts digenrl/sim/measure.py scores with (lengths as in a real prompt set)."""
+    """The prompts digenrl/perf/measure_costs.py scores with (lengths as in a real prompt set)."""
     return [f"a photo of object number {i}" for i in range(batch)]
 
 
@@ -324,7 +324,7 @@ def dry_run(args: argparse.Namespace, report: dict) -> dict:
 
 
 def _device_label(device: torch.device) -> str:
-    from digenrl.sim.measure import device_label
+    from digenrl.perf.measure_costs import device_label
 
     return device_label(device)
 
@@ -454,8 +454,7 @@ def format_markdown(report: dict) -> str:
     if fragment and fragment["reward_points"]:
         lines += [
             "",
-            "Cost-file fragment (`digenrl/sim/costs.py` CostModel fields; seconds per scoring call of B "
-            "images):",
+            "Cost-file fragment (`digenrl.costs.CostModel` fields; seconds per scoring call of B images):",
             "",
             "```json",
             json.dumps(

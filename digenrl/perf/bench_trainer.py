@@ -39,7 +39,7 @@ reported as pass/fail. Text conditions are random tensors with the spec's shapes
 
 ``--out`` is a directory (``trainer-<model>.json`` and ``.md``) or a ``.json`` path; the JSON is rewritten
 after every configuration. The JSON also carries the byte counts the simulator's cost model needs
-(``experiments/measure.py emit`` reads it, :mod:`digenrl.sim.emit`).
+(``experiments/measure.py emit`` reads it, :mod:`digenrl.perf.emit_costs`).
 """
 
 from __future__ import annotations
@@ -65,8 +65,8 @@ from digenrl.models.optimize import COMPILE_MODES, CompileSettings, optimize_flo
 from digenrl.perf import backward_check, bench_cli, roofline
 from digenrl.perf.bench_cli import DYNAMIC, PATHS, fmt, int_list, name_list, output_paths
 from digenrl.perf.kernel_profile import format_profile, profile_call
+from digenrl.perf.measure_costs import time_grad_park, wire_bytes
 from digenrl.rollout.sampler import CFG_SPLIT_MIN_BATCH, Sampler
-from digenrl.sim.measure import time_grad_park, wire_bytes
 from digenrl.trainer import PolicyTrainer
 from digenrl.trainer.micro_batches import plan_micro_batches
 
@@ -261,7 +261,7 @@ def synthetic_batch(
 
 
 def shipped_bytes(batch: TrajectoryBatch) -> dict[str, int]:
-    """The cost model's byte counts of what the systems ship (:func:`digenrl.sim.measure.wire_bytes`);
+    """The cost model's byte counts of what the systems ship (:func:`digenrl.perf.measure_costs.wire_bytes`);
     a synthetic batch has no rewards yet, so it gets the zero rewards a scored one would carry."""
     rewards = torch.zeros(batch.batch_size, device=batch.final_latents.device)
     sizes = wire_bytes(replace(batch, rewards=rewards))
@@ -466,7 +466,7 @@ class Bench:
         }
 
     def record_costs(self, mode, path, trainer, flow_model, batches, device) -> None:
-        """Byte counts and scalar costs of this mode/path, as digenrl.sim.costs.CostModel names them."""
+        """Byte counts and scalar costs of this mode/path, as digenrl.costs.CostModel names them."""
         try:
             _, batch = next(iter(batches.values()))
             trainable = trainer.backend.trainable_parameters()

@@ -17,14 +17,28 @@ is already waiting; buffered: the payload has landed), which is what "a ready fr
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from digenrl.sim.des import Condition, Delay, Process, Signal
-
-if TYPE_CHECKING:
-    from digenrl.sim.cluster import SimCluster
+from digenrl.costs.cost_model import CostModel
+from digenrl.sim.des import Condition, Delay, Process, Signal, Simulation
+from digenrl.sim.network import Network
+from digenrl.sim.span_log import SpanLog
 
 TRANSPORTS = ("rendezvous", "buffered")
+
+
+class Machine(Protocol):
+    """What a message needs of the simulated machine (:class:`~digenrl.sim.cluster.SimCluster` is one):
+    its clock, links, span log and each rank's costs."""
+
+    sim: Simulation
+    net: Network
+    log: SpanLog
+
+    @property
+    def now(self) -> float: ...
+
+    def cost(self, rank: int) -> CostModel: ...
 
 
 class Channel:
@@ -33,7 +47,7 @@ class Channel:
     is the same either way. ``src`` may be None until the sender is known (set it before ``send``)."""
 
     def __init__(
-        self, cluster: SimCluster, src: int | None, dst: int, on_ready: Condition | None = None
+        self, cluster: Machine, src: int | None, dst: int, on_ready: Condition | None = None
     ) -> None:
         self.cluster = cluster
         self.src = src

@@ -21,11 +21,11 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from digenrl.costs.cost_model import CostModel
+from digenrl.costs.device_costs import DeviceCosts
 from digenrl.runtime.profiles import HardwareProfile
 from digenrl.sim.channel import Channel
-from digenrl.sim.costs import CostModel
 from digenrl.sim.des import Condition, Delay, Process, Signal, Simulation
-from digenrl.sim.device_costs import DeviceCosts
 from digenrl.sim.network import Network
 from digenrl.sim.span_log import SpanLog
 from digenrl.sim.workload import Workload

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from digenrl.sim.costs import CostModel
+from digenrl.costs.cost_model import CostModel
 from digenrl.sim.network import Network
 
 

@@ -38,7 +38,7 @@ class SchedulePlan:
     Every system: ``micro_batch_size`` / ``activation_checkpointing`` / ``samples_per_forward`` (None =
     the workload's ``trainer.micro_batch_size`` / ``trainer.activation_checkpointing`` /
     ``sampler.samples_per_forward``; the planner lowers them where memory requires,
-    :mod:`digenrl.sim.memory`).
+    :mod:`digenrl.planning.memory`).
     ``colocated-*``: ``train_resident`` / ``reward_resident`` (``residency.*``: False parks the optimizer
     state during generation and accumulation, onloading it before the optimizer step, and the reward
     weights outside scoring; :mod:`digenrl.sim.residency`), ``work_split`` (:data:`WORK_SPLITS`),

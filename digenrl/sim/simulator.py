@@ -1,6 +1,7 @@
 """Replay a schedule on a hardware profile from measured per-operation costs (docs/design.md §5).
 
-    from digenrl.sim import CostModel, SchedulePlan, Workload, simulate
+    from digenrl.costs import CostModel
+    from digenrl.sim import SchedulePlan, Workload, simulate
     costs = CostModel.load("experiments/results/costs/h200-sd3.5-medium.json")
     work = Workload(prompts_per_iteration=32, group_size=16, num_steps=10, train_steps=9, cfg=True)
     plan = SchedulePlan("digenrl", trainers=2, generators=6, fragment_groups=4, tsp_stages=2)
@@ -28,12 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from digenrl.costs.cost_model import CostModel
+from digenrl.costs.device_costs import DeviceCosts
 from digenrl.runtime.event_records import is_work_phase
 from digenrl.runtime.event_summary import union_length
 from digenrl.runtime.profiles import HardwareProfile, load_profile
 from digenrl.sim.cluster import SimCluster
-from digenrl.sim.costs import CostModel
-from digenrl.sim.device_costs import DeviceCosts
 from digenrl.sim.schedule_plan import SchedulePlan
 from digenrl.sim.schedules import SCHEDULES
 from digenrl.sim.span_log import SpanLog

@@ -3,7 +3,7 @@
 A :class:`Workload` is schedule-independent: every schedule of the same workload generates the same
 ``P·G`` trajectories of ``T`` steps and trains the same ``P·G·K`` units per iteration (K trained timesteps
 per sample), so their busy GPU-seconds can be compared (the simulator tests check that they are
-conserved). Per-operation times come from the :class:`~digenrl.sim.costs.CostModel`.
+conserved). Per-operation times come from the :class:`~digenrl.costs.cost_model.CostModel`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from digenrl.config import TRAINER_MODES
-from digenrl.sim.costs import CostModel
+from digenrl.costs.cost_model import CostModel
 
 if TYPE_CHECKING:
     from digenrl.config import Config

@@ -9,7 +9,7 @@ measured so far:
    producers' stepping and scoring seconds per fragment (carried in each fragment's tags, with the
    producer's device type), its own training seconds per unit, optimizer step, helper switch and, once
    it has helped, its own generation seconds; bytes per unit and per weight sync from the transfers;
-2. these become a :class:`~digenrl.sim.costs.CostModel` on the trainer's device type (a producer's time
+2. these become a :class:`~digenrl.costs.cost_model.CostModel` on the trainer's device type (a producer's time
    on another type is scaled by the hardware profile's ``relative_speed``, as TSP's stage balancing does);
 3. the discrete-event simulator (:mod:`digenrl.sim`) — the same model the planner and the throughput
    tables use — predicts the steady iteration time of this run's plan with budgets 0, 1, 2, … per
@@ -28,9 +28,9 @@ import statistics
 from dataclasses import dataclass, field
 
 from digenrl.config import Config
+from digenrl.costs.cost_model import CFG_KEYS, CostModel
+from digenrl.costs.device_costs import DeviceCosts
 from digenrl.runtime.profiles import HardwareProfile
-from digenrl.sim.costs import CFG_KEYS, CostModel
-from digenrl.sim.device_costs import DeviceCosts
 from digenrl.sim.schedule_plan import SchedulePlan
 from digenrl.sim.simulator import simulate
 from digenrl.sim.workload import Workload

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call on a lent H200: re-measure exactly the stale points of the committed H200 cost files
-# (python experiments/measure.py missing lists them; digenrl/sim/cost_audit.py): training on the GPU path
+# (python experiments/measure.py missing lists them; digenrl/costs/audit.py): training on the GPU path
 # (compile + autocast) at the micro-batches the table workloads use, and CFG training with the runtime's
 # default gradient (algo.cfg_grad=cond); then the cost files, re-emitted from these benchmarks next to the
 # committed ones, with the committed generator benchmarks and decode/reward points (--score-from: no other

@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from digenrl.sim import cli, tables
+from digenrl.reports import cli, tables
 from experiments import make_figures, measure, simulate
 from paper_figures.logs import read_results_table
 
 REPO = Path(__file__).resolve().parents[2]
+QUICK_COST_FILE = tables.quick_cost_file(simulate.FOLDERS)
 SYSTEMS = {"colocated-sync", "colocated-overlap", "separate-sync", "separate-async", "separate-async s=1"}
 
 
@@ -50,12 +51,14 @@ def test_tables_go_under_runs_unless_asked():
     """Never over the committed results by default: --regenerate (or an explicit --out) writes there."""
     plain = cli._parser("throughput", "")
     cli._table_args(plain, "throughput")
-    assert cli._out(plain.parse_args([]), "throughput") == REPO / "runs" / "simulate" / "throughput"
+    folders = simulate.FOLDERS
+    assert cli._out(plain.parse_args([]), "throughput", folders) == REPO / "runs" / "simulate" / "throughput"
     assert (
-        cli._out(plain.parse_args(["--regenerate"]), "throughput") == REPO / "experiments/results/throughput"
+        cli._out(plain.parse_args(["--regenerate"]), "throughput", folders)
+        == REPO / "experiments/results/throughput"
     )
     with pytest.raises(SystemExit, match="regenerate"):
-        cli._out(plain.parse_args(["--regenerate", "--out", "x"]), "throughput")
+        cli._out(plain.parse_args(["--regenerate", "--out", "x"]), "throughput", folders)
 
 
 def _check_rows(path, experiment, systems):
@@ -145,10 +148,10 @@ def test_validate_compares_a_run_with_its_simulation_per_phase(tmp_path):
     """A run directory whose events are the simulator's own prediction validates with zero error in every
     phase; the committed eager H200 run against the compiled cost file is flagged as a path mismatch."""
     from digenrl.config import apply_overrides, save_config
+    from digenrl.costs.cost_model import CostModel
+    from digenrl.reports.validation import compare_run, plan_from_config
     from digenrl.runtime.profiles import load_profile
-    from digenrl.sim.costs import CostModel
     from digenrl.sim.simulator import simulate as run_simulation
-    from digenrl.sim.validation import compare_run, plan_from_config
     from digenrl.sim.workload import Workload
 
     system = random.choice(["colocated-sync", "separate-sync", "digenrl"])
@@ -167,29 +170,24 @@ def test_validate_compares_a_run_with_its_simulation_per_phase(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     save_config(cfg, run / "config.yaml")
-    costs = CostModel.load(tables.QUICK_COST_FILE)
+    costs = CostModel.load(QUICK_COST_FILE)
     workload = Workload.from_config(cfg, iterations=4, warmup_iterations=1, cooldown_iterations=0)
     run_simulation(load_profile("cpu-2"), costs, workload, plan_from_config(cfg, 2)).write_events(run)
-    row = compare_run(run, cost_file=tables.QUICK_COST_FILE)
+    row = compare_run(run, cost_file=QUICK_COST_FILE)
     assert row["relative_error"] == pytest.approx(0.0, abs=1e-9) and row["path_mismatch"] == ""
     errors = [v["relative_error"] for by in row["phases"].values() for v in by.values()]
     assert errors and all(e is None or abs(e) < 1e-9 for e in errors)
-    assert (
-        simulate.main(["validate", str(run), "--costs", str(tables.QUICK_COST_FILE), "--out", str(tmp_path)])
-        == 0
-    )
+    assert simulate.main(["validate", str(run), "--costs", str(QUICK_COST_FILE), "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "validation.json").read_text())
     assert report["rows"][0]["system"] == system
     assert "predicted s (error)" in (tmp_path / "validation.md").read_text()
 
     # a trimmed log (iterations 1-4 of a real CPU run): its first iteration only marks the window start
-    trimmed = compare_run(
-        REPO / "experiments" / "results" / "runs" / "cpu-2-digenrl-gap-f4", tables.QUICK_COST_FILE
-    )
+    trimmed = compare_run(REPO / "experiments" / "results" / "runs" / "cpu-2-digenrl-gap-f4", QUICK_COST_FILE)
     assert trimmed["measured_iteration_s"] > 0 and trimmed["system"] == "digenrl"
 
     gpu_run = REPO / "experiments" / "results" / "gpu" / "runs" / "h200-1-sd35-colocated-sync"
-    eager = compare_run(gpu_run, warmup=1)
+    eager = compare_run(gpu_run, warmup=1, costs_dir=simulate.FOLDERS.costs)
     assert eager["run_path"] == "eager" and "compiled+autocast" in eager["path_mismatch"]
     assert eager["measured_iteration_s"] > 10  # the committed eager run took ~14 s per iteration
 
@@ -261,10 +259,10 @@ def test_sub_cluster_cuts_nodes_and_keeps_links():
 def test_device_costs_scale_h200_costs_by_relative_speed():
     from dataclasses import replace
 
+    from digenrl.costs.cost_model import CostModel
     from digenrl.runtime.profiles import load_profile
-    from digenrl.sim.costs import CostModel
 
-    base = replace(CostModel.load(tables.QUICK_COST_FILE), device="h200")
+    base = replace(CostModel.load(QUICK_COST_FILE), device="h200")
     profile = load_profile("hetero-h100-a100-16")
     costs = tables.device_costs(profile, base)
     batch = random.choice([1, 2, 4])
@@ -291,12 +289,12 @@ def test_committed_tables_keep_their_command_next_to_them():
 def test_the_refresh_script_re_measures_every_stale_point_and_scripts_use_the_entry_points():
     """experiments/gpu/h200_refresh_costs.sh runs every benchmark the cost audit asks for (same model and
     flags), and no device script calls a script that no longer exists."""
-    from digenrl.sim.cost_audit import missing_measurements
+    from digenrl.costs.audit import missing_measurements
 
     gpu = REPO / "experiments" / "gpu"
     script = (gpu / "h200_refresh_costs.sh").read_text().replace("\\\n", " ")
     steps = [line.split() for line in script.splitlines() if "experiments/measure.py" in line]
-    for m in missing_measurements():
+    for m in missing_measurements(simulate.FOLDERS.costs):
         wanted = {"--model", m.model, m.kind, *m.args}
         assert any(wanted <= set(tokens) for tokens in steps), m.command()
     for path in gpu.glob("*.sh"):

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from digenrl.sim.costs import COSTS_DIR, CostModel
+from digenrl.costs.cost_model import CostModel
+from experiments.measure import FOLDERS
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +30,8 @@ def test_help(bench, capsys) -> None:
 def test_bench_reports_costs_and_applies_them_where_they_fit(bench, tmp_path: Path) -> None:
     cpu_file = tmp_path / "in" / "cpu-tiny-sd3.json"  # decodes 32x32 images on the CPU
     cpu_file.parent.mkdir()
-    shutil.copy(COSTS_DIR / "cpu-tiny-sd3.json", cpu_file)
-    gpu_file = COSTS_DIR / "h200-sd3.5-medium.json"  # another device: must be left alone
+    shutil.copy(FOLDERS.costs / "cpu-tiny-sd3.json", cpu_file)
+    gpu_file = FOLDERS.costs / "h200-sd3.5-medium.json"  # another device: must be left alone
     out = tmp_path / "out"
     args = ["--device", "cpu", "--threads", "1", "--batch-sizes", "2,1", "--height", "32", "--width", "32"]
     args += [

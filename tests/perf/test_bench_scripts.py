@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from digenrl.costs.cost_model import CostModel, cost_path
 from digenrl.perf import backward_check, logprob_agreement, roofline
-from digenrl.sim.costs import CostModel, cost_path
 
 MODULES = {
     "bench_generator": "digenrl.perf.bench_generator",
     "bench_trainer": "digenrl.perf.bench_trainer",
-    "emit_costs": "digenrl.sim.emit",
+    "emit_costs": "digenrl.perf.emit_costs",
 }
 
 

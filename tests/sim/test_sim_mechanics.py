@@ -10,11 +10,11 @@ from dataclasses import replace
 
 import pytest
 
+from digenrl.costs.device_costs import DeviceCosts
 from digenrl.gap.unit_packer import UnitPacker
+from digenrl.planning.memory import RankLoad, rank_memory
 from digenrl.runtime.profiles import load_profile
 from digenrl.sim.cluster import SimCluster
-from digenrl.sim.device_costs import DeviceCosts
-from digenrl.sim.memory import RankLoad, rank_memory
 from digenrl.sim.schedule_plan import SchedulePlan
 from digenrl.sim.simulator import simulate
 from digenrl.sim.training import SimPacker, fsdp_gather_s, micro_batch_s
@@ -173,7 +173,7 @@ def test_full_fine_tuning_is_sharded_and_gathers_the_weights():
 
 
 def test_costs_are_carried_by_counted_flops_with_the_measured_efficiency():
-    from digenrl.sim import extrapolation
+    from digenrl.costs import extrapolation
 
     base = replace(
         toy_costs(step=0.2, unit=0.5, decode=0.1),

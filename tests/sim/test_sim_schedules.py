@@ -9,11 +9,11 @@ from collections import defaultdict
 
 import pytest
 
+from digenrl.reports.validation import simulation_error
 from digenrl.runtime.events import merge_chrome_trace, summarize_events
 from digenrl.runtime.profiles import load_profile
 from digenrl.sim.schedule_plan import SchedulePlan
 from digenrl.sim.simulator import compute_seconds, simulate
-from digenrl.sim.validation import simulation_error
 from digenrl.sim.workload import Workload
 from tests.sim.toy_costs import toy_costs
 
@@ -350,7 +350,7 @@ def test_separate_async_reap_before_launch_and_staleness_budget():
 
 def test_heterogeneous_pipeline_gives_the_faster_gpu_more_steps():
     profile = load_profile("hetero-h100-a100-16")
-    from digenrl.sim.device_costs import DeviceCosts
+    from digenrl.costs.device_costs import DeviceCosts
 
     costs = DeviceCosts(profile, toy_costs(step=0.1, unit=0.01, device="h100"), reference_type="h100")
     w = _workload(prompts_per_iteration=6, group_size=8, num_steps=12, train_steps=4, iterations=3)

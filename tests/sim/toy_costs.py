@@ -3,7 +3,7 @@ per-sample / per-unit costs are exact constants and expected timelines can be wr
 
 from __future__ import annotations
 
-from digenrl.sim.costs import CostModel
+from digenrl.costs.cost_model import CostModel
 
 
 def linear(per_item: float) -> dict[int, float]:

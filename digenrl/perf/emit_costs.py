@@ -1,4 +1,4 @@
-"""Write the simulator's cost file (:class:`digenrl.sim.costs.CostModel`) from the generator and trainer
+"""Write the simulator's cost file (:class:`digenrl.costs.CostModel`) from the generator and trainer
 benchmarks.
 
     python experiments/measure.py emit --generator runs/perf/generator-sd3.5-medium.json \
@@ -6,7 +6,7 @@ benchmarks.
     # -> runs/costs/h200-sd3.5-medium.json (--out-dir experiments/results/costs to replace a committed file)
 
 Taken from the benchmark JSONs, for ONE code path (``--path``; a file never mixes eager and optimised
-points — a point the path lacks stays missing, and :mod:`digenrl.sim.cost_audit` lists it for
+points — a point the path lacks stays missing, and :mod:`digenrl.costs.audit` lists it for
 re-measurement):
 
 * ``generator_step_points`` / ``generator_peak_bytes``: the generator benchmark's ms per step (velocity +
@@ -19,7 +19,7 @@ re-measurement):
 * byte counts: the trainer benchmark's ``costs[<mode>/<path>]``; its gradient-parking time
   (``grad_park_s``, what ``tag.park_grads=true`` adds to a TAG switch) goes to ``meta``;
 * ``text_encoder_bytes`` / ``vae_param_bytes``: counted on the meta device from the model spec
-  (:func:`digenrl.sim.extrapolation.model_facts`);
+  (:func:`digenrl.costs.extrapolation.model_facts`);
 * ``path``: ``compiled+autocast`` / ``compiled`` / ``eager`` as the trainer benchmark's path settings say.
 
 The VAE decode and the reward are not in either benchmark: measured here at the generator's batch sizes
@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from digenrl.config import CFG_GRAD_MODES, Config
-from digenrl.sim.costs import CFG_KEYS, CostModel, cost_path, run_path
+from digenrl.costs.cost_model import CFG_KEYS, CostModel, cost_path, run_path
 
 DEFAULT_OUT_DIR = "runs/costs"
 
@@ -143,7 +143,7 @@ def merge_trainer_reports(reports: list[dict]) -> dict:
 
 
 def path_of(report: dict, path: str) -> str:
-    """The :data:`digenrl.sim.costs.PATHS` entry a benchmark's ``path`` ran."""
+    """The :data:`digenrl.costs.cost_model.PATHS` entry a benchmark's ``path`` ran."""
     if path == "eager":
         return "eager"
     settings = report.get("paths", {}).get(path, {})
@@ -211,7 +211,7 @@ def build_cost_model(args: argparse.Namespace, command: str = "") -> CostModel:
             model, batches, generator["latent_shape"], generator["dtype"], args
         )
         reward_name = args.reward
-    from digenrl.sim.extrapolation import component_bytes  # counts parameters on the meta device
+    from digenrl.costs.extrapolation import component_bytes  # counts parameters on the meta device
 
     facts = component_bytes(model)
     filled: dict[str, Any] = {

@@ -7,7 +7,7 @@ Fair rows (docs/design.md §4):
   ``digenrl s=1`` (TCSS allowed) with ``separate-async s=1`` — and, since its plan space contains them,
   with every on-policy plan too;
 * each baseline is tuned over its own knobs and gets the memory knobs it can run
-  (:class:`~digenrl.sim.planner.Planner`); on a heterogeneous profile the colocated systems appear twice,
+  (:class:`~digenrl.planning.planner.Planner`); on a heterogeneous profile the colocated systems appear twice,
   with equal work per GPU (what they do) and work proportional to GPU speed (``… speed-split``, the
   strongest colocated plan; simulator only);
 * ``digenrl`` is the best plan of a plan space that contains every baseline of equal staleness, so it is
@@ -17,12 +17,12 @@ Fair rows (docs/design.md §4):
 * every row carries the bubble-free bound of its plan (samples/s of a perfect schedule of the same busy
   device-seconds), the validation error of the simulator where a real run of that configuration exists
   (``validation_error``, from ``experiments/results/validation/*.json``), the cost file and whether it is
-  stale (:mod:`digenrl.sim.cost_audit`).
+  stale (:mod:`digenrl.costs.audit`).
 
 Scenarios (:func:`scenarios`): LoRA post-training of SD3.5-medium, FLUX.1-dev, Qwen-Image, Wan2.1-14B and
 HunyuanVideo at each model's default resolution, plus where disaggregation can matter — full fine-tuning of
 FLUX.1-dev (12 B) and FLUX.1-dev with a 7 B vision-language reward model. Costs come from the measured H200
-files, carried where nothing measured the configuration (:mod:`digenrl.sim.extrapolation`), then to each
+files, carried where nothing measured the configuration (:mod:`digenrl.costs.extrapolation`), then to each
 profile's device types by ``relative_speed``.
 
 Tables are written in the ``paper_figures`` results-table format (``paper_figures/README.md``; extra
@@ -40,20 +40,20 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from digenrl.costs.audit import audit
+from digenrl.costs.cost_model import CostModel, cost_path
+from digenrl.costs.device_costs import DeviceCosts
+from digenrl.planning.planner import Planner, PlannerResult, PlanScore
+from digenrl.reports.folders import Folders
 from digenrl.runtime.profiles import HardwareProfile, NodeGroup, load_profile
-from digenrl.sim.cost_audit import audit
-from digenrl.sim.costs import COSTS_DIR, CostModel, cost_path
-from digenrl.sim.device_costs import DeviceCosts
-from digenrl.sim.planner import Planner, PlannerResult, PlanScore
 from digenrl.sim.workload import Workload
 
-REPO = Path(__file__).resolve().parents[2]
-RESULTS = REPO / "experiments" / "results"
 PROFILES = ("a100-16", "h800-32", "hetero-h100-a100-16")
-REFERENCE_DEVICE = "h200"  # relative_speed 1.0: the reference device of every profile (hardware_profiles/)
-#: --quick: the CPU-measured tiny model (seconds to simulate; tests).
+#: relative_speed 1.0: the reference device of every profile (digenrl/runtime/hardware_profiles/)
+REFERENCE_DEVICE = "h200"
+#: --quick: the CPU-measured tiny model (seconds to simulate; tests), from its cost file on ``cpu``.
 QUICK_MODEL = "tiny-sd3"
-QUICK_COST_FILE = COSTS_DIR / "cpu-tiny-sd3.json"
+QUICK_DEVICE = "cpu"
 QUICK_PROFILES = ("h200-8",)
 #: Models without an H200 file of their own, and the measured model they are carried from.
 CARRIED_FROM = {"hunyuan-video": "wan2.1-14b"}
@@ -160,15 +160,18 @@ class ModelCosts:
         return f"simulated from costs {self.costs.source}"
 
 
-def scenario_costs(
-    scenario: Scenario, costs_dir: Path = COSTS_DIR, cost_file: Path | None = None
-) -> ModelCosts:
-    """The measured file of the scenario's model (or ``cost_file``), carried to the scenario (module
-    docstring of :mod:`digenrl.sim.extrapolation`), with the audit of what is stale."""
-    from digenrl.sim import extrapolation
+def quick_cost_file(folders: Folders) -> Path:
+    """The CPU cost file of :data:`QUICK_MODEL` (``--quick``)."""
+    return cost_path(QUICK_DEVICE, QUICK_MODEL, folders.costs)
+
+
+def scenario_costs(scenario: Scenario, folders: Folders, cost_file: Path | None = None) -> ModelCosts:
+    """The measured file of the scenario's model in ``folders.costs`` (or ``cost_file``), carried to the
+    scenario (module docstring of :mod:`digenrl.costs.extrapolation`), with the audit of what is stale."""
+    from digenrl.costs import extrapolation
 
     model = CARRIED_FROM.get(scenario.model, scenario.model)
-    path = Path(cost_file) if cost_file is not None else cost_path(REFERENCE_DEVICE, model, costs_dir)
+    path = Path(cost_file) if cost_file is not None else cost_path(REFERENCE_DEVICE, model, folders.costs)
     costs = CostModel.load(path)
     if cost_file is None and costs.model != model:
         raise ValueError(f"cost file {path} is for model {costs.model!r}, not {model!r}")
@@ -188,20 +191,13 @@ def scenario_costs(
     elif scenario.variant == "heavy-reward":
         costs = extrapolation.with_reward_model(costs)
     expected = "eager" if costs.device == "cpu" else "compiled+autocast"
-    return ModelCosts(costs, _rel(path), tuple(audit(costs, scenario.workload, expected)))
+    return ModelCosts(costs, folders.relative(path), tuple(audit(costs, scenario.workload, expected)))
 
 
 def _frames(model: str) -> int | None:
     from digenrl.models import get_model_spec
 
     return get_model_spec(model).default_frames
-
-
-def _rel(path: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(REPO))
-    except ValueError:
-        return str(path)
 
 
 def device_costs(profile: HardwareProfile, costs: CostModel) -> DeviceCosts:
@@ -403,7 +399,7 @@ class ValidationRecord:
     relative_error: float  # simulated vs measured samples/s
 
 
-def validation_errors(folder: Path = RESULTS / "validation") -> list[ValidationRecord]:
+def validation_errors(folder: Path) -> list[ValidationRecord]:
     """Every comparison of every ``*.json`` report of ``simulate.py validate`` in ``folder``."""
     out = []
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
@@ -511,6 +507,7 @@ def read_table(path: Path) -> tuple[list[str], list[dict[str, Any]]]:
 def throughput_rows(
     scenario: Scenario,
     profile_name: str,
+    folders: Folders,
     *,
     max_stages: int,
     cost_file: Path | None = None,
@@ -519,7 +516,7 @@ def throughput_rows(
     """Every system's row for ``scenario`` on ``profile_name`` (simulated)."""
     start = time.perf_counter()
     profile = load_profile(profile_name)
-    mc = scenario_costs(scenario, cost_file=cost_file)
+    mc = scenario_costs(scenario, folders, cost_file)
     comparison = compare(profile, device_costs(profile, mc.costs), scenario.workload, max_stages=max_stages)
     rows = comparison_rows(comparison, profile, scenario, mc, "main")
     for row in rows:
@@ -536,12 +533,13 @@ def scaling_rows(
     scenario: Scenario,
     base: HardwareProfile,
     nodes: Sequence[int],
+    folders: Folders,
     *,
     max_stages: int,
     cost_file: Path | None,
 ) -> list[dict[str, Any]]:
     """Strong scaling: the same logical batch on ``base`` cut to each node count."""
-    mc = scenario_costs(scenario, cost_file=cost_file)
+    mc = scenario_costs(scenario, folders, cost_file)
     rows = []
     for n in nodes:
         start = time.perf_counter()
@@ -562,10 +560,10 @@ def scaling_rows(
 
 
 def split_rows(
-    scenario: Scenario, profile: HardwareProfile, *, max_stages: int, cost_file: Path | None
+    scenario: Scenario, profile: HardwareProfile, folders: Folders, *, max_stages: int, cost_file: Path | None
 ) -> list[dict[str, Any]]:
     """For every trainer count: separate-sync with that split and DigenRL's mechanisms restricted to it."""
-    mc = scenario_costs(scenario, cost_file=cost_file)
+    mc = scenario_costs(scenario, folders, cost_file)
     costs = device_costs(profile, mc.costs)
     planner = Planner(profile, costs, scenario.workload, planning_iterations=5)
     fragments = fragment_choices(scenario.workload.prompts_per_iteration)

@@ -36,7 +36,7 @@ from dataclasses import replace
 from functools import cache
 from typing import Any
 
-from digenrl.sim.costs import CFG_KEYS, CostModel
+from digenrl.costs.cost_model import CFG_KEYS, CostModel
 
 LORA_RANK = 32
 #: A 7 B-class vision-language reward model (Qwen2.5-VL-7B size: 8.3 B parameters with its vision tower),

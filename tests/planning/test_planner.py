@@ -8,10 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-from digenrl.runtime.profiles import load_profile
-from digenrl.sim.device_costs import DeviceCosts
-from digenrl.sim.memory import check_plan, fit_plan
-from digenrl.sim.planner import (
+from digenrl.costs.device_costs import DeviceCosts
+from digenrl.planning.memory import check_plan, fit_plan
+from digenrl.planning.planner import (
     Planner,
     fragment_options,
     plan_bound,
@@ -19,6 +18,7 @@ from digenrl.sim.planner import (
     search_plans,
     throughput_bound,
 )
+from digenrl.runtime.profiles import load_profile
 from digenrl.sim.schedule_plan import SchedulePlan
 from digenrl.sim.workload import Workload
 from tests.sim.toy_costs import toy_costs
@@ -49,7 +49,7 @@ def test_pruned_search_matches_exhaustive_and_bound_holds(seed):
     """The pruned search picks what the same search without pruning picks, and no evaluated plan beats its
     bound. (Seed 42: refining each split's best alone, ``trainer_counts=[n]``, finds a better refined plan
     on another split than the search's overall best — refinement is a heuristic on the overall best plans,
-    docstring of digenrl/sim/planner.py; an earlier version of this test compared against that and failed
+    docstring of digenrl/planning/planner.py; an earlier version of this test compared against that and failed
     on such costs.)"""
     profile, costs, workload = _setup(random.Random(seed))
     result = search_plans(profile, costs, workload, max_staleness=1, include_baselines=False)

@@ -5,10 +5,10 @@ the simulator is trusted only as far as it matches real runs, so its error is re
     python experiments/measure.py validation-runs --configs digenrl-gap-f4 --iterations 6 --out /tmp/val
 
 In ONE invocation: (1) measure the per-operation cost model of the run's model on this CPU with the
-runs' thread count (``digenrl.sim.measure.measure_costs``, 1 thread), (2) run every configuration for
+runs' thread count (``digenrl.perf.measure_costs.measure_costs``, 1 thread), (2) run every configuration for
 real with ``torchrun`` (gloo, ``experiments/run_train.py``), (3) simulate the same configurations on the
 ``cpu-2`` profile from the cost model just measured, (4) compare with
-:func:`digenrl.sim.validation.simulation_error` (same steady-state definition on both sides) and write a
+:func:`digenrl.reports.validation.simulation_error` (same steady-state definition on both sides) and write a
 markdown + JSON report with the exact command at the top.
 """
 
@@ -27,8 +27,8 @@ from pathlib import Path
 
 from digenrl.launch import launch_torchrun
 
-REPO = Path(__file__).resolve().parents[2]
-DEFAULT_OUT = REPO / "runs" / "validation"
+#: where the real runs and the report go unless told (experiments/measure.py passes the checkout's runs/)
+DEFAULT_OUT = Path("runs") / "validation"
 
 
 @dataclass(frozen=True)
@@ -73,13 +73,17 @@ CONFIGURATIONS: dict[str, Configuration] = {
 WORKLOAD_OVERRIDES = ("algo.prompts_per_iteration=8", "sampler.num_steps=16", "trainer.micro_batch_size=16")
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args(
+    argv: list[str] | None = None, *, config: Path | None = None, out: Path = DEFAULT_OUT
+) -> argparse.Namespace:
+    """``config`` / ``out``: the defaults of ``--config`` (None: required) and of ``--out`` / ``--runs-dir``
+    (experiments/measure.py gives the checkout's ``experiments/configs/tiny.yaml``, ``runs/validation``)."""
     p = argparse.ArgumentParser(
         prog="experiments/measure.py validation-runs",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--config", type=Path, default=REPO / "experiments" / "configs" / "tiny.yaml")
+    p.add_argument("--config", type=Path, default=config, required=config is None)
     p.add_argument("--profile", default="cpu-2", help="profile of the real runs and of the simulation")
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--iterations", type=int, default=8)
@@ -89,13 +93,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--configs", nargs="*", default=list(CONFIGURATIONS), choices=list(CONFIGURATIONS))
     p.add_argument(
-        "--runs-dir", type=Path, default=None, help="where real runs write (default: runs/validation)"
+        "--runs-dir", type=Path, default=out, help="where real runs write (default: runs/validation)"
     )
     p.add_argument(
-        "--out",
-        type=Path,
-        default=DEFAULT_OUT,
-        help="report folder (default: runs/validation; cpu.md / cpu.json)",
+        "--out", type=Path, default=out, help="report folder (default: runs/validation; cpu.md / cpu.json)"
     )
     p.add_argument("--name", default="cpu", help="report file stem")
     p.add_argument("--timeout", type=float, default=300, help="seconds per real run")
@@ -138,7 +139,7 @@ def run_real(conf: Configuration, args: argparse.Namespace, run_dir: Path) -> fl
 
 def iteration_times(records: list[dict]) -> dict[int, float]:
     """Seconds between consecutive iteration ends (end = last ``optimizer`` span of the iteration), the
-    definition of ``digenrl.sim.validation.steady_state``, per iteration."""
+    definition of ``digenrl.reports.validation.steady_state``, per iteration."""
     ends: dict[int, float] = {}
     for r in records:
         if r.get("type") == "span" and r["phase"] == "optimizer" and r.get("iteration") is not None:
@@ -196,24 +197,25 @@ def report_markdown(meta: dict, rows: list[dict], costs_text: str) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def main(argv: list[str] | None = None, *, config: Path | None = None, out: Path = DEFAULT_OUT) -> int:
+    """``config`` / ``out``: defaults of the options (:func:`parse_args`)."""
+    args = parse_args(argv, config=config, out=out)
     import torch
 
     from digenrl.config import load_config
+    from digenrl.costs.cost_model import CostModel
+    from digenrl.perf.measure_costs import measure_costs
+    from digenrl.reports.validation import simulation_error
     from digenrl.runtime.event_records import load_events
-    from digenrl.sim.costs import CostModel
-    from digenrl.sim.measure import measure_costs
     from digenrl.sim.schedule_plan import SchedulePlan
     from digenrl.sim.simulator import simulate
-    from digenrl.sim.validation import simulation_error
     from digenrl.sim.workload import Workload
 
     torch.set_num_threads(args.threads)
     command = "python experiments/measure.py validation-runs " + shlex.join(
         sys.argv[1:] if argv is None else argv
     )
-    runs_dir = args.runs_dir or (REPO / "runs" / "validation")
+    runs_dir = args.runs_dir
     cfg = load_config(
         str(args.config), [f"iterations={args.iterations}", *WORKLOAD_OVERRIDES, *args.overrides]
     )

@@ -2,7 +2,7 @@
 memory pressure — full fine-tuning at 12 B+, a heavy reward model a colocated rank must keep or swap).
 
 Per rank, what it holds is what ``digenrl/systems/components.py`` builds there, priced from the cost
-model (:class:`~digenrl.sim.costs.CostModel`, bytes):
+model (:class:`~digenrl.costs.cost_model.CostModel`, bytes):
 
 * every rank: the transformer weights (``param_bytes``), the text encoders (``text_encoder_bytes``) and the
   VAE (``vae_param_bytes``) — the bundle is built whole on every rank;
@@ -27,9 +27,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from digenrl.costs.cost_model import CFG_KEYS, CostModel
+from digenrl.costs.device_costs import DeviceCosts
 from digenrl.runtime.profiles import HardwareProfile
-from digenrl.sim.costs import CFG_KEYS, CostModel
-from digenrl.sim.device_costs import DeviceCosts
 from digenrl.sim.schedule_plan import SchedulePlan
 from digenrl.sim.workload import Workload
 

@@ -13,11 +13,11 @@ training/forward ratio times the measured forward at that batch (:meth:`CostMode
 
 ``path`` says which code path was timed (``eager``: diffusers as it comes; ``compiled+autocast``: the
 project's GPU path, ``model.compile=true model.autocast=true``), so a file is only used to predict runs
-of that path (:func:`run_path`). Files live at ``experiments/results/costs/<device>-<model>.json``
-(:func:`cost_path`); ``source`` says whether the numbers were ``measured`` on that device or
-``extrapolated from <device>`` by :meth:`CostModel.scale_to` / :meth:`CostModel.scaled`. ``command``
-records how the file was produced. :func:`measure_costs` (implemented in :mod:`digenrl.sim.measure`,
-which imports torch) measures the real components.
+of that path (:func:`run_path`). Files are named ``<device>-<model>.json`` in a folder the caller names
+(:func:`cost_path`; the committed ones are ``experiments/results/costs/``); ``source`` says whether the
+numbers were ``measured`` on that device or ``extrapolated from <device>`` by :meth:`CostModel.scale_to` /
+:meth:`CostModel.scaled`. ``command`` records how the file was produced.
+:func:`digenrl.perf.measure_costs.measure_costs` measures the real components.
 
 Format 2 (this reader) added ``path``, the memory fields, ``activation_checkpointing``,
 ``message_latency_s``, ``weight_load_s`` and replaced ``helper_switch_s`` by ``switch_sync_s``: format 1
@@ -43,8 +43,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from digenrl.runtime.profiles import GpuType
 
-#: ``experiments/results/costs`` at the repository root (this file is digenrl/sim/costs.py).
-COSTS_DIR = Path(__file__).resolve().parents[2] / "experiments" / "results" / "costs"
 CFG_KEYS = {True: "cfg", False: "no_cfg"}
 #: The CostModel fields that count bytes (validated as ints >= 0, printed in bytes).
 BYTE_FIELDS = (
@@ -549,13 +547,14 @@ def _fmt_points(points: Mapping[int, float], letter: str) -> str:
 # ----------------------------------------------------------------------------- files
 
 
-def cost_path(device: str, model: str, root: str | Path | None = None) -> Path:
-    """``<root>/<device>-<model>.json`` (root defaults to ``experiments/results/costs``)."""
-    return Path(root if root is not None else COSTS_DIR) / f"{device}-{model}.json"
+def cost_path(device: str, model: str, root: str | Path) -> Path:
+    """``<root>/<device>-<model>.json`` (the committed files: ``experiments/results/costs``, a folder the
+    ``experiments/`` scripts pass)."""
+    return Path(root) / f"{device}-{model}.json"
 
 
-def load_costs(device: str, model: str, root: str | Path | None = None) -> CostModel:
-    """Load ``<device>-<model>.json``; the error lists the cost files that do exist."""
+def load_costs(device: str, model: str, root: str | Path) -> CostModel:
+    """Load ``<root>/<device>-<model>.json``; the error lists the cost files that do exist."""
     path = cost_path(device, model, root)
     if not path.is_file():
         folder = path.parent
@@ -565,10 +564,3 @@ def load_costs(device: str, model: str, root: str | Path | None = None) -> CostM
             "(produce one with experiments/measure.py costs)"
         )
     return CostModel.load(path)
-
-
-def measure_costs(model_name: str, device: str = "auto", **kwargs: Any) -> CostModel:
-    """Measure the real components (see :func:`digenrl.sim.measure.measure_costs`; imports torch)."""
-    from digenrl.sim.measure import measure_costs as _measure
-
-    return _measure(model_name, device, **kwargs)

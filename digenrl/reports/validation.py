@@ -19,11 +19,11 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from digenrl.costs.cost_model import CostModel, cost_path, run_path
+from digenrl.costs.device_costs import DeviceCosts
 from digenrl.runtime.event_records import load_events
 from digenrl.runtime.event_summary import summarize_records
 from digenrl.runtime.profiles import HardwareProfile, load_profile
-from digenrl.sim.costs import CostModel, cost_path, run_path
-from digenrl.sim.device_costs import DeviceCosts
 from digenrl.sim.schedule_plan import SchedulePlan
 from digenrl.sim.simulator import SimResult, simulate
 from digenrl.sim.workload import Workload
@@ -136,16 +136,22 @@ def plan_from_config(cfg: Config, world_size: int) -> SchedulePlan:
     return SchedulePlan(cfg.system, **pools, **knobs)
 
 
-def run_cost_file(cfg: Config, profile: HardwareProfile) -> Path:
-    """``experiments/results/costs/<device>-<model>.json`` of a run's first device type."""
+def run_cost_file(cfg: Config, profile: HardwareProfile, costs_dir: str | Path) -> Path:
+    """``<costs_dir>/<device>-<model>.json`` of a run's first device type."""
     kind = profile.device_type(0).name
-    return cost_path("cpu" if kind.startswith("cpu") else kind, cfg.model.name)
+    return cost_path("cpu" if kind.startswith("cpu") else kind, cfg.model.name, costs_dir)
 
 
 def compare_run(
-    run_dir: str | Path, cost_file: str | Path | None = None, warmup: int = 1, cooldown: int = 0
+    run_dir: str | Path,
+    cost_file: str | Path | None = None,
+    warmup: int = 1,
+    cooldown: int = 0,
+    *,
+    costs_dir: str | Path | None = None,
 ) -> dict[str, Any]:
-    """Simulate the run in ``run_dir`` (its ``config.yaml``) and compare per phase (:func:`simulation_error`).
+    """Simulate the run in ``run_dir`` (its ``config.yaml``) and compare per phase (:func:`simulation_error`),
+    priced by ``cost_file``, else by the file of the run's device and model in ``costs_dir``.
 
     The row says which code path the run executed (``model.compile`` / ``model.autocast``, resolved for the
     profile's device) and which the cost file timed; when they differ the comparison is still made but
@@ -155,7 +161,11 @@ def compare_run(
     run_dir = Path(run_dir)
     cfg = load_config(run_dir / "config.yaml")
     profile = load_profile(cfg.profile)
-    costs = CostModel.load(cost_file or run_cost_file(cfg, profile))
+    if cost_file is None:
+        if costs_dir is None:
+            raise ValueError("compare_run needs a cost_file or the costs_dir holding <device>-<model>.json")
+        cost_file = run_cost_file(cfg, profile, costs_dir)
+    costs = CostModel.load(cost_file)
     records = load_events(run_dir)
     finished = {
         int(r["iteration"])
@@ -194,7 +204,7 @@ def compare_run(
         "path_mismatch": ""
         if path == costs.path
         else f"the run executed {path}, the cost file timed {costs.path}",
-        "cost_file": str(cost_file or run_cost_file(cfg, profile)),
+        "cost_file": str(cost_file),
         "iterations": iterations,
         "steady": list(workload.steady_iterations),
         "measured_iteration_s": workload.samples_per_iteration / error["measured_samples_per_s"],
@@ -219,7 +229,7 @@ def report_markdown(rows: list[dict[str, Any]], command: str) -> str:
         "",
         f"`{command}`",
         "",
-        f"Steady state as in `digenrl.sim.validation.steady_state`; goal: every phase within "
+        f"Steady state as in `digenrl.reports.validation.steady_state`; goal: every phase within "
         f"{100 * PHASE_ERROR_GOAL:.0f}% (docs/design.md §5).",
         "",
         "| run | model | profile | system | path (run / costs) | measured s/it | predicted s/it (error) |"

@@ -9,9 +9,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from digenrl.costs.cost_model import CostModel, cost_path, interpolate, load_costs
+from digenrl.costs.device_costs import DeviceCosts
 from digenrl.runtime.profiles import load_profile
-from digenrl.sim.costs import CostModel, cost_path, interpolate, load_costs
-from digenrl.sim.device_costs import DeviceCosts
 from tests.sim.toy_costs import toy_costs
 
 
@@ -218,7 +218,7 @@ def test_device_costs_per_type_and_relative_speed():
 def test_the_audit_flags_what_does_not_match_what_runs():
     """A file is stale for a workload when it timed another path, stops short of the workload's
     micro-batch, timed another CFG gradient, has no memory peaks, or was derived."""
-    from digenrl.sim.cost_audit import GPU_PATH, audit
+    from digenrl.costs.audit import GPU_PATH, audit
     from digenrl.sim.workload import Workload
 
     work = Workload(

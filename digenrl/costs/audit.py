@@ -13,22 +13,21 @@ A cost file is *stale* for a workload when (:func:`audit`):
   extrapolation), or the CFG training points were measured with another ``algo.cfg_grad`` than the
   runtime's default;
 * it has no measured memory peaks (the planner cannot check which plans fit);
-* a point was derived rather than measured (:mod:`digenrl.sim.extrapolation`: another shape, another
+* a point was derived rather than measured (:mod:`digenrl.costs.extrapolation`: another shape, another
   model, full fine-tuning, a heavy reward).
 
 :func:`missing_measurements` turns the stale points of the committed H200 files into benchmark commands —
 what ``experiments/gpu/h200_refresh_costs.sh`` runs in one device call (``python experiments/measure.py
-missing`` prints them).
+missing`` prints them, :func:`digenrl.reports.cli.missing`).
 """
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
-from digenrl.sim.costs import CFG_KEYS, COSTS_DIR, CostModel, cost_path
-from digenrl.sim.workload import Workload
+from digenrl.costs.cost_model import CFG_KEYS, CostModel, cost_path
 
 #: The path a GPU run executes by default (model.compile / model.autocast unset on a CUDA device).
 GPU_PATH = "compiled+autocast"
@@ -36,7 +35,18 @@ GPU_PATH = "compiled+autocast"
 DEFAULT_CFG_GRAD = "cond"
 
 
-def audit(costs: CostModel, workload: Workload | None = None, expected_path: str = GPU_PATH) -> list[str]:
+class TrainingShape(Protocol):
+    """What of a workload the audit reads (:class:`digenrl.sim.workload.Workload` is one)."""
+
+    @property
+    def cfg(self) -> bool: ...
+    @property
+    def micro_batch_size(self) -> int: ...
+
+
+def audit(
+    costs: CostModel, workload: TrainingShape | None = None, expected_path: str = GPU_PATH
+) -> list[str]:
     """Why ``costs`` does not price ``workload`` from measurements of what runs (empty: it does)."""
     reasons = []
     if costs.path != expected_path:
@@ -81,7 +91,7 @@ class Measurement:
         return f"python3 experiments/measure.py {self.kind} --model {self.model} {args} --out {out}"
 
 
-def missing_measurements(costs_dir: Path = COSTS_DIR) -> list[Measurement]:
+def missing_measurements(costs_dir: Path) -> list[Measurement]:
     """The benchmarks that replace every stale point of the committed H200 cost files (module docstring)."""
     out: list[Measurement] = []
     common = (
@@ -158,27 +168,3 @@ def missing_measurements(costs_dir: Path = COSTS_DIR) -> list[Measurement]:
                 )
             )
     return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="experiments/measure.py missing",
-        description="List the cost points a GPU call must re-measure (digenrl/sim/cost_audit.py).",
-    )
-    p.add_argument("--costs-dir", type=Path, default=COSTS_DIR)
-    args = p.parse_args(argv)
-    from digenrl.sim.tables import default_workload  # the table's workload of each model
-
-    for path in sorted(args.costs_dir.glob("*.json")):
-        costs = CostModel.load(path)
-        gpu = costs.device != "cpu"
-        workload = default_workload(costs.model, quick=not gpu)
-        reasons = audit(costs, workload, expected_path=GPU_PATH if gpu else "eager")
-        print(
-            f"{path.name} (for the table workload, micro-batch {workload.micro_batch_size}): "
-            f"{'; '.join(reasons) or 'up to date'}"
-        )
-    print("\nbenchmarks that replace the stale points (experiments/gpu/h200_refresh_costs.sh runs them):")
-    for m in missing_measurements(args.costs_dir):
-        print(f"  # {m.model}: {m.replaces}\n  {m.command()}")
-    return 0

@@ -16,7 +16,7 @@ DigenRL's plan space at a staleness budget s (0: on-policy; 1: TCSS allowed):
 
 So the best plan is never worse than the best baseline of equal staleness: it is chosen from a superset
 (:meth:`Planner.search`; the tables check it). Every candidate first gets the memory knobs it can run
-(:func:`digenrl.sim.memory.fit_plan`: micro-batch, activation checkpointing, generator batch, parking);
+(:func:`digenrl.planning.memory.fit_plan`: micro-batch, activation checkpointing, generator batch, parking);
 a candidate nothing fits is rejected with its reason (:attr:`PlannerResult.rejected`).
 
 Pruning is exact with respect to this search (``prune=False`` is the same search without it): splits are
@@ -36,10 +36,10 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from digenrl.costs.cost_model import CFG_KEYS, CostModel
+from digenrl.costs.device_costs import DeviceCosts
+from digenrl.planning.memory import Fit, fit_plan
 from digenrl.runtime.profiles import HardwareProfile, load_profile
-from digenrl.sim.costs import CFG_KEYS, CostModel
-from digenrl.sim.device_costs import DeviceCosts
-from digenrl.sim.memory import Fit, fit_plan
 from digenrl.sim.schedule_plan import SchedulePlan
 from digenrl.sim.simulator import SimResult, search_tag_budget, simulate
 from digenrl.sim.workload import Workload

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from digenrl.costs.cost_model import CostModel
 from digenrl.rollout.sampler import CFG_SPLIT_MIN_BATCH
-from digenrl.sim.costs import CostModel
 from experiments import measure, simulate
 
 

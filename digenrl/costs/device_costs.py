@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from digenrl.costs.cost_model import CostModel
 from digenrl.runtime.profiles import HardwareProfile
-from digenrl.sim.costs import CostModel
 
 SCALINGS = ("relative_speed", "spec")
 

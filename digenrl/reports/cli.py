@@ -8,24 +8,28 @@
 
 Tables are written where ``--out`` says, by default under ``runs/``; ``--regenerate`` writes the committed
 folder under ``experiments/results/`` (the command goes into the table's header and into
-``experiments/results/README.md``).
+``experiments/results/README.md``). Every command takes the :class:`~digenrl.reports.folders.Folders` of
+the checkout from its entry point (``experiments/simulate.py``, ``measure.py``), which also runs
+``measure.py missing`` (:func:`missing`) and dispatches both entry points' commands (:func:`dispatch`).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import shlex
 import sys
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
-from digenrl.sim import tables
-from digenrl.sim.costs import CostModel, load_costs
-from digenrl.sim.device_costs import SCALINGS, DeviceCosts
-
-DEFAULT_RUNS = tables.REPO / "runs" / "simulate"
+from digenrl.costs.cost_model import CostModel, load_costs
+from digenrl.costs.device_costs import SCALINGS, DeviceCosts
+from digenrl.reports import tables
+from digenrl.reports.folders import Folders
 
 
 def _parser(command: str, doc: str) -> argparse.ArgumentParser:
@@ -36,12 +40,12 @@ def _parser(command: str, doc: str) -> argparse.ArgumentParser:
     )
 
 
-def _out(args: argparse.Namespace, name: str) -> Path:
+def _out(args: argparse.Namespace, name: str, folders: Folders) -> Path:
     if args.regenerate and args.out is not None:
         raise SystemExit("--regenerate writes experiments/results/" + name + "; do not pass --out with it")
     if args.regenerate:
-        return tables.RESULTS / name
-    return args.out if args.out is not None else DEFAULT_RUNS / name
+        return folders.results / name
+    return args.out if args.out is not None else folders.runs / "simulate" / name
 
 
 def _table_args(p: argparse.ArgumentParser, name: str) -> None:
@@ -54,11 +58,15 @@ def _table_args(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--regenerate", action="store_true", help=f"write experiments/results/{name}")
 
 
-def _flux_by_default(args: argparse.Namespace) -> tuple[list[tables.Scenario], Path | None]:
-    """The scenarios of a scaling / split table (FLUX.1-dev LoRA unless named) and the cost file."""
+def _cost_file(args: argparse.Namespace, folders: Folders) -> Path | None:
+    """``--costs``, else with ``--quick`` the tiny model's CPU file, else None (each scenario's own file)."""
+    return args.costs or (tables.quick_cost_file(folders) if args.quick else None)
+
+
+def _flux_by_default(args: argparse.Namespace) -> list[tables.Scenario]:
+    """The scenarios of a scaling / split table (FLUX.1-dev LoRA unless named)."""
     chosen = tables.scenarios(args.quick, args.scenarios or (None if args.quick else ["flux.1-dev"]))
-    chosen = [s for s in chosen if args.quick or s.variant == "lora" or args.scenarios]
-    return chosen, args.costs or (tables.QUICK_COST_FILE if args.quick else None)
+    return [s for s in chosen if args.quick or s.variant == "lora" or args.scenarios]
 
 
 def _command(name: str, argv: list[str] | None) -> str:
@@ -68,11 +76,11 @@ def _command(name: str, argv: list[str] | None) -> str:
 # ----------------------------------------------------------------------------- plan
 
 
-def plan(argv: list[str] | None = None) -> int:
+def plan(argv: list[str] | None, folders: Folders) -> int:
     """Ask the planner for the best plan on a hardware profile (and, with --baselines, the baselines)."""
     from digenrl.config import load_config
+    from digenrl.planning.planner import Planner
     from digenrl.runtime.profiles import load_profile
-    from digenrl.sim.planner import Planner
     from digenrl.sim.workload import Workload
 
     p = _parser("plan", plan.__doc__)
@@ -101,7 +109,7 @@ def plan(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     profile = load_profile(args.profile)
     if args.model and args.device:
-        models: CostModel | dict[str, CostModel] = load_costs(args.device, args.model)
+        models: CostModel | dict[str, CostModel] = load_costs(args.device, args.model, folders.costs)
     elif not args.costs:
         p.error("give --costs PATH (or TYPE=PATH, repeatable), or --model with --device")
     elif all("=" in c for c in args.costs):
@@ -151,8 +159,8 @@ def plan(argv: list[str] | None = None) -> int:
 # ----------------------------------------------------------------------------- tables
 
 
-def throughput(argv: list[str] | None = None) -> int:
-    """Throughput per scenario × profile × system (module docstring of digenrl.sim.tables)."""
+def throughput(argv: list[str] | None, folders: Folders) -> int:
+    """Throughput per scenario × profile × system (module docstring of digenrl.reports.tables)."""
     p = _parser("throughput", tables.__doc__)
     p.add_argument("--scenarios", nargs="*", default=None, help="labels or models (default: all)")
     p.add_argument("--profiles", nargs="*", default=None, help=f"default: {' '.join(tables.PROFILES)}")
@@ -164,14 +172,16 @@ def throughput(argv: list[str] | None = None) -> int:
     )
     _table_args(p, "throughput")
     args = p.parse_args(argv)
-    out = _out(args, "throughput")
+    out = _out(args, "throughput", folders)
     chosen = tables.scenarios(args.quick, args.scenarios)
-    cost_file = args.costs or (tables.QUICK_COST_FILE if args.quick else None)
+    cost_file = _cost_file(args, folders)
     profiles = args.profiles or (tables.QUICK_PROFILES if args.quick else tables.PROFILES)
     rows = []
     for profile in profiles:
         for scenario in chosen:
-            rows += tables.throughput_rows(scenario, profile, max_stages=args.max_stages, cost_file=cost_file)
+            rows += tables.throughput_rows(
+                scenario, profile, folders, max_stages=args.max_stages, cost_file=cost_file
+            )
     commands = [_command("throughput", argv)]
     if args.merge and (out / "table.csv").is_file():
         done = {(r["scenario"], r["profile"]) for r in rows}
@@ -179,14 +189,14 @@ def throughput(argv: list[str] | None = None) -> int:
         rows = [r for r in old_rows if (r["scenario"], r["profile"]) not in done] + rows
         commands = [c for c in old_commands if c not in commands] + commands
         rows = tables.panel_order(rows)
-    tables.attach_validation(rows, tables.validation_errors())
+    tables.attach_validation(rows, tables.validation_errors(folders.validation))
     header = tables.header_lines(commands, "Throughput per scenario x profile x system.")
     csv_path, md_path = tables.write_table(rows, out, "table", header)
     print(f"[throughput] wrote {csv_path} and {md_path}")
     return 0
 
 
-def scaling(argv: list[str] | None = None) -> int:
+def scaling(argv: list[str] | None, folders: Folders) -> int:
     """Strong scaling: the same logical batch on 8, 16, 24, 32 GPUs of an H800 cluster."""
     p = _parser("scaling", scaling.__doc__)
     p.add_argument("--scenarios", nargs="*", default=None, help="labels or models (default: flux.1-dev)")
@@ -194,13 +204,15 @@ def scaling(argv: list[str] | None = None) -> int:
     p.add_argument("--nodes", nargs="*", type=int, default=[1, 2, 3, 4], help="node counts")
     _table_args(p, "scaling")
     args = p.parse_args(argv)
-    out = _out(args, "scaling")
-    chosen, cost_file = _flux_by_default(args)
+    out = _out(args, "scaling", folders)
+    chosen, cost_file = _flux_by_default(args), _cost_file(args, folders)
     base = tables.load_profile(args.base_profile)
     nodes = [1, 2] if args.quick else args.nodes
     rows = []
     for scenario in chosen:
-        rows += tables.scaling_rows(scenario, base, nodes, max_stages=args.max_stages, cost_file=cost_file)
+        rows += tables.scaling_rows(
+            scenario, base, nodes, folders, max_stages=args.max_stages, cost_file=cost_file
+        )
     header = tables.header_lines(
         [_command("scaling", argv)],
         f"Strong scaling (fixed logical batch) on {args.base_profile} cut to nodes.",
@@ -210,7 +222,7 @@ def scaling(argv: list[str] | None = None) -> int:
     return 0
 
 
-def split(argv: list[str] | None = None) -> int:
+def split(argv: list[str] | None, folders: Folders) -> int:
     """Generator : trainer split sensitivity: separate-sync and DigenRL's mechanisms per pool split."""
     p = _parser("split", split.__doc__)
     p.add_argument("--scenarios", nargs="*", default=None, help="labels or models (default: flux.1-dev)")
@@ -218,13 +230,13 @@ def split(argv: list[str] | None = None) -> int:
     p.add_argument("--nodes", type=int, default=2, help="8-GPU nodes (2 = 16 GPUs)")
     _table_args(p, "split")
     args = p.parse_args(argv)
-    out = _out(args, "split")
+    out = _out(args, "split", folders)
     profile = tables.sub_cluster(tables.load_profile(args.base_profile), 1 if args.quick else args.nodes)
-    chosen, cost_file = _flux_by_default(args)
+    chosen, cost_file = _flux_by_default(args), _cost_file(args, folders)
     rows = []
     for scenario in chosen:
         start = time.perf_counter()
-        rows += tables.split_rows(scenario, profile, max_stages=args.max_stages, cost_file=cost_file)
+        rows += tables.split_rows(scenario, profile, folders, max_stages=args.max_stages, cost_file=cost_file)
         print(f"[split] {scenario.label} on {profile.name} [{time.perf_counter() - start:.1f} s]", flush=True)
     header = tables.header_lines(
         [_command("split", argv)], f"Generator:trainer split sensitivity on {profile.name}."
@@ -237,10 +249,10 @@ def split(argv: list[str] | None = None) -> int:
 # ----------------------------------------------------------------------------- validate
 
 
-def validate(argv: list[str] | None = None) -> int:
-    """Predicted vs measured seconds per phase of real runs (digenrl.sim.validation.compare_run): each
+def validate(argv: list[str] | None, folders: Folders) -> int:
+    """Predicted vs measured seconds per phase of real runs (digenrl.reports.validation.compare_run): each
     RUN_DIR's config.yaml is simulated on its profile from a cost file of the run's code path."""
-    from digenrl.sim.validation import compare_run, report_markdown
+    from digenrl.reports.validation import compare_run, report_markdown
 
     p = _parser("validate", validate.__doc__)
     p.add_argument("run_dirs", nargs="+", type=Path, help="out_dir of real runs (config.yaml, events/)")
@@ -251,9 +263,11 @@ def validate(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None, help="report folder (default: runs/simulate/validation)")
     p.add_argument("--regenerate", action="store_true", help="write experiments/results/validation")
     args = p.parse_args(argv)
-    out = _out(args, "validation")
+    out = _out(args, "validation", folders)
     rows = [
-        compare_run(d, cost_file=args.costs, warmup=args.warmup, cooldown=args.cooldown)
+        compare_run(
+            d, cost_file=args.costs, warmup=args.warmup, cooldown=args.cooldown, costs_dir=folders.costs
+        )
         for d in args.run_dirs
     ]
     text = report_markdown(rows, _command("validate", argv))
@@ -265,14 +279,60 @@ def validate(argv: list[str] | None = None) -> int:
     return 0
 
 
-COMMANDS = {"plan": plan, "throughput": throughput, "scaling": scaling, "split": split, "validate": validate}
+# ----------------------------------------------------------------------------- measure.py missing
 
 
-def dispatch(doc: str, commands: dict, argv: list[str] | None) -> int:
-    """Run ``argv[0]`` of ``commands`` (a function, or a module with ``main``) with the rest of ``argv``;
-    the usage ``doc`` without a known command (the entry points experiments/measure.py and simulate.py)."""
-    import importlib
+def missing(argv: list[str] | None, folders: Folders) -> int:
+    """List the cost points a GPU call must re-measure (:mod:`digenrl.costs.audit`) for the tables'
+    workloads."""
+    from digenrl.costs.audit import GPU_PATH, audit, missing_measurements
 
+    p = argparse.ArgumentParser(prog="experiments/measure.py missing", description=missing.__doc__)
+    p.add_argument("--costs-dir", type=Path, default=folders.costs)
+    args = p.parse_args(argv)
+    for path in sorted(args.costs_dir.glob("*.json")):
+        costs = CostModel.load(path)
+        gpu = costs.device != "cpu"
+        workload = tables.default_workload(costs.model, quick=not gpu)  # the table's workload of the model
+        reasons = audit(costs, workload, expected_path=GPU_PATH if gpu else "eager")
+        print(
+            f"{path.name} (for the table workload, micro-batch {workload.micro_batch_size}): "
+            f"{'; '.join(reasons) or 'up to date'}"
+        )
+    print("\nbenchmarks that replace the stale points (experiments/gpu/h200_refresh_costs.sh runs them):")
+    for m in missing_measurements(args.costs_dir):
+        print(f"  # {m.model}: {m.replaces}\n  {m.command()}")
+    return 0
+
+
+# ----------------------------------------------------------------------------- dispatch
+
+#: ``experiments/simulate.py``'s commands; each takes ``(argv, folders)``.
+COMMANDS: dict[str, Callable[[list[str] | None, Folders], int]] = {
+    "plan": plan,
+    "throughput": throughput,
+    "scaling": scaling,
+    "split": split,
+    "validate": validate,
+}
+
+
+def module_main(module: str, **defaults: Any) -> Callable[[list[str]], int]:
+    """The ``main`` of ``module``, imported when the command runs (an entry point imports only what its
+    command needs), called with ``defaults`` (the checkout's folders the entry point knows)."""
+
+    def run(argv: list[str]) -> int:
+        return importlib.import_module(module).main(argv, **defaults)
+
+    return run
+
+
+def dispatch(
+    doc: str, commands: Mapping[str, Callable[[list[str]], int] | str], argv: list[str] | None
+) -> int:
+    """Run ``argv[0]`` of ``commands`` (a function of the remaining arguments, or the name of a module whose
+    ``main`` takes them) with the rest of ``argv``; the usage ``doc`` without a known command (the entry
+    points experiments/measure.py and simulate.py)."""
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
         print(doc)

@@ -1,4 +1,4 @@
-"""Measure a :class:`~digenrl.sim.costs.CostModel` from the real components on one device.
+"""Measure a :class:`~digenrl.costs.cost_model.CostModel` from the real components on one device.
 
 Everything timed is the code a real run executes, built the way ``digenrl/systems/components.py`` builds
 it: ``build_model_bundle`` (random weights unless ``pretrained_path``), :class:`PolicyTrainer` (which
@@ -15,7 +15,7 @@ A TAG switch costs a device synchronisation (``switch_sync_s``) plus what it mov
 (what ``tag.park_grads=true`` adds, docs/design.md §3 (TAG)) is recorded as ``meta["grad_park_s"]``. On
 CUDA the peak memory of every generator step and training micro-batch is recorded
 (``torch.cuda.max_memory_allocated``), and the text encoders' and VAE's bytes are counted, for the
-simulator's memory check (:mod:`digenrl.sim.memory`). ``compile`` / ``autocast`` time the project's GPU
+simulator's memory check (:mod:`digenrl.planning.memory`). ``compile`` / ``autocast`` time the project's GPU
 path (``model.compile`` / ``model.autocast``); the file's ``path`` says which was timed.
 """
 
@@ -32,6 +32,7 @@ from dataclasses import replace
 import torch
 
 from digenrl.config import MODEL_DTYPES, TRAINER_MODES, Config, apply_overrides
+from digenrl.costs.cost_model import CFG_KEYS, CostModel, run_path
 from digenrl.data.text_condition import TextCondition
 from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.models import ModelBundle, ModelSpec, build_model_bundle
@@ -42,7 +43,6 @@ from digenrl.rewards.registry import build_reward
 from digenrl.rollout.engine import RolloutEngine
 from digenrl.rollout.sampler import Sampler
 from digenrl.runtime.transfer import batch_to_tensors
-from digenrl.sim.costs import CFG_KEYS, CostModel, run_path
 from digenrl.trainer.trainer import PolicyTrainer
 
 #: Short device names used in cost file names, matched inside ``torch.cuda.get_device_name``.
@@ -385,7 +385,8 @@ def parse_args(argv: list[str] | None = None):
     p = argparse.ArgumentParser(
         prog="experiments/measure.py costs",
         description="Measure the simulator's per-operation cost model of one model on this machine's device "
-        "(digenrl/sim/measure.py); writes runs/costs/<device>-<model>.json unless --out says otherwise.",
+        "(digenrl/perf/measure_costs.py); writes runs/costs/<device>-<model>.json unless --out says "
+        "otherwise.",
     )
     p.add_argument("--model", default="tiny-sd3", help="zoo entry (model.name)")
     p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1")
@@ -425,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
     import sys
     from pathlib import Path
 
-    from digenrl.sim.costs import cost_path
+    from digenrl.costs.cost_model import cost_path
 
     args = parse_args(argv)
     threads = args.threads or (1 if resolve_device(args.device).type == "cpu" else None)
