@@ -41,7 +41,7 @@ from digenrl.costs.device_costs import DeviceCosts
 from digenrl.planning.memory import Fit, fit_plan
 from digenrl.runtime.profiles import HardwareProfile, load_profile
 from digenrl.sim.schedule_plan import SchedulePlan
-from digenrl.sim.simulator import SimResult, search_tag_budget, simulate
+from digenrl.sim.simulator import SimResult, search_tag_budget, simulate, tag_budget_limit
 from digenrl.sim.workload import Workload
 
 #: The baselines of docs/design.md §4 (labels of :meth:`Planner.baselines`).
@@ -276,10 +276,10 @@ class Planner:
         return Fit(plan.with_(**{k: getattr(fit.plan, k) for k in knobs}), fit.notes, fit.checked)
 
     def _search_tag_budget(self, plan: SchedulePlan) -> PlanScore | None:
-        def run(trial: SchedulePlan) -> PlanScore | None:  # budget 0 is the TAG-off plan (cached)
-            return self._score_exact(trial if trial.tag_budget else trial.with_(tag=False, tag_budget=None))
+        def run(budget: int) -> PlanScore | None:  # budget 0 is the TAG-off plan (cached)
+            return self._score_exact(plan.with_(tag_budget=budget) if budget else plan.with_(tag=False))
 
-        return search_tag_budget(plan, self.workload, run)
+        return search_tag_budget(tag_budget_limit(plan.num_fragments(self.workload), plan.trainers), run)[0]
 
     # ------------------------------------------------------------------ baselines
     def baseline_plans(

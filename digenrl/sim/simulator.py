@@ -131,33 +131,45 @@ def simulate(
     workload = plan.effective_workload(workload)
     plan.check(profile.world_size, workload)
     if plan.system == "digenrl" and plan.tag and plan.tag_budget is None:
-        best = search_tag_budget(plan, workload, lambda p: _simulate_once(profile, device_costs, workload, p))
+        limit = tag_budget_limit(plan.num_fragments(workload), plan.trainers)
+        best, _ = search_tag_budget(
+            limit, lambda b: _simulate_once(profile, device_costs, workload, plan.with_(tag_budget=b))
+        )
+        assert best is not None  # a simulation either runs or raises
         best.info["tag_budget"] = f"searched from 0, chose {best.plan.tag_budget}"
         return best
     return _simulate_once(profile, device_costs, workload, plan)
 
 
-def search_tag_budget(
-    plan: SchedulePlan, workload: Workload, run: Callable[[SchedulePlan], R | None]
-) -> R | None:
-    """TAG's bubble-triggered budget search (docs/design.md §3 (TAG)): ``run`` (anything with
-    ``samples_per_s``, None if the plan cannot run) at budgets 0, 1, 2, … fragments per trainer, stopping
-    after two that do not improve; the best wins, ties go to the smaller budget, so TAG is inserted only
-    where the cost model predicts a shorter makespan. The simulator and the planner share it."""
-    limit = min(MAX_TAG_BUDGET, math.ceil(plan.num_fragments(workload) / plan.trainers))
-    best = run(plan.with_(tag_budget=0))
+def tag_budget_limit(num_fragments: int, trainers: int, max_fragments: int = 0) -> int:
+    """The largest helper budget (fragments per trainer rank per iteration) TAG's search tries:
+    ``tag.max_fragments`` (0: a trainer's share of the fragments, ⌈fragments / trainers⌉), at most every
+    fragment and :data:`MAX_TAG_BUDGET`."""
+    share = max_fragments or math.ceil(num_fragments / trainers)
+    return min(share, num_fragments, MAX_TAG_BUDGET)
+
+
+def search_tag_budget(limit: int, run: Callable[[int], R | None]) -> tuple[R | None, dict[int, R | None]]:
+    """TAG's bubble-triggered budget search (docs/design.md §3 (TAG)), the one rule of the runtime's
+    ``tag.policy=auto`` (:mod:`digenrl.sim.predict`), the simulator and the planner: ``run(budget)``
+    (anything with ``samples_per_s``; None if that plan cannot run) at budgets 0, 1, 2, … ``limit``,
+    stopping after two in a row that do not improve; the best wins and ties go to the smaller budget, so TAG
+    is inserted only where the cost model predicts a shorter makespan. Returns the best (None if budget 0
+    cannot run) and every budget tried with its result."""
+    tried: dict[int, R | None] = {0: run(0)}
+    best = tried[0]
     if best is None:
-        return None
+        return None, tried
     worse_in_a_row = 0
     for budget in range(1, limit + 1):
-        trial = run(plan.with_(tag_budget=budget))
+        trial = tried[budget] = run(budget)
         if trial is not None and trial.samples_per_s > best.samples_per_s * (1 + 1e-12):
             best, worse_in_a_row = trial, 0
         else:
             worse_in_a_row += 1
             if worse_in_a_row == 2:
                 break
-    return best
+    return best, tried
 
 
 def _roles(profile: HardwareProfile, plan: SchedulePlan) -> dict[int, str]:

@@ -11,9 +11,10 @@ measured so far:
    it has helped, its own generation seconds; bytes per unit and per weight sync from the transfers;
 2. these become a :class:`~digenrl.costs.cost_model.CostModel` on the trainer's device type (a producer's time
    on another type is scaled by the hardware profile's ``relative_speed``, as TSP's stage balancing does);
-3. the discrete-event simulator (:mod:`digenrl.sim`) — the same model the planner and the throughput
-   tables use — predicts the steady iteration time of this run's plan with budgets 0, 1, 2, … per
-   trainer, and the smallest budget with the shortest prediction wins (0 = no TAG).
+3. the discrete-event simulator (:mod:`digenrl.sim.predict`, all of the simulator the runtime imports) —
+   the same model the planner and the throughput tables use, with their budget search — predicts the
+   steady iteration time of this run's plan with budgets 0, 1, 2, … per trainer, stopping after two in a
+   row that do not improve; the smallest budget with the shortest prediction wins (0 = no TAG).
 
 Iteration 0 has nothing measured yet, so ``auto`` does not help in it. The prediction for the chosen
 budget and for budget 0 go into ``metrics.jsonl`` next to the measured ``wall_s``
@@ -23,22 +24,15 @@ budget and for budget 0 go into ``metrics.jsonl`` next to the measured ``wall_s`
 from __future__ import annotations
 
 import logging
-import math
 import statistics
 from dataclasses import dataclass, field
 
 from digenrl.config import Config
 from digenrl.costs.cost_model import CFG_KEYS, CostModel
-from digenrl.costs.device_costs import DeviceCosts
 from digenrl.runtime.profiles import HardwareProfile
-from digenrl.sim.schedule_plan import SchedulePlan
-from digenrl.sim.simulator import simulate
-from digenrl.sim.workload import Workload
+from digenrl.sim.predict import best_tag_budget, iteration_s, run_workload
 
 log = logging.getLogger(__name__)
-
-#: budgets beyond this many fragments per trainer per iteration are not simulated
-MAX_AUTO_BUDGET = 16
 
 
 @dataclass
@@ -102,8 +96,6 @@ class TagPolicy:
         self.fragment_samples = fragment_samples
         self.trainer_type = trainer_type
         self.observed = TagObservations()
-        cap = cfg.tag.max_fragments or math.ceil(num_fragments / self.trainers)
-        self.cap = min(cap, num_fragments)
 
     def decide(self, iteration: int) -> TagDecision:
         """The budget for ``iteration`` (see the module docstring)."""
@@ -115,11 +107,18 @@ class TagPolicy:
             costs = self.cost_model()
         except ValueError as error:  # an observation the cost model rejects: say so, do not help
             return TagDecision(0, reason=f"tag.policy=auto: no usable cost model ({error})")
-        predictions = {b: self.predict(costs, b) for b in range(min(self.cap, MAX_AUTO_BUDGET) + 1)}
-        best = min(predictions, key=lambda b: (predictions[b], b))
+        prediction = best_tag_budget(
+            self.cfg,
+            self.profile,
+            costs,
+            trainers=self.trainers,
+            generators=self.generators,
+            num_fragments=self.num_fragments,
+        )
+        predictions = prediction.iteration_s
         return TagDecision(
-            best,
-            predictions[best],
+            prediction.budget,
+            predictions[prediction.budget],
             predictions[0],
             reason=(
                 "tag.policy=auto: predicted s/iteration by helper budget "
@@ -138,8 +137,9 @@ class TagPolicy:
     def cost_model(self) -> CostModel:
         """The measured costs as a cost model on the trainer's device type."""
         o, cfg = self.observed, self.cfg
-        flag = CFG_KEYS[self._workload().cfg]
-        num_steps = self._workload().num_steps
+        workload = run_workload(cfg)
+        flag = CFG_KEYS[workload.cfg]
+        num_steps = workload.num_steps
         steps_s = (
             statistics.median(o.helper_steps_s) if o.helper_steps_s else self._on_trainer(o.producer_steps_s)
         )
@@ -163,36 +163,14 @@ class TagPolicy:
             param_bytes=0,
             optimizer_bytes=0,
             # the measured switch, whatever it moved (with tag.park_grads the parking is in it, so the plan
-            # below prices no bytes on top: SchedulePlan.park_grads stays False)
+            # prices no bytes on top: digenrl.sim.predict.run_plan leaves park_grads False)
             switch_sync_s=statistics.median(o.switch_s) if o.switch_s else 0.0,
             source="measured",
             command="measured online by digenrl.tag.policy during the run",
         )
 
-    def _workload(self) -> Workload:
-        return Workload.from_config(self.cfg, iterations=4, warmup_iterations=1, cooldown_iterations=1)
-
-    def plan(self, budget: int) -> SchedulePlan:
-        """This run's schedule as the simulator's plan, with helper ``budget``."""
-        cfg = self.cfg
-        return SchedulePlan(
-            "digenrl",
-            trainers=self.trainers,
-            generators=self.generators,
-            transport="buffered",
-            gap=cfg.gap.enabled,
-            fragment_assignment=cfg.gap.assignment,
-            train_order=cfg.gap.train_order,
-            fragment_groups=cfg.gap.fragment_groups,
-            tsp_stages=cfg.tsp.stages,
-            tag=budget > 0,
-            tag_budget=budget,
-            tcss=cfg.tcss.enabled,
-            tcss_switch=cfg.tcss.switch,
-        )
-
     def predict(self, costs: CostModel, budget: int) -> float:
         """Predicted steady iteration seconds with ``budget`` helper fragments per trainer."""
-        device_costs = DeviceCosts(self.profile, costs, reference_type=self.trainer_type)
-        result = simulate(self.profile, device_costs, self._workload(), self.plan(budget))
-        return result.steady_iteration_s
+        return iteration_s(
+            self.cfg, self.profile, costs, trainers=self.trainers, generators=self.generators, budget=budget
+        )

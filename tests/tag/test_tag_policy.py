@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from digenrl.config import load_config
 from digenrl.runtime.profiles import load_profile
+from digenrl.sim.predict import run_plan
 from digenrl.tag.policy import TagPolicy
 from tests.sim.toy_costs import toy_costs
 from tests.systems.launcher import TINY
@@ -30,6 +31,6 @@ def test_the_prediction_follows_the_runs_tcss_switch():
             fragment_samples=4,
             trainer_type=trainer,
         )
-        assert policy.plan(2).tcss_switch == switch
+        assert run_plan(cfg, trainers=2, generators=2, tag_budget=2).tcss_switch == switch
         predicted[switch] = [policy.predict(costs, budget) for budget in (0, 2)]
     assert predicted["2"][1] < predicted["auto"][1] < predicted["auto"][0]
