@@ -26,8 +26,8 @@ does only with ``tag.park_grads=true`` (docs/design.md §3 (TAG)); the simulator
 switch moves by its bytes (:mod:`digenrl.sim.residency`). A format-1 file loads with that number kept in
 ``meta["v1_helper_switch_s"]``.
 
-This module is dependency-light (stdlib only) so the simulator, the planner and the TSP runtime can
-import it without torch.
+Beyond the standard library this module imports one rule of the trainer's, how units fall into
+micro-batches (:func:`digenrl.trainer.micro_batches.split_units`), so the prices follow what runs.
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ from collections.abc import Mapping
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from digenrl.trainer.micro_batches import split_units
 
 if TYPE_CHECKING:
     from digenrl.runtime.profiles import GpuType
@@ -302,10 +304,9 @@ class CostModel:
     def train_units_s(
         self, units: int, micro_batch: int, cfg: bool, checkpointing: bool | None = None
     ) -> float:
-        """Seconds to accumulate ``units`` units in micro-batches of ``micro_batch`` (last one partial)."""
-        if units < 0 or micro_batch <= 0:
-            raise ValueError(f"units must be >= 0 and micro_batch > 0, got {units}, {micro_batch}")
-        full, rest = divmod(units, micro_batch)
+        """Seconds to accumulate ``units`` units in micro-batches of ``micro_batch`` (last one partial,
+        :func:`digenrl.trainer.micro_batches.split_units`)."""
+        full, rest = split_units(units, micro_batch)
         total = full * self.train_micro_batch_s(micro_batch, cfg, checkpointing)
         return total + (self.train_micro_batch_s(rest, cfg, checkpointing) if rest else 0.0)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from digenrl.data.trajectory import TrajectoryBatch
+from digenrl.trainer.micro_batches import split_units
 
 
 class UnitPacker:
@@ -43,7 +44,7 @@ class UnitPacker:
         if shard.num_train_steps != 1:
             raise ValueError(f"UnitPacker takes unit shards (K = 1), got K = {shard.num_train_steps}")
         batch = shard if self.pending is None else TrajectoryBatch.cat([self.pending, shard])
-        full = batch.batch_size - batch.batch_size % self.micro_batch_size
+        full = split_units(batch.batch_size, self.micro_batch_size)[0] * self.micro_batch_size
         if full:
             self.train(batch.select(list(range(full))))
         self.pending = batch.select(list(range(full, batch.batch_size))) if full < batch.batch_size else None

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from digenrl.sim.cluster import SimCluster
+from digenrl.trainer.micro_batches import split_units
 
 
 def sharded(cluster: SimCluster, group: Sequence[int]) -> bool:
@@ -69,7 +70,7 @@ def optimizer_s(cluster: SimCluster, rank: int, group: Sequence[int]) -> float:
 def units_s(cluster: SimCluster, rank: int, group: Sequence[int], units: int) -> float:
     """``units`` units in micro-batches of ``micro_batch_size``, the last one partial."""
     mb = cluster.workload.micro_batch_size
-    full, rest = divmod(units, mb)
+    full, rest = split_units(units, mb)
     return full * micro_batch_s(cluster, rank, group, mb) + micro_batch_s(cluster, rank, group, rest)
 
 
@@ -90,11 +91,9 @@ class SimPacker:
             self.trained += units
             return units_s(self.cluster, self.rank, self.group, units)
         mb = self.cluster.workload.micro_batch_size
-        total = self.carry + units
-        full = total - total % mb
-        self.carry = total - full
-        self.trained += full
-        return full // mb * micro_batch_s(self.cluster, self.rank, self.group, mb)
+        full, self.carry = split_units(self.carry + units, mb)
+        self.trained += full * mb
+        return full * micro_batch_s(self.cluster, self.rank, self.group, mb)
 
     def flush(self) -> float:
         """The carried units as one last micro-batch; resets for the next iteration."""

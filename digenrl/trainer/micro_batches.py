@@ -8,6 +8,11 @@ are therefore ordered timestep-major, and a micro-batch never mixes timesteps wh
 training forward sees the same batch composition as the rollout, which is what makes the first PPO ratio
 exactly 1 (docs/algorithm.md, "Loss"). When the batch is smaller (e.g. a rank's share of a fragment), whole
 timestep rows are packed together so that micro-batches stay full.
+
+Units given one after another (a rank's shares of successive fragments) fall into micro-batches by one
+rule, :func:`split_units`: GAP's packer trains them so (:class:`digenrl.gap.unit_packer.UnitPacker`), and
+the simulator prices them so (:class:`digenrl.sim.training.SimPacker`,
+:meth:`digenrl.costs.CostModel.train_units_s`).
 """
 
 from __future__ import annotations
@@ -31,3 +36,13 @@ def plan_micro_batches(batch_size: int, num_steps: int, micro_batch_size: int) -
         if units:
             plan.append(units)
     return plan
+
+
+def split_units(units: int, micro_batch_size: int) -> tuple[int, int]:
+    """How ``units`` training units fall into micro-batches of ``micro_batch_size``: (full micro-batches,
+    units left over) — the last, partial micro-batch, or what a packer carries to the next fragment."""
+    if micro_batch_size <= 0:
+        raise ValueError(f"trainer.micro_batch_size must be > 0, got {micro_batch_size}")
+    if units < 0:
+        raise ValueError(f"units must be >= 0, got {units}")
+    return divmod(units, micro_batch_size)
