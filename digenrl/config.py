@@ -82,6 +82,9 @@ def among(choices: tuple[Any, ...]) -> dict[str, tuple[Any, ...]]:
 
 #: The enumerations, declared once: validation reads them from the field metadata, the modules that act on
 #: a value import the same tuple.
+#: The schedules (docs/design.md §4; each a class of digenrl/systems/) and those that share every rank.
+SYSTEMS = ("colocated-sync", "colocated-overlap", "separate-sync", "separate-async", "digenrl")
+COLOCATED_SYSTEMS = ("colocated-sync", "colocated-overlap")
 MODEL_DTYPES = ("float32", "bfloat16", "float16")
 SAMPLER_TYPES = ("sde", "cps", "dance")
 TIMESTEP_SELECTIONS = ("first", "shuffled", "fast-window")
@@ -376,7 +379,7 @@ class ResumeConfig:
 class Config:
     """One experiment."""
 
-    system: str = "colocated-sync"
+    system: str = field(default="colocated-sync", metadata=among(SYSTEMS))
     profile: str = "cpu-1"
     iterations: int = field(default=10, metadata=within(1, 10_000_000))
     seed: int = field(default=0, metadata=_SEED)

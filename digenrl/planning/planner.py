@@ -36,6 +36,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from digenrl.config import COLOCATED_SYSTEMS, SYSTEMS
 from digenrl.costs.cost_model import CFG_KEYS, CostModel
 from digenrl.costs.device_costs import DeviceCosts
 from digenrl.planning.memory import Fit, fit_plan
@@ -44,8 +45,8 @@ from digenrl.sim.schedule_plan import SchedulePlan
 from digenrl.sim.simulator import SimResult, search_tag_budget, simulate, tag_budget_limit
 from digenrl.sim.workload import Workload
 
-#: The baselines of docs/design.md §4 (labels of :meth:`Planner.baselines`).
-BASELINES = ("colocated-sync", "colocated-overlap", "separate-sync", "separate-async")
+#: The baselines of docs/design.md §4 (labels of :meth:`Planner.baselines`): every system but DigenRL.
+BASELINES = tuple(system for system in SYSTEMS if system != "digenrl")
 #: Knob variants tried on the best few DigenRL plans (field → alternative value).
 REFINEMENTS: tuple[tuple[str, object], ...] = (
     ("transport", "rendezvous"),
@@ -317,7 +318,7 @@ class Planner:
         if max_staleness >= 1 and self.world >= 2:
             out["separate-async s=1"] = self.best_of(self.baseline_plans("separate-async", 1))
         if self.heterogeneous:
-            for system in ("colocated-sync", "colocated-overlap"):
+            for system in COLOCATED_SYSTEMS:
                 out[f"{system} speed-split"] = self.best_of(self.baseline_plans(system, work_split="speed"))
         return out
 

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from digenrl.config import COLOCATED_SYSTEMS
 from digenrl.costs.cost_model import CostModel, cost_path, run_path
 from digenrl.costs.device_costs import DeviceCosts
 from digenrl.runtime.event_records import load_events
@@ -112,7 +113,7 @@ PHASE_ERROR_GOAL = 0.10
 def plan_from_config(cfg: Config, world_size: int) -> SchedulePlan:
     """The simulator's plan of a run's config (pools, knobs) — what ``experiments/run_train.py`` ran."""
     pools = {}
-    if cfg.system not in ("colocated-sync", "colocated-overlap"):
+    if cfg.system not in COLOCATED_SYSTEMS:
         trainers = cfg.pools.trainers or world_size // 2
         pools = {"trainers": trainers, "generators": cfg.pools.generators or world_size - trainers}
     knobs: dict[str, Any] = {
@@ -176,7 +177,7 @@ def compare_run(
     workload = Workload.from_config(
         cfg, iterations=iterations, warmup_iterations=warmup, cooldown_iterations=cooldown
     )
-    world = profile.world_size if cfg.system in ("colocated-sync", "colocated-overlap") else None
+    world = profile.world_size if cfg.system in COLOCATED_SYSTEMS else None
     plan = plan_from_config(cfg, world or (cfg.pools.trainers + cfg.pools.generators) or profile.world_size)
     result = simulate(profile, DeviceCosts(profile, costs), workload, plan)
     error = simulation_error(result, run_dir, warmup, cooldown)

@@ -12,14 +12,11 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from digenrl.async_policy.tcss import resolve_switch
-from digenrl.config import TRAIN_ORDERS, ConfigError
-from digenrl.gap.fragments import ASSIGNMENTS, FragmentPlan
+from digenrl.config import COLOCATED_SYSTEMS, GAP_ASSIGNMENTS, SYSTEMS, TRAIN_ORDERS, ConfigError
+from digenrl.gap.fragments import FragmentPlan
+from digenrl.sim.channel import TRANSPORTS
 from digenrl.sim.workload import Workload
 
-SYSTEMS = ("colocated-sync", "colocated-overlap", "separate-sync", "separate-async", "digenrl")
-COLOCATED_SYSTEMS = ("colocated-sync", "colocated-overlap")
-TRANSPORTS = ("rendezvous", "buffered")
-FRAGMENT_ASSIGNMENTS = ASSIGNMENTS  # the runtime's (digenrl/gap/fragments.py)
 #: How a colocated schedule shares the logical batch: ``equal`` prompt groups per rank (what the runtime
 #: and colocated systems do) or in proportion to each device's ``relative_speed`` (the strongest colocated
 #: plan on a heterogeneous profile; simulator only).
@@ -115,7 +112,7 @@ class SchedulePlan:
                 + ", ".join(TRANSPORTS)
             )
         for name, allowed in (
-            ("fragment_assignment", FRAGMENT_ASSIGNMENTS),
+            ("fragment_assignment", GAP_ASSIGNMENTS),
             ("train_order", TRAIN_ORDERS),
             ("work_split", WORK_SPLITS),
         ):

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import random
 
+from digenrl.config import SYSTEMS
 from digenrl.costs.device_costs import DeviceCosts
 from digenrl.gap.fragments import FragmentPlan
 from digenrl.gap.unit_sharding import shard_units
 from digenrl.runtime.profiles import load_profile
 from digenrl.sim import SchedulePlan, Workload, simulate
 from digenrl.sim.cluster import SimCluster
-from digenrl.sim.schedule_plan import SYSTEMS
 from digenrl.sim.schedules.disaggregated import stage_plan_for, unit_shares
 from digenrl.systems import available_systems
 from digenrl.tsp.pipeline import TspLayout, plan_tsp
