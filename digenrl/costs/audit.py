@@ -5,7 +5,7 @@ A cost file is *stale* for a workload when (:func:`audit`):
 
 * it timed another code path than the runtime runs on a GPU profile (``compiled+autocast``: with
   ``model.compile`` / ``model.autocast`` unset, a CUDA run compiles and autocasts,
-  :func:`digenrl.models.optimize.resolve_gpu_path`), or its generator points come from the eager path (a
+  :meth:`digenrl.config.ModelConfig.optimised`), or its generator points come from the eager path (a
   ``compiled`` generator point matches: the generator benchmark has no fp32 LoRA adapter for autocast to
   act on, and the adapter's rank-32 matmuls are a sliver of a step);
 * the workload trains at a micro-batch above the largest measured one (then the training time is the

@@ -13,7 +13,7 @@ Consecutive ranks share a node (torchrun fills nodes in rank order), so each sta
 rather than the network whenever S divides the GPUs per node.
 
 Boundaries. In steady state a pipeline emits one fragment per *bottleneck* stage time, so each
-pipeline's boundaries minimise its slowest stage (:func:`digenrl.sim.stage_plan.plan_stages`, exact
+pipeline's boundaries minimise its slowest stage (:func:`digenrl.tsp.stage_plan.plan_stages`, exact
 DP). The time of step t on stage s is ``step_cost_s[t] / relative_speed`` of the stage's device (the
 hardware profile's H200-relative speed, :mod:`digenrl.runtime.profiles`), and the last stage also pays
 the decode + score cost scaled the same way. Pipelines on different device types get different
