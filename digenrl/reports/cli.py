@@ -9,8 +9,8 @@
 Tables are written where ``--out`` says, by default under ``runs/``; ``--regenerate`` writes the committed
 folder under ``experiments/results/`` (the command goes into the table's header and into
 ``experiments/results/README.md``). Every command takes the :class:`~digenrl.reports.folders.Folders` of
-the checkout from its entry point (``experiments/simulate.py``, ``measure.py``), which also runs
-``measure.py missing`` (:func:`missing`) and dispatches both entry points' commands (:func:`dispatch`).
+the checkout from its entry point (``experiments/simulate.py``). This module also holds ``measure.py
+missing`` (:func:`missing`) and the dispatch of both entry points' commands (:func:`dispatch`).
 """
 
 from __future__ import annotations
