@@ -10,20 +10,22 @@ from digenrl.models.flow_model import (
 )
 from digenrl.models.latent_packing import pack_2x2, unpack_2x2
 from digenrl.models.specs import (
-    FAMILIES,
     MODEL_SPECS,
     DynamicShiftSpec,
     EncoderComponentSpec,
+    ModelFamily,
     ModelSpec,
     TextEncoderSpec,
+    family_names,
+    get_family,
     get_model_spec,
+    register_family,
 )
 from digenrl.models.text import TextEncoder
 from digenrl.models.text_condition import TextCondition
 from digenrl.models.vae import LatentDecoder, latent_compression
 
 __all__ = [
-    "FAMILIES",
     "MODEL_SPECS",
     "TORCH_DTYPES",
     "DynamicShiftSpec",
@@ -31,6 +33,7 @@ __all__ = [
     "FlowModel",
     "LatentDecoder",
     "ModelBundle",
+    "ModelFamily",
     "ModelSpec",
     "TextCondition",
     "TextEncoder",
@@ -38,9 +41,12 @@ __all__ = [
     "available_attention_backends",
     "build_flow_model",
     "build_model_bundle",
+    "family_names",
+    "get_family",
     "get_model_spec",
     "latent_compression",
     "pack_2x2",
+    "register_family",
     "save_model_bundle",
     "set_attention_backend",
     "unpack_2x2",
