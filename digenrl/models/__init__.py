@@ -1,7 +1,6 @@
 """Diffusers-based model zoo with one flow-matching velocity interface (see flow_model.py)."""
 
 from digenrl.models.bundle import ModelBundle, build_model_bundle, save_model_bundle
-from digenrl.models.construction import TORCH_DTYPES
 from digenrl.models.flow_model import (
     FlowModel,
     available_attention_backends,
@@ -27,7 +26,6 @@ from digenrl.models.vae import LatentDecoder, latent_compression
 
 __all__ = [
     "MODEL_SPECS",
-    "TORCH_DTYPES",
     "DynamicShiftSpec",
     "EncoderComponentSpec",
     "FlowModel",

@@ -44,8 +44,8 @@ import torch
 import torch.distributed as dist
 
 from digenrl.config import Config, load_config
+from digenrl.data.dtypes import TORCH_DTYPES
 from digenrl.models import MODEL_SPECS, TextCondition, build_flow_model
-from digenrl.models.construction import TORCH_DTYPES
 from digenrl.perf import roofline
 from digenrl.perf.bench_cli import fmt, name_list, output_paths
 from digenrl.perf.bench_trainer import synthetic_batch

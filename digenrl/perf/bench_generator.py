@@ -40,8 +40,8 @@ import traceback
 import torch
 
 from digenrl.config import Config, apply_overrides
+from digenrl.data.dtypes import TORCH_DTYPES
 from digenrl.models import MODEL_SPECS, FlowModel, TextCondition, build_flow_model, get_model_spec
-from digenrl.models.construction import TORCH_DTYPES
 from digenrl.models.optimize import COMPILE_MODES, CompileSettings, optimize_flow_model
 from digenrl.perf import bench_cli, logprob_agreement, roofline
 from digenrl.perf.bench_cli import DYNAMIC, PATHS, fmt, int_list, name_list, output_paths

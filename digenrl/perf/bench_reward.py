@@ -49,7 +49,7 @@ from pathlib import Path
 
 import torch
 
-from digenrl.models.construction import TORCH_DTYPES
+from digenrl.data.dtypes import TORCH_DTYPES, dtype_name
 from digenrl.perf import roofline
 from digenrl.perf.bench_cli import fmt, int_list, output_paths
 from digenrl.rewards.registry import available_rewards, build_reward, reward_class
@@ -250,7 +250,7 @@ def run(args: argparse.Namespace, command: str = "") -> dict:
     report["parameters"] = sum(p.numel() for p in params)
     report["reward_param_bytes"] = roofline.tensor_bytes(params)
     dtype = reward_dtype(reward)
-    report["dtype"] = str(dtype).removeprefix("torch.") if dtype is not None else None
+    report["dtype"] = dtype_name(dtype) if dtype is not None else None
     ceiling_n = (
         args.ceiling_size if args.ceiling_size is not None else (8192 if device.type == "cuda" else 256)
     )
@@ -312,7 +312,7 @@ def dry_run(args: argparse.Namespace, report: dict) -> dict:
         dry_run=True,
         parameters=sum(p.numel() for p in params),
         reward_param_bytes=roofline.tensor_bytes(params),
-        dtype=str(dtype).removeprefix("torch.") if dtype is not None else None,
+        dtype=dtype_name(dtype) if dtype is not None else None,
     )
     print(
         f"# {args.reward} (dry run, meta device): {report['parameters']:,} parameters, "

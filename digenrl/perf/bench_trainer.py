@@ -57,9 +57,9 @@ from itertools import product
 import torch
 
 from digenrl.config import CFG_GRAD_MODES, TRAINER_MODES, Config, apply_overrides
+from digenrl.data.dtypes import TORCH_DTYPES
 from digenrl.models import MODEL_SPECS, FlowModel, TextCondition, build_flow_model
 from digenrl.models.attention_safety import KNOWN_BAD_ATTENTION, parse_cudnn_version, parse_torch_version
-from digenrl.models.construction import TORCH_DTYPES
 from digenrl.models.optimize import COMPILE_MODES, CompileSettings, optimize_flow_model
 from digenrl.perf import backward_check, bench_cli, roofline
 from digenrl.perf.bench_cli import DYNAMIC, PATHS, fmt, int_list, name_list, output_paths

@@ -32,8 +32,8 @@ from dataclasses import replace
 import torch
 
 from digenrl.config import MODEL_DTYPES, TRAINER_MODES, Config, apply_overrides
+from digenrl.data.dtypes import TORCH_DTYPES
 from digenrl.models import ModelBundle, ModelSpec, build_model_bundle
-from digenrl.models.construction import TORCH_DTYPES
 from digenrl.models.optimize import optimize_flow_model
 from digenrl.models.text_condition import TextCondition
 from digenrl.perf.roofline import resolve_device, synchronize, tensor_bytes
