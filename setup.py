@@ -41,6 +41,6 @@ setup(
         "test": ["pytest>=8", "ruff>=0.6", "deepspeed>=0.19.8"],
         # Optional GPU kernels: never needed on CPU; DigenRL falls back to torch SDPA without them.
         "gpu": ["flash-attn>=2.6", "xformers>=0.0.28"],
-        "deepspeed": ["deepspeed>=0.19.8"],  # managed_gradient_accumulation=false (parallel.py)
+        "deepspeed": ["deepspeed>=0.19.8"],  # managed_gradient_accumulation=false (trainer/parallel/)
     },
 )

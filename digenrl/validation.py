@@ -496,7 +496,6 @@ def check_writable_dir(key: str, directory: str) -> None:
 
 # ------------------------------------------------------------------------------------- devices
 
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 #: LoRA adapters train in fp32: weight + gradient + two AdamW states.
 _LORA_BYTES_PER_PARAM = 4 * 4
 _GIB = 1024**3
@@ -542,13 +541,14 @@ def validate_devices(
 
 def _memory_estimate(cfg: Config) -> str:
     """Memory of one training rank: parameters x dtype bytes, plus gradients and AdamW states."""
+    from digenrl.data.dtypes import TORCH_DTYPES
     from digenrl.models.bundle import bundle_parameter_counts, meta_transformer
     from digenrl.models.specs import get_model_spec
     from digenrl.trainer.lora import default_lora_targets, lora_parameter_count
 
     spec = get_model_spec(cfg.model.name)
     counts = bundle_parameter_counts(spec)
-    dtype_bytes = _DTYPE_BYTES[cfg.model.dtype]
+    dtype_bytes = TORCH_DTYPES[cfg.model.dtype].itemsize
     weights = sum(counts.values()) * dtype_bytes
     if cfg.trainer.mode == "lora":
         targets = cfg.trainer.lora_targets or default_lora_targets(spec.family)

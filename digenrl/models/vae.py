@@ -1,13 +1,10 @@
-"""Frozen VAE decoder: flow latents -> float32 pixels in [0, 1], with each family's latent normalisation.
+"""Frozen VAE decoder: flow latents -> float32 pixels in [0, 1], with each model's latent normalisation.
 
-Normalisation undone before `vae.decode` (diffusers pipelines, 0.42):
-- sd3 / flux (AutoencoderKL): z / scaling_factor + shift_factor (pipeline_stable_diffusion_3.py,
-  pipeline_flux.py).
-- qwen-image (AutoencoderKLQwenImage, 5-D with one frame): z * latents_std + latents_mean per channel, frame
-  axis added before and removed after decoding (pipeline_qwenimage.py).
-- wan (AutoencoderKLWan): z * latents_std + latents_mean per channel (pipeline_wan.py).
-- hunyuan-video (AutoencoderKLHunyuanVideo): z / scaling_factor (pipeline_hunyuan_video.py).
-VAE output in [-1, 1] maps to [0, 1] as x / 2 + 0.5, clamped (diffusers VaeImageProcessor.denormalize).
+Normalisation undone before decoding (diffusers pipelines, 0.42), from `ModelSpec` data: z / scaling_factor
++ shift_factor (SD3, FLUX, HunyuanVideo), or z * latents_std + latents_mean per channel (Wan, Qwen-Image).
+The downsampling factors and the decode call are the family's (`ModelFamily.latent_compression`,
+`vae_decode`: Qwen-Image's 5-D VAE decodes an image as one frame). VAE output in [-1, 1] maps to [0, 1]
+as x / 2 + 0.5, clamped (diffusers VaeImageProcessor.denormalize).
 """
 
 from __future__ import annotations
@@ -19,18 +16,12 @@ from torch import Tensor, nn
 
 from digenrl.models.construction import freeze, instantiate_diffusers_model, load_diffusers_model
 from digenrl.models.spec_types import ModelSpec
+from digenrl.models.specs import get_family
 
 
 def latent_compression(spec: ModelSpec) -> tuple[int, int]:
-    """(temporal, spatial) downsampling factors of the family's VAE, read from its config structure."""
-    cfg = spec.vae_config
-    if spec.vae_class == "AutoencoderKL":
-        return 1, 2 ** (len(cfg["block_out_channels"]) - 1)
-    if spec.vae_class in ("AutoencoderKLWan", "AutoencoderKLQwenImage"):
-        return 2 ** sum(bool(t) for t in cfg["temperal_downsample"]), 2 ** (len(cfg["dim_mult"]) - 1)
-    if spec.vae_class == "AutoencoderKLHunyuanVideo":
-        return int(cfg.get("temporal_compression_ratio", 4)), int(cfg.get("spatial_compression_ratio", 8))
-    raise ValueError(f"unsupported vae_class {spec.vae_class!r} for model {spec.name!r}")
+    """(temporal, spatial) downsampling factors of the model's VAE (its family reads the VAE config)."""
+    return get_family(spec.family).latent_compression(spec.vae_config)
 
 
 def latent_channels(spec: ModelSpec) -> int:
@@ -48,6 +39,7 @@ class LatentDecoder(nn.Module):
         super().__init__()
         self.spec = spec
         self.vae = freeze(vae)
+        self._decode = get_family(spec.family).vae_decode
         self.temporal_factor, self.spatial_factor = latent_compression(spec)
         channels = latent_channels(spec)
         if spec.vae_latents_mean is not None:
@@ -105,10 +97,7 @@ class LatentDecoder(nn.Module):
                 f"({'[B, C, f, h, w]' if self.spec.is_video else '[B, C, h, w]'}), got {tuple(latents.shape)}"
             )
         z = self._denormalize(latents).to(self.dtype)
-        if self.spec.vae_class == "AutoencoderKLQwenImage":
-            pixels = self.vae.decode(z.unsqueeze(2)).sample[:, :, 0]
-        else:
-            pixels = self.vae.decode(z).sample
+        pixels = self._decode(self.vae, z)
         return (pixels.float() / 2 + 0.5).clamp(0, 1)
 
     def pixel_shape(self, latent_shape: tuple[int, ...]) -> tuple[int, ...]:

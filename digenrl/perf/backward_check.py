@@ -33,8 +33,10 @@ from pathlib import Path
 
 import torch
 
+from digenrl.data.dtypes import TORCH_DTYPES
+from digenrl.perf import bench_cli
+
 SETTINGS = ("default", "safe", "cudnn")
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -76,19 +78,17 @@ def check_backward(
     )
     from digenrl.models.construction import instantiate_diffusers_model
     from digenrl.models.flow_model import current_attention_backends
+    from digenrl.perf.roofline import resolve_device
     from digenrl.trainer.lora import apply_lora
 
     if setting not in SETTINGS:
         raise ValueError(f"setting={setting!r}; allowed: {', '.join(SETTINGS)}")
-    if device == "auto":
-        torch_device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    else:
-        torch_device = torch.device(device)
-    dtype_name = dtype if dtype != "auto" else ("bfloat16" if torch_device.type == "cuda" else "float32")
+    torch_device = resolve_device(device)
+    dtype_name = bench_cli.resolve_dtype(dtype, torch_device)
     spec = sliced_spec(model, double=double, single=single)
     torch.manual_seed(0)
     transformer = instantiate_diffusers_model(
-        spec.transformer_class, spec.transformer_config, device=torch_device, dtype=_DTYPES[dtype_name]
+        spec.transformer_class, spec.transformer_config, device=torch_device, dtype=TORCH_DTYPES[dtype_name]
     )
     flow_model = FlowModel(spec, transformer)
     params = apply_lora(flow_model, rank=lora_rank, alpha=2 * lora_rank)
@@ -227,10 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--single", type=int, default=2, help="single-stream blocks kept (FLUX)")
     p.add_argument("--heights", default="512", help="comma-separated square image sizes in pixels")
     p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="auto", choices=["auto", *_DTYPES])
+    bench_cli.add_device_flags(p, threads=False)
     args = p.parse_args(argv)
-    heights = tuple(int(h) for h in args.heights.split(",") if h.strip())
+    heights = tuple(bench_cli.int_list(args.heights, "--heights", p))
     result = check_backward(
         args.model,
         setting=args.setting,

@@ -44,10 +44,10 @@ import torch
 import torch.distributed as dist
 
 from digenrl.config import Config, load_config
+from digenrl.data.dtypes import TORCH_DTYPES
 from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.models import MODEL_SPECS, TextCondition, build_flow_model
-from digenrl.models.construction import TORCH_DTYPES
-from digenrl.perf import roofline
+from digenrl.perf import bench_cli, roofline
 from digenrl.perf.bench_cli import fmt, name_list, output_paths
 from digenrl.perf.bench_trainer import synthetic_batch
 from digenrl.rollout.sampler import Sampler
@@ -78,11 +78,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--samples", type=int, default=None, help="trajectories (default: micro-batch size)")
     p.add_argument("--train-steps", type=int, default=1, help="trained transitions per trajectory")
     p.add_argument("--full-lr", type=float, default=None, help="trainer.lr for mode full (default: 1e-5)")
-    p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda")
-    p.add_argument("--warmup", type=int, default=1, help="untimed updates after the compared one")
-    p.add_argument("--iters", type=int, default=3, help="timed updates per configuration (median)")
-    p.add_argument("--time-budget-s", type=float, default=0.0, help="skip configurations past it (0: none)")
-    p.add_argument("--out", default=None, help="output directory, or a .json path")
+    bench_cli.add_device_flags(p, dtype_help=None, threads=False)
+    bench_cli.add_timing_flags(
+        p,
+        warmup=1,
+        iters=3,
+        warmup_help="untimed updates after the compared one",
+        iters_help="timed updates per configuration (median)",
+    )
+    bench_cli.add_report_flags(p, flops=False)
     args = p.parse_args(argv)
     args.backends = name_list(args.backends, "--backends", tuple(BACKENDS), p)
     args.modes = name_list(args.modes, "--modes", ("full", "lora"), p)

@@ -40,9 +40,9 @@ import traceback
 import torch
 
 from digenrl.config import Config, apply_overrides
-from digenrl.models import MODEL_SPECS, FlowModel, TextCondition, build_flow_model, get_model_spec
-from digenrl.models.construction import TORCH_DTYPES
-from digenrl.models.optimize import COMPILE_MODES, CompileSettings, optimize_flow_model
+from digenrl.data.dtypes import TORCH_DTYPES
+from digenrl.models import FlowModel, TextCondition, build_flow_model, get_model_spec
+from digenrl.models.optimize import CompileSettings, optimize_flow_model
 from digenrl.perf import bench_cli, logprob_agreement, roofline
 from digenrl.perf.bench_cli import DYNAMIC, PATHS, fmt, int_list, name_list, output_paths
 from digenrl.rollout.noise import sample_seed
@@ -55,45 +55,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--model", default="tiny-sd3", choices=sorted(MODEL_SPECS), help="zoo entry (model.name)")
+    bench_cli.add_model_flag(p)
     p.add_argument("--batch-sizes", default="1,4", help="comma-separated samples per step, e.g. 1,4,16")
     p.add_argument("--cfg", default="both", choices=["on", "off", "both"], help="classifier-free guidance")
-    p.add_argument("--height", type=int, default=None, help="pixels (default: the model's)")
-    p.add_argument("--width", type=int, default=None, help="pixels (default: the model's)")
-    p.add_argument("--frames", type=int, default=None, help="video frames (default: the model's)")
-    p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1")
-    p.add_argument(
-        "--dtype", default="auto", choices=["auto", *TORCH_DTYPES], help="auto: bfloat16 on cuda else fp32"
-    )
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's)")
-    p.add_argument("--paths", default="eager,optimized", help="comma-separated subset of eager,optimized")
-    p.add_argument("--attention-backend", default="native", help="optimised path's model.attention_backend")
-    p.add_argument("--compile", action="store_true", help="optimised path: torch.compile (model.compile)")
-    p.add_argument("--compile-mode", default="default", choices=COMPILE_MODES, help="torch.compile mode")
-    p.add_argument(
-        "--compile-dynamic",
-        default="auto",
-        choices=sorted(DYNAMIC),
-        help="auto: torch's automatic dynamic shapes (one recompile per changed dim); false: per shape",
+    bench_cli.add_shape_flags(p)
+    bench_cli.add_device_flags(p)
+    bench_cli.add_optimized_path_flags(
+        p, paths="eager,optimized", paths_help="comma-separated subset of eager,optimized"
     )
     p.add_argument("--whole-model", action="store_true", help="compile the whole transformer, not its blocks")
     p.add_argument(
         "--cuda-graphs", action="store_true", help="= --compile --compile-mode reduce-overhead (fixed shapes)"
     )
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps per configuration")
-    p.add_argument("--iters", type=int, default=5, help="timed steps per configuration (median reported)")
-    p.add_argument("--no-flops", action="store_true", help="skip FLOP counting")
-    p.add_argument("--ceiling-size", type=int, default=None, help="n of the n³ matmul ceiling (0: skip)")
+    bench_cli.add_timing_flags(
+        p,
+        warmup=2,
+        iters=5,
+        warmup_help="untimed steps per configuration",
+        iters_help="timed steps per configuration (median reported)",
+    )
+    bench_cli.add_report_flags(p)
     p.add_argument("--agreement-steps", type=int, default=2, help="steps of the log-prob check (0: skip)")
     p.add_argument("--agreement-samples", type=int, default=2, help="samples of the log-prob check")
-    p.add_argument(
-        "--time-budget-s", type=float, default=0.0, help="skip configurations after this (0: none)"
-    )
-    p.add_argument("--out", default=None, help="output directory, or a .json path")
     args = p.parse_args(argv)
     args.batch_sizes = int_list(args.batch_sizes, "--batch-sizes", p)
-    if args.iters < 1 or args.warmup < 0:
-        p.error("--iters must be >= 1 and --warmup >= 0")
+    bench_cli.check_timing(args, p)
     args.paths = name_list(args.paths, "--paths", PATHS, p)
     if args.cuda_graphs:
         args.compile, args.compile_mode = True, "reduce-overhead"
@@ -166,7 +152,7 @@ def run(args: argparse.Namespace) -> dict:
     device = roofline.resolve_device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
-    dtype_name = args.dtype if args.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
+    dtype_name = bench_cli.resolve_dtype(args.dtype, device)
     dtype = TORCH_DTYPES[dtype_name]
     height, width = args.height or spec.default_height, args.width or spec.default_width
     frames = args.frames if args.frames is not None else spec.default_frames

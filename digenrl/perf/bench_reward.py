@@ -50,8 +50,8 @@ from pathlib import Path
 import torch
 
 from digenrl.costs.cost_model import CostModel
-from digenrl.models.construction import TORCH_DTYPES
-from digenrl.perf import roofline
+from digenrl.data.dtypes import TORCH_DTYPES, dtype_name
+from digenrl.perf import bench_cli, roofline
 from digenrl.perf.bench_cli import fmt, int_list, output_paths
 from digenrl.rewards.registry import available_rewards, build_reward, reward_class
 
@@ -69,15 +69,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-sizes", default="1,4", help="comma-separated images per call, e.g. 1,4,8,16")
     p.add_argument("--height", type=int, default=512, help="decoded image height (pixels)")
     p.add_argument("--width", type=int, default=512, help="decoded image width (pixels)")
-    p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1")
-    p.add_argument(
-        "--device-name", default=None, help="device in the cost fragment (default: cpu / h200 / …)"
+    bench_cli.add_device_flags(
+        p,
+        dtype_help="reward model dtype; auto: the reward's default "
+        "(VLM judge and OCR: bf16 on cuda, else fp32)",
     )
     p.add_argument(
-        "--dtype",
-        default="auto",
-        choices=["auto", *TORCH_DTYPES],
-        help="reward model dtype; auto: the reward's default (VLM judge and OCR: bf16 on cuda, else fp32)",
+        "--device-name", default=None, help="device in the cost fragment (default: cpu / h200 / …)"
     )
     p.add_argument(
         "--attn-implementation",
@@ -90,19 +88,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=["auto", "loop", "varlen"],
         help="VLM judge: vision windows one attention call each (loop) or all in one (varlen; auto: on cuda)",
     )
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed calls per batch size")
-    p.add_argument("--iters", type=int, default=5, help="timed calls per batch size (median reported)")
-    p.add_argument("--no-flops", action="store_true", help="skip FLOP counting")
-    p.add_argument("--ceiling-size", type=int, default=None, help="n of the n³ matmul ceiling (0: skip)")
-    p.add_argument("--time-budget-s", type=float, default=0.0, help="skip batch sizes after this (0: none)")
-    p.add_argument("--out", default=None, help="output directory, or a .json path")
+    bench_cli.add_timing_flags(
+        p,
+        warmup=2,
+        iters=5,
+        warmup_help="untimed calls per batch size",
+        iters_help="timed calls per batch size (median reported)",
+    )
+    bench_cli.add_report_flags(p, skipped="batch sizes")
     p.add_argument("--apply-to", nargs="*", default=[], help="cost files to rewrite with these reward costs")
     p.add_argument("--dry-run", action="store_true", help="build on the meta device, report sizes, no timing")
     args = p.parse_args(argv)
     args.batch_sizes = sorted(set(int_list(args.batch_sizes, "--batch-sizes", p)))
-    if args.iters < 1 or args.warmup < 0:
-        p.error("--iters must be >= 1 and --warmup >= 0")
+    bench_cli.check_timing(args, p)
     if args.height < 1 or args.width < 1:
         p.error("--height and --width must be positive")
     if args.apply_to and not args.out:
@@ -250,7 +248,7 @@ def run(args: argparse.Namespace, command: str = "") -> dict:
     report["parameters"] = sum(p.numel() for p in params)
     report["reward_param_bytes"] = roofline.tensor_bytes(params)
     dtype = reward_dtype(reward)
-    report["dtype"] = str(dtype).removeprefix("torch.") if dtype is not None else None
+    report["dtype"] = dtype_name(dtype) if dtype is not None else None
     ceiling_n = (
         args.ceiling_size if args.ceiling_size is not None else (8192 if device.type == "cuda" else 256)
     )
@@ -312,7 +310,7 @@ def dry_run(args: argparse.Namespace, report: dict) -> dict:
         dry_run=True,
         parameters=sum(p.numel() for p in params),
         reward_param_bytes=roofline.tensor_bytes(params),
-        dtype=str(dtype).removeprefix("torch.") if dtype is not None else None,
+        dtype=dtype_name(dtype) if dtype is not None else None,
     )
     print(
         f"# {args.reward} (dry run, meta device): {report['parameters']:,} parameters, "

@@ -57,11 +57,11 @@ from itertools import product
 import torch
 
 from digenrl.config import CFG_GRAD_MODES, TRAINER_MODES, Config, apply_overrides
+from digenrl.data.dtypes import TORCH_DTYPES
 from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.models import MODEL_SPECS, FlowModel, TextCondition, build_flow_model
 from digenrl.models.attention_safety import KNOWN_BAD_ATTENTION, parse_cudnn_version, parse_torch_version
-from digenrl.models.construction import TORCH_DTYPES
-from digenrl.models.optimize import COMPILE_MODES, CompileSettings, optimize_flow_model
+from digenrl.models.optimize import CompileSettings, optimize_flow_model
 from digenrl.perf import backward_check, bench_cli, roofline
 from digenrl.perf.bench_cli import DYNAMIC, PATHS, fmt, int_list, name_list, output_paths
 from digenrl.perf.kernel_profile import format_profile, profile_call
@@ -77,7 +77,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--model", default="tiny-sd3", choices=sorted(MODEL_SPECS), help="zoo entry (model.name)")
+    bench_cli.add_model_flag(p)
     p.add_argument("--modes", default="lora,full", help="comma-separated training modes: lora, full")
     p.add_argument("--micro-batch-sizes", default="1,2,4", help="training units per forward/backward")
     p.add_argument("--samples", type=int, default=4, help="trajectories per logical batch")
@@ -107,16 +107,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--lora-rank", type=int, default=32)
     p.add_argument("--activation-checkpointing", action="store_true")
-    p.add_argument("--height", type=int, default=None, help="pixels (default: the model's)")
-    p.add_argument("--width", type=int, default=None, help="pixels (default: the model's)")
-    p.add_argument("--frames", type=int, default=None, help="video frames (default: the model's)")
-    p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1")
-    p.add_argument(
-        "--dtype", default="auto", choices=["auto", *TORCH_DTYPES], help="auto: bfloat16 on cuda else fp32"
-    )
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's)")
-    p.add_argument("--paths", default="optimized,eager", help="comma-separated, in run order")
-    p.add_argument("--attention-backend", default="native", help="optimised path's model.attention_backend")
+    bench_cli.add_shape_flags(p)
+    bench_cli.add_device_flags(p)
+    bench_cli.add_optimized_path_flags(p, paths="optimized,eager", paths_help="comma-separated, in run order")
     p.add_argument(
         "--eager-sdpa",
         default="default",
@@ -124,25 +117,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="eager path's SDPA kernels: torch's defaults (cuDNN included), or the project's safe choice "
         "(for models whose default backward is known to fail, e.g. FLUX size on torch 2.11 + cuDNN 9.19)",
     )
-    p.add_argument("--compile", action="store_true", help="optimised path: torch.compile (model.compile)")
     p.add_argument(
         "--autocast",
         action="store_true",
         help="optimised path: 16-bit autocast, LoRA in bf16 (model.autocast)",
     )
-    p.add_argument("--compile-mode", default="default", choices=COMPILE_MODES)
-    p.add_argument("--compile-dynamic", default="auto", choices=sorted(DYNAMIC))
-    p.add_argument("--warmup", type=int, default=1, help="untimed batches after the first (on-policy) one")
-    p.add_argument("--iters", type=int, default=3, help="timed logical batches per configuration (median)")
-    p.add_argument("--no-flops", action="store_true", help="skip FLOP counting")
+    bench_cli.add_timing_flags(
+        p,
+        warmup=1,
+        iters=3,
+        warmup_help="untimed batches after the first (on-policy) one",
+        iters_help="timed logical batches per configuration (median)",
+    )
+    bench_cli.add_report_flags(p)
     p.add_argument(
         "--profile",
         action="store_true",
         help="after timing, profile one accumulate per configuration (device-busy fraction, top kernels)",
-    )
-    p.add_argument("--ceiling-size", type=int, default=None, help="n of the n³ matmul ceiling (0: skip)")
-    p.add_argument(
-        "--time-budget-s", type=float, default=0.0, help="skip configurations after this (0: none)"
     )
     p.add_argument("--regression", action="store_true", help="also run the attention-backward regression")
     p.add_argument("--regression-only", action="store_true", help="run only the regression check")
@@ -151,7 +142,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--regression-heights", default="512", help="comma-separated square sizes (pixels)")
     p.add_argument("--regression-settings", default="safe,default", help="subset of safe,default,cudnn")
     p.add_argument("--regression-timeout-s", type=float, default=180.0, help="per subprocess")
-    p.add_argument("--out", default=None, help="output directory, or a .json path")
     args = p.parse_args(argv)
     args.micro_batch_sizes = int_list(args.micro_batch_sizes, "--micro-batch-sizes", p)
     args.modes = name_list(args.modes, "--modes", TRAINER_MODES, p)
@@ -279,9 +269,7 @@ class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.device = roofline.resolve_device(args.device)
-        self.dtype_name = (
-            args.dtype if args.dtype != "auto" else ("bfloat16" if self.device.type == "cuda" else "float32")
-        )
+        self.dtype_name = bench_cli.resolve_dtype(args.dtype, self.device)
         self.t_start = time.perf_counter()
         self.cudnn_sdp_default = torch.backends.cuda.cudnn_sdp_enabled()
         self.flops: dict[tuple[str, bool], int] = {}

@@ -156,16 +156,16 @@ def measure_decode_and_reward(
     """Seconds to decode B latents with the spec's VAE (random weights) and to score B images."""
     import torch
 
+    from digenrl.data.dtypes import TORCH_DTYPES
     from digenrl.models import get_model_spec
     from digenrl.models.vae import LatentDecoder
     from digenrl.perf import roofline
     from digenrl.rewards.registry import build_reward
 
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     device = roofline.resolve_device(args.device)
     spec = get_model_spec(model)
     torch.manual_seed(0)
-    decoder = LatentDecoder.build(spec, device=device, dtype=dtypes[dtype])
+    decoder = LatentDecoder.build(spec, device=device, dtype=TORCH_DTYPES[dtype])
     reward = build_reward(args.reward, device=device)
     prompts = [f"a photo of object number {i}" for i in range(max(batches))]
     decode, score = {}, {}

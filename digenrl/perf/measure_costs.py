@@ -33,10 +33,10 @@ import torch
 
 from digenrl.config import MODEL_DTYPES, TRAINER_MODES, Config, apply_overrides
 from digenrl.costs.cost_model import CFG_KEYS, CostModel, run_path
+from digenrl.data.dtypes import TORCH_DTYPES
 from digenrl.data.text_condition import TextCondition
 from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.models import ModelBundle, ModelSpec, build_model_bundle
-from digenrl.models.construction import TORCH_DTYPES
 from digenrl.models.optimize import optimize_flow_model
 from digenrl.perf.roofline import resolve_device, synchronize, tensor_bytes
 from digenrl.rewards.registry import build_reward

@@ -17,6 +17,8 @@ from collections.abc import Callable
 
 import torch
 
+from digenrl.data.dtypes import dtype_name
+
 
 def resolve_device(name: str) -> torch.device:
     """``auto``: CUDA if available, else CPU; anything else as torch spells it (``cpu``, ``cuda:1``)."""
@@ -96,7 +98,7 @@ def matmul_ceiling(
         torch.cuda.empty_cache()
     return {
         "n": n,
-        "dtype": str(dtype).removeprefix("torch."),
+        "dtype": dtype_name(dtype),
         "ms": ms,
         "tflops": 2 * n**3 / (ms / 1e3) / 1e12,
         "iters": iters,

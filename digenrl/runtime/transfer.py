@@ -39,6 +39,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from digenrl.data.dtypes import DTYPES_BY_NAME, dtype_name
 from digenrl.data.text_condition import TextCondition
 from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.runtime.control_plane import ControlPlane
@@ -47,21 +48,6 @@ from digenrl.runtime.control_plane import ControlPlane
 TRANSFER_FORMAT = 1
 _COND_PREFIX = "cond."
 _SCALAR_FIELDS = ("prompts", "iteration", "steps_done")
-_DTYPE_BY_NAME: dict[str, torch.dtype] = {
-    str(d).removeprefix("torch."): d
-    for d in (
-        torch.float32,
-        torch.float64,
-        torch.float16,
-        torch.bfloat16,
-        torch.int64,
-        torch.int32,
-        torch.int16,
-        torch.int8,
-        torch.uint8,
-        torch.bool,
-    )
-}
 
 
 @dataclass(frozen=True)
@@ -146,9 +132,9 @@ def batch_to_tensors(batch: TrajectoryBatch) -> tuple[dict[str, Any], list[torch
     tensors: list[torch.Tensor] = []
 
     def add(name: str, t: torch.Tensor) -> None:
-        dtype = str(t.dtype).removeprefix("torch.")
-        if dtype not in _DTYPE_BY_NAME:
-            raise ValueError(f"field {name!r} has dtype {t.dtype}; transferable: {sorted(_DTYPE_BY_NAME)}")
+        dtype = dtype_name(t.dtype)
+        if dtype not in DTYPES_BY_NAME:
+            raise ValueError(f"field {name!r} has dtype {t.dtype}; transferable: {sorted(DTYPES_BY_NAME)}")
         entries.append({"name": name, "shape": list(t.shape), "dtype": dtype})
         tensors.append(t.detach().contiguous())
 
@@ -211,9 +197,9 @@ def batch_from_tensors(meta: dict[str, Any], tensors: list[torch.Tensor]) -> Tra
 
 
 def _dtype(name: str, field: str) -> torch.dtype:
-    if name not in _DTYPE_BY_NAME:
-        raise ValueError(f"field {field!r} has dtype {name!r}; transferable: {sorted(_DTYPE_BY_NAME)}")
-    return _DTYPE_BY_NAME[name]
+    if name not in DTYPES_BY_NAME:
+        raise ValueError(f"field {field!r} has dtype {name!r}; transferable: {sorted(DTYPES_BY_NAME)}")
+    return DTYPES_BY_NAME[name]
 
 
 # ----------------------------------------------------------------------------- point-to-point

@@ -51,6 +51,7 @@ import torch.distributed as dist
 from torch import nn
 
 from digenrl.config import TRAINER_MODES
+from digenrl.data.dtypes import WIRE_DTYPES
 from digenrl.runtime.control_plane import ControlPlane
 from digenrl.runtime.layout import Layout, ProcessGroups
 
@@ -77,19 +78,6 @@ class SyncSource(Protocol):
 
 #: Store name under which the source announces the version it is about to push (``ControlPlane`` versions).
 POLICY_VERSION_NAME = "policy"
-#: Wire dtypes, by code (the first handshake broadcasts codes from the first generator to the source).
-_DTYPES: tuple[torch.dtype, ...] = (
-    torch.float32,
-    torch.bfloat16,
-    torch.float16,
-    torch.float64,
-    torch.int64,
-    torch.int32,
-    torch.int16,
-    torch.int8,
-    torch.uint8,
-    torch.bool,
-)
 #: Checksum position weights cycle through 1..251 (251 is prime; a chunk holds a whole number of cycles).
 _WEIGHT_PERIOD = 251
 _CHECKSUM_CHUNK = _WEIGHT_PERIOD * (1 << 14)  # 16-bit words per chunk: bounds the int64 temporaries (~33 MB)
@@ -484,7 +472,7 @@ class WeightSync:
             # the first generator's dtypes become the wire dtypes (unknown ones travel as -1, and then
             # every member fails together instead of leaving the others in a broadcast)
             codes = torch.tensor(
-                [_DTYPES.index(s.dtype) if s.dtype in _DTYPES else -1 for s in specs],
+                [WIRE_DTYPES.index(s.dtype) if s.dtype in WIRE_DTYPES else -1 for s in specs],
                 dtype=torch.int64,
                 device=self._comm_device,
             )
@@ -494,9 +482,9 @@ class WeightSync:
                 bad = specs[received.index(-1)].name
                 raise WeightSyncError(
                     f"rank {self.rank}: generator rank {first} holds {bad!r} in a dtype weight sync cannot "
-                    f"carry; supported: {[str(d) for d in _DTYPES]}"
+                    f"carry; supported: {[str(d) for d in WIRE_DTYPES]}"
                 )
-            self._wire_dtypes = [_DTYPES[c] for c in received]
+            self._wire_dtypes = [WIRE_DTYPES[c] for c in received]
 
     def _verify(self, version: int, specs: list[TensorSpec], rows: list[torch.Tensor]) -> int:
         """All-gather per-tensor checksums over the sync group; every member raises on a mismatch.

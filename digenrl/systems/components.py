@@ -13,9 +13,9 @@ from pathlib import Path
 import torch
 
 from digenrl.config import Config
+from digenrl.data.dtypes import TORCH_DTYPES
 from digenrl.data.prompts import PromptSource, configured_prompt_sets, metadata_lookup
 from digenrl.models import ModelBundle, build_model_bundle
-from digenrl.models.construction import TORCH_DTYPES
 from digenrl.models.optimize import optimize_flow_model
 from digenrl.rewards.registry import build_configured_reward
 from digenrl.rollout.engine import RolloutEngine

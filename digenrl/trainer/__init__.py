@@ -9,7 +9,6 @@ from digenrl.trainer.checkpoint import (
     save_checkpoint,
 )
 from digenrl.trainer.lora import (
-    DEFAULT_LORA_TARGETS,
     apply_lora,
     default_lora_targets,
     enable_full_finetune,
@@ -23,7 +22,6 @@ from digenrl.trainer.trainer import PolicyTrainer
 
 __all__ = [
     "BACKENDS",
-    "DEFAULT_LORA_TARGETS",
     "ParallelBackend",
     "PolicyTrainer",
     "apply_lora",

@@ -7,8 +7,9 @@ the same transformer with the adapter switched off (docs/algorithm.md, "Loss"), 
 weights is held: :func:`reference_policy` disables the adapter for the duration of a ``with`` block.
 
 Defaults follow flow_grpo ``scripts/train_sd3.py``: r = 32, alpha = 64, ``init_lora_weights="gaussian"``
-(lora_B starts at zero, so the adapter starts as the identity edit), targets = the joint-attention
-projections ``attn.{to_q,to_k,to_v,to_out.0,add_q_proj,add_k_proj,add_v_proj,to_add_out}``.
+(lora_B starts at zero, so the adapter starts as the identity edit); the default targets are the model
+family's ``ModelFamily.lora_targets`` (e.g. the joint-attention projections
+``attn.{to_q,to_k,to_v,to_out.0,add_q_proj,add_k_proj,add_v_proj,to_add_out}``, digenrl/models/families/).
 """
 
 from __future__ import annotations
@@ -20,39 +21,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from digenrl.models.specs import get_family
 from digenrl.runtime.weight_sync import resolve_sync_mode
 
 if TYPE_CHECKING:
     from digenrl.config import Config
 
-ATTENTION_TARGETS: tuple[str, ...] = (
-    "attn.to_q",
-    "attn.to_k",
-    "attn.to_v",
-    "attn.to_out.0",
-    "attn.add_q_proj",
-    "attn.add_k_proj",
-    "attn.add_v_proj",
-    "attn.to_add_out",
-)
-"""flow_grpo scripts/train_sd3.py's LoRA targets. In diffusers 0.42 the same names exist in the dual-stream
-blocks of SD3 (``JointTransformerBlock.attn``), FLUX (``FluxAttention``; single blocks have q/k/v only),
-Qwen-Image and HunyuanVideo (whose token refiner also has an ``attn.to_q`` … and is matched too). SD3.5's
-second self-attention ``attn2`` is *not* matched, as in flow_grpo."""
-
-WAN_TARGETS: tuple[str, ...] = tuple(
-    f"{attn}.{proj}" for attn in ("attn1", "attn2") for proj in ("to_q", "to_k", "to_v", "to_out.0")
-)
-"""Wan's blocks have self-attention ``attn1`` and text cross-attention ``attn2`` (diffusers
-``WanTransformerBlock``); the added-KV projections exist only for image-to-video and are left out."""
-
-DEFAULT_LORA_TARGETS: dict[str, tuple[str, ...]] = {
-    "sd3": ATTENTION_TARGETS,
-    "flux": ATTENTION_TARGETS,
-    "qwen-image": ATTENTION_TARGETS,
-    "hunyuan-video": ATTENTION_TARGETS,
-    "wan": WAN_TARGETS,
-}
 
 ADAPTER_NAME = "default"
 
@@ -63,11 +37,8 @@ def _matches(module_name: str, target: str) -> bool:
 
 
 def default_lora_targets(family: str) -> list[str]:
-    if family not in DEFAULT_LORA_TARGETS:
-        raise ValueError(
-            f"no default LoRA targets for family {family!r}; known: {sorted(DEFAULT_LORA_TARGETS)}"
-        )
-    return list(DEFAULT_LORA_TARGETS[family])
+    """The registered model family's default adapter targets (``trainer.lora_targets: null``)."""
+    return list(get_family(family).lora_targets)
 
 
 def check_lora_targets(transformer: nn.Module, targets: list[str], *, each: bool) -> None:

@@ -35,7 +35,8 @@ def test_setting_up_the_report_leaves_deepspeed_unimported():
     must not import it before ``require_deepspeed`` has asked for the CPU accelerator of a CPU run."""
     code = (
         "import sys; from digenrl.perf.bench_backends import Bench, parse_args; "
-        "Bench(parse_args(['--device', 'cpu'])); print(sorted(m for m in sys.modules if 'deepspeed' in m))"
+        "Bench(parse_args(['--device', 'cpu'])); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'deepspeed'))"
     )
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)

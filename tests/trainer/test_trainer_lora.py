@@ -10,7 +10,7 @@ from torch import nn
 
 from digenrl.models import build_flow_model
 from digenrl.trainer import PolicyTrainer, apply_lora, enable_full_finetune, reference_policy
-from digenrl.trainer.lora import DEFAULT_LORA_TARGETS
+from digenrl.trainer.lora import default_lora_targets
 
 from .fixtures import build_model, make_config, make_sampler, perturb_adapter, random_cond, rollout_batch
 
@@ -57,7 +57,7 @@ def test_default_sd3_targets_are_flow_grpos_attention_projections():
     expected = {
         n
         for n, m in pristine.named_modules()
-        if isinstance(m, nn.Linear) and any(n.endswith("." + t) for t in DEFAULT_LORA_TARGETS["sd3"])
+        if isinstance(m, nn.Linear) and any(n.endswith("." + t) for t in default_lora_targets("sd3"))
     }
     assert wrapped == expected
     assert any(".attn.add_q_proj" in n for n in wrapped) and any(".attn.to_out.0" in n for n in wrapped)
@@ -69,7 +69,7 @@ def test_default_targets_exist_in_every_family(name):
     model = build_flow_model(name)
     pristine = copy.deepcopy(model.transformer)
     apply_lora(model, rank=2, alpha=4)
-    targets = DEFAULT_LORA_TARGETS[model.spec.family]
+    targets = default_lora_targets(model.spec.family)
     expected = {
         n
         for n, m in pristine.named_modules()

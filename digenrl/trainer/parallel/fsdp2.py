@@ -1,0 +1,90 @@
+"""``fsdp2``: ``fully_shard`` per transformer block, then the root (torch.distributed.fsdp)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from digenrl.trainer.parallel.base import ParallelBackend, broadcast_module
+
+
+class FSDP2Backend(ParallelBackend):
+    """``fully_shard`` per transformer block, then the root (FSDP2, torch.distributed.fsdp)."""
+
+    name = "fsdp2"
+    lockstep = True
+
+    def __init__(self, flow_model: nn.Module, *, mode: str, **kwargs: Any) -> None:
+        super().__init__(flow_model, **kwargs)
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+        group = self.group if self.group is not None else dist.group.WORLD
+        broadcast_module(self.module, group)
+        mesh = DeviceMesh.from_group(group, self.device.type)
+        model_dtype = next(self.module.parameters()).dtype
+        mp = MixedPrecisionPolicy()
+        self._param_dtype: torch.dtype | None = None
+        if self.device.type == "cuda" and model_dtype == torch.bfloat16:
+            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            self._param_dtype = torch.bfloat16
+            if mode == "full":
+                # fp32 master weights (sharded); compute still runs in bf16 through the policy
+                for p in self.module.parameters():
+                    p.data = p.data.float()
+        for block in reversed(_repeated_blocks(self.module)):
+            fully_shard(block, mesh=mesh, mp_policy=mp)
+        fully_shard(self.module, mesh=mesh, mp_policy=mp)
+        for m in self.module.modules():
+            if isinstance(m, FSDPModule):
+                m.set_gradient_divide_factor(1.0)
+                if hasattr(m, "set_force_sum_reduction_for_comms"):  # torch >= 2.9; gloo needs it
+                    m.set_force_sum_reduction_for_comms(True)
+
+    def _reduce_sharded(self, value: torch.Tensor) -> torch.Tensor:
+        return self._sum_over_ranks(value)
+
+    joint_generation = True
+
+    @contextlib.contextmanager
+    def generation_weights(self) -> Iterator[int]:
+        """All-gather every block's parameters (a collective: every trainer rank enters together), keep
+        them unsharded through forwards — which then need no collective, so each rank can generate on its
+        own — and release them after. Gradients live on the sharded parameters and are not touched."""
+        from torch.distributed.fsdp import FSDPModule
+
+        modules = [m for m in self.module.modules() if isinstance(m, FSDPModule)]
+        for m in modules:
+            m.set_reshard_after_forward(False, recurse=False)
+        for m in modules:
+            m.unshard()
+        try:
+            yield self.full_parameter_bytes()
+        finally:
+            for m in modules:
+                m.reshard()
+                m.set_reshard_after_forward(True, recurse=False)
+
+    def full_parameter_bytes(self) -> int:
+        """Unsharded bytes in the forward's dtype (the mixed-precision param dtype when one is set)."""
+        total = 0
+        for p in self.module.parameters():
+            numel = p.numel()  # a DTensor reports the global shape
+            dtype = self._param_dtype or p.dtype
+            total += numel * torch.empty((), dtype=dtype).element_size()
+        return total
+
+
+def _repeated_blocks(module: nn.Module) -> list[nn.Module]:
+    """The transformer blocks to shard one by one, in pre-order: the classes diffusers lists in
+    ``_no_split_modules`` (e.g. ``JointTransformerBlock``), else the children of top-level ModuleLists."""
+    names = set(getattr(module, "_no_split_modules", None) or ())
+    blocks = [m for m in module.modules() if m is not module and type(m).__name__ in names]
+    if not blocks:
+        blocks = [b for child in module.children() if isinstance(child, nn.ModuleList) for b in child]
+    return blocks
