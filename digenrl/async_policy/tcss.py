@@ -39,8 +39,13 @@ experiments/results/tcss/README.md.
 Checkpoints: the iteration after a checkpoint — and the first one a resumed process runs — is generated
 strictly on-policy (s = 0: the generators wait for the checkpointed θ instead of starting it with the
 previous one), so nothing is in flight when the checkpoint is taken and a resumed run replays the
-uninterrupted one exactly (with ``tcss.switch=timing``: from the checkpoint on, until timing differs).
+uninterrupted one exactly (with ``tcss.switch=timing``: from the checkpoint on, until timing differs);
+the trainers refuse an older fragment there.
 ``metrics.jsonl`` records the staleness per iteration (``staleness_max``, ``stale_fraction``).
+
+The same :class:`StalenessBound` is every system's one staleness rule: ``separate-sync`` checks each
+received fragment with lag 0, ``separate-async`` with ``asynchrony.max_staleness`` (its generators also
+drain after a checkpoint), ``digenrl`` with TCSS's; the simulator binds versions by it too.
 """
 
 from __future__ import annotations
@@ -82,11 +87,12 @@ def resolve_switch(value: str, num_fragments: int) -> int | None:
 
 @dataclass(frozen=True)
 class StalenessBound:
-    """How far generation may run ahead of the trainer: ``lag`` = 1 with TCSS, 0 without (``separate-async``
-    uses it with ``lag`` = ``asynchrony.max_staleness``); none at all right after a checkpoint or at the
-    first iteration ``start`` of a resumed process. ``switch``: the plan's switch fragment s of a
-    one-stale iteration (None: no planned switch — ``tcss.switch=timing``, or ``separate-async``, which
-    only asks :meth:`oldest_version`)."""
+    """How far generation may run ahead of the trainer — the one staleness rule of every system (the
+    separate baselines, ``separate-async``, ``digenrl``; :meth:`check_fragment` on every received fragment)
+    and of the simulator: ``lag`` = 1 with TCSS, 0 without (``separate-async``: ``asynchrony.max_staleness``;
+    the separate baselines: 0); none at all right after a checkpoint or at the first iteration ``start`` of
+    a resumed process. ``switch``: the plan's switch fragment s of a one-stale iteration (None: no planned
+    switch — ``tcss.switch=timing``, or ``separate-async``, which only asks :meth:`oldest_version`)."""
 
     lag: int
     checkpoint_every: int = 0
@@ -95,13 +101,15 @@ class StalenessBound:
     start: int = 0
 
     @classmethod
-    def from_config(cls, cfg: Config, num_fragments: int) -> StalenessBound:
+    def from_config(cls, cfg: Config, num_fragments: int, start: int = 0) -> StalenessBound:
+        """``digenrl``'s bound (TCSS on or off); ``start``: the iteration this process starts at."""
         tcss = cfg.tcss.enabled
         return cls(
             lag=1 if tcss else 0,
             checkpoint_every=cfg.checkpoint_every,
             iterations=cfg.iterations,
             switch=resolve_switch(cfg.tcss.switch, num_fragments) if tcss else None,
+            start=start,
         )
 
     @property
@@ -122,6 +130,17 @@ class StalenessBound:
             return iteration  # drain: nothing of this iteration may be in flight at the checkpoint
         return max(0, iteration - self.lag)
 
+    def allows(self, staleness: int) -> bool:
+        """Whether data generated ``staleness`` versions behind the trainer may be trained on (the rule every
+        system and the simulator apply)."""
+        return 0 <= staleness <= self.lag
+
+    def head_only(self, iteration: int) -> int:
+        """Fragments of ``iteration`` only the generators' pipelines claim, from the head in index order:
+        with a planned switch the ones bound to θ_{iteration−1}, which a trainer rank (a TAG helper, already
+        at θ_iteration) no longer holds; 0 otherwise."""
+        return self.switch_at(iteration) if self.planned else 0
+
     def switch_at(self, iteration: int) -> int:
         """The plan's first fragment of ``iteration`` generated with θ_iteration; the fragments below it
         use θ_{iteration−1} (0: the whole iteration is on-policy)."""
@@ -135,11 +154,23 @@ class StalenessBound:
         """The version the plan binds ``fragment`` of ``iteration`` to (a function of the index only)."""
         return iteration - 1 if fragment < self.switch_at(iteration) else iteration
 
+    def describe_tcss(self, setting: str, num_fragments: int) -> str:
+        """The start banner's word on TCSS (``setting``: ``tcss.switch`` as configured)."""
+        if not self.lag:
+            return "TCSS off (on-policy)"
+        if not self.planned:
+            return "TCSS on (tcss.switch=timing: stale fragments depend on timing, not reproducible)"
+        return (
+            f"TCSS on (tcss.switch={setting}: fragments [0, {self.switch}) of {num_fragments} one version "
+            "stale)"
+        )
+
     def check_fragment(
         self, shard: TrajectoryBatch, *, trainer_version: int, fragment: int, rank: int
     ) -> int:
-        """Both invariants for a received shard (see the module docstring), and with a planned switch that
-        the shard was generated by the version the plan binds it to; returns its staleness."""
+        """Both invariants for a received shard (see the module docstring), the checkpoint drain
+        (:meth:`oldest_version`), and with a planned switch that the shard was generated by the version the
+        plan binds it to; returns its staleness."""
         if shard.batch_size == 0:
             return 0
         versions = torch.unique(shard.policy_version.cpu()).tolist()
@@ -149,11 +180,17 @@ class StalenessBound:
                 f"{versions}; every trajectory must be generated by exactly one version"
             )
         staleness = trainer_version - int(versions[0])
-        if not 0 <= staleness <= self.lag:
+        if not self.allows(staleness):
             raise StalenessError(
                 f"rank {rank}: fragment {fragment} of iteration {shard.iteration} was generated by policy "
                 f"version {versions[0]} and reached the trainer at version {trainer_version} (staleness "
-                f"{staleness}; allowed 0..{self.lag}{', tcss=true' if self.lag else ', tcss=false'})"
+                f"{staleness}; allowed 0..{self.lag})"
+            )
+        if versions[0] < (oldest := self.oldest_version(shard.iteration)):
+            raise StalenessError(
+                f"rank {rank}: fragment {fragment} of iteration {shard.iteration} was generated by policy "
+                f"version {versions[0]}, older than the iteration allows (version {oldest}: the iteration "
+                "after a checkpoint, and the first one of a resumed process, is generated on-policy)"
             )
         if self.planned and versions[0] != self.version_of(shard.iteration, fragment):
             raise StalenessError(

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 from torch import Tensor, nn
 
 if TYPE_CHECKING:
-    from digenrl.models.spec_types import ModelSpec
     from digenrl.data.text_condition import TextCondition
+    from digenrl.models.spec_types import ModelSpec
 
 #: (transformer, unpacked latents, sigma [B], condition, embedded guidance [B] or None) -> v = noise - x0
 VelocityFn = Callable[[nn.Module, Tensor, Tensor, "TextCondition", Tensor | None], Tensor]

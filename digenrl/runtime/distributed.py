@@ -12,6 +12,9 @@ which names them on every rank. NCCL's own ``barrier`` has no per-call timeout a
 ``disable_nvlink_multicast`` is the project's one place that turns NVLink multicast off (see its docstring);
 ``init_distributed`` applies it before any process group exists, ``launch.launch_torchrun`` to the
 environment of the processes it starts.
+
+``global_sum`` sums a scalar over a process group (metrics, pool-wide checks); ``comm_device`` says where a
+collective's tensors live for a group's backend.
 """
 
 from __future__ import annotations
@@ -171,6 +174,22 @@ def barrier(ctx: DistContext, what: str, timeout_s: float) -> None:
             ) from error
         return
     _barrier_plane(ctx).barrier(what, range(ctx.world_size), timeout_s=timeout_s)
+
+
+def comm_device(group: dist.ProcessGroup | None = None) -> torch.device:
+    """Where a collective's tensors must live: the current CUDA device for NCCL, the CPU for gloo."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def global_sum(value: float | int, group: dist.ProcessGroup | None = None) -> float:
+    """Sum a scalar over ``group`` (identity in a single process)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return float(value)
+    t = torch.tensor([float(value)], dtype=torch.float64, device=comm_device(group))
+    dist.all_reduce(t, group=group)
+    return float(t.item())
 
 
 def _barrier_plane(ctx: DistContext) -> ControlPlane:

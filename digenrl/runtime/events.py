@@ -104,6 +104,7 @@ class EventLogger:
         self._last_closed: str | None = None
         #: Called (without arguments, on the thread of the span) after a span is entered or left.
         self.on_span_change: Callable[[], None] | None = None
+        self._span_listeners: list[Callable[[dict[str, Any]], None]] = []
         # perf_counter is monotonic but has an arbitrary zero: anchor it to the wall clock exactly once.
         self._anchor_perf = time.perf_counter()
         self._anchor_since_origin = time.time() - self.clock_origin
@@ -216,6 +217,14 @@ class EventLogger:
             extra=extra,
         )
         self._write(record)
+        for listener in self._span_listeners:
+            listener(record)
+
+    def subscribe(self, listener: Callable[[dict[str, Any]], None]) -> None:
+        """Call ``listener`` with every span record this logger writes, after writing it (on the thread of
+        the span): how a component learns this rank's measured costs from the log it keeps anyway (TAG,
+        ``digenrl/tag/policy.py``)."""
+        self._span_listeners.append(listener)
 
     def counter(self, name: str, values: Mapping[str, float], t: float | None = None) -> None:
         """Write one sample of numeric series (e.g. ``gpu``: util %, memory GiB, power W)."""

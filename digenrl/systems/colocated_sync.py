@@ -18,10 +18,11 @@ import torch
 from digenrl.config import Config, ConfigError
 from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.rollout.scoring import ScoreResult
+from digenrl.runtime.distributed import global_sum
 from digenrl.runtime.events import EventLogger
 from digenrl.systems.base import IterationReport, System
 from digenrl.systems.components import RankComponents, build_rank_components
-from digenrl.systems.phases import assign_advantages, global_sum, reward_summary, train_logical_batch
+from digenrl.systems.phases import Accumulation, assign_advantages, reward_summary, train_logical_batch
 from digenrl.systems.residency import (
     ResidencyPlanner,
     ResidencyPolicy,
@@ -125,21 +126,17 @@ class ColocatedSync(System):
         batch = assign_advantages(batch, score, self.cfg.algo)
         t1 = time.perf_counter()
         self.residency.before_optimizer_step()
-        stats, step_stats = train_logical_batch(
-            self.parts.trainer,
-            [batch],
-            self.cfg.algo.num_updates_per_batch,
-            self.parts.events,
-            iteration,
-            version,
+        training = Accumulation(
+            self.parts.trainer, self.parts.events, iteration, version, global_sum(batch.num_units)
         )
+        step_stats = train_logical_batch(training, [batch], self.cfg.algo.num_updates_per_batch)
         self.version.advance()
         reward_mean, reward_std = reward_summary(score.rewards[score.keep])
         return IterationReport(
             samples=int(global_sum(batch.batch_size)),
             reward_mean=reward_mean,
             reward_std=reward_std,
-            train=stats.reduce(),
+            train=training.stats.reduce(),
             step=step_stats,
             phase_s={"rollout": t1 - t0, "train": time.perf_counter() - t1},
         )

@@ -14,9 +14,12 @@ import torch.distributed as dist
 from digenrl.algo.advantages import gather_rewards, group_advantages
 from digenrl.config import AlgoConfig, Config
 from digenrl.data.trajectory import TrajectoryBatch
+from digenrl.gap.unit_packer import UnitPacker
 from digenrl.rollout.sampler import Sampler
 from digenrl.rollout.scoring import ScoreResult
+from digenrl.runtime.distributed import comm_device
 from digenrl.runtime.events import EventLogger
+from digenrl.runtime.fault_injection import inject_delay
 from digenrl.trainer.trainer import PolicyTrainer
 
 
@@ -77,22 +80,6 @@ def _local_offset(n_local: int, group: dist.ProcessGroup | None) -> int:
     return sum(sizes[: dist.get_rank(group)])
 
 
-def comm_device(group: dist.ProcessGroup | None = None) -> torch.device:
-    """Where a collective's tensors must live: the current CUDA device for NCCL, the CPU for gloo."""
-    if dist.get_backend(group) == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def global_sum(value: float | int, group: dist.ProcessGroup | None = None) -> float:
-    """Sum a scalar over ``group`` (identity in a single process)."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return float(value)
-    t = torch.tensor([float(value)], dtype=torch.float64, device=comm_device(group))
-    dist.all_reduce(t, group=group)
-    return float(t.item())
-
-
 @dataclass
 class TrainStats:
     """Sums over training units, reduced over the trainer pool by :meth:`reduce`."""
@@ -138,28 +125,54 @@ class TrainStats:
         }
 
 
+@dataclass
+class Accumulation:
+    """One logical batch's gradient on a trainer rank: each part's units weighted 1 / ``total_units`` (the
+    units of the whole logical batch, all ranks), each part trained in a ``train`` span, each optimizer
+    step an ``optimizer`` span."""
+
+    trainer: PolicyTrainer
+    events: EventLogger
+    iteration: int
+    version: int
+    total_units: float
+    stats: TrainStats = field(default_factory=TrainStats)
+
+    def train(self, part: TrajectoryBatch) -> None:
+        inject_delay(self.events.rank, "train")  # robustness tests only: a deliberately slow trainer
+        with self.events.span(
+            "train", iteration=self.iteration, policy_version=self.version, samples=part.batch_size
+        ):
+            train_on(self.trainer, part, self.total_units, self.stats)
+
+    def step(self) -> dict[str, float]:
+        with self.events.span("optimizer", iteration=self.iteration, policy_version=self.version):
+            return self.trainer.step(self.iteration)
+
+
 def train_logical_batch(
-    trainer: PolicyTrainer,
+    training: Accumulation,
     parts: list[TrajectoryBatch],
     num_updates: int,
-    events: EventLogger,
-    iteration: int,
-    version: int,
-    group: dist.ProcessGroup | None = None,
-) -> tuple[TrainStats, dict[str, float]]:
-    """Train on a logical batch that is already complete (the synchronous schedules): accumulate every
-    part, then step; ``num_updates`` passes (flow_grpo's inner epochs). Streaming schedules (GAP)
-    call :func:`train_on` per fragment instead and step after the last one. ``group``: the trainer pool."""
-    total_units = global_sum(sum(p.num_units for p in parts), group)
-    stats = TrainStats()
+    *,
+    packer: UnitPacker | None = None,
+    fed: bool = False,
+) -> dict[str, float]:
+    """``num_updates`` passes over the logical batch's ``parts`` (flow_grpo's inner epochs), each
+    accumulated, then stepped; returns the last step's stats. Every schedule trains through here.
+
+    ``packer``: the parts' units reach ``training.train`` in whole micro-batches across parts (GAP's unit
+    shards, :class:`~digenrl.gap.unit_packer.UnitPacker`; default: each part as it is). ``fed``: the first
+    pass already went through ``packer`` as the parts arrived (GAP on: a fragment trains on arrival)."""
+    packer = packer or UnitPacker(training.train, 1, enabled=False)
     step_stats: dict[str, float] = {}
-    for _ in range(num_updates):
-        for part in parts:
-            with events.span("train", iteration=iteration, policy_version=version, samples=part.batch_size):
-                train_on(trainer, part, total_units, stats)
-        with events.span("optimizer", iteration=iteration, policy_version=version):
-            step_stats = trainer.step(iteration)
-    return stats, step_stats
+    for update in range(num_updates):
+        if update or not fed:
+            for part in parts:
+                packer.add(part)
+        packer.flush()
+        step_stats = training.step()
+    return step_stats
 
 
 def train_on(trainer: PolicyTrainer, batch: TrajectoryBatch, total_units: float, stats: TrainStats) -> None:

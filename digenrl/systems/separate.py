@@ -12,6 +12,9 @@ schedules are made of:
   every push as soon as it is announced (:meth:`service_weight_sync`, called between fragments and from
   inside every wait), receiving into a staging buffer; :class:`~digenrl.runtime.policy_version.
   PolicyVersion` decides when the staged weights take effect;
+* the staleness bound (``self.bound``, :class:`~digenrl.async_policy.tcss.StalenessBound`) — every system's
+  one check of every received fragment: one policy version per trajectory, no older than the system
+  allows (0 behind the trainer on-policy, ``asynchrony.max_staleness`` or TCSS's one), the plan's version;
 * ``generator_pool_group`` — advantages are normalised over the generator pool when it holds the whole
   logical batch (separate baselines).
 
@@ -28,6 +31,7 @@ import time
 
 import torch
 
+from digenrl.async_policy.tcss import StalenessBound, StalenessStats
 from digenrl.config import Config, ConfigError
 from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.gap.fragments import FragmentPlan
@@ -35,6 +39,7 @@ from digenrl.gap.stream import FragmentStream
 from digenrl.rollout.remote_scoring import ScorerPool, ScoringServer
 from digenrl.rollout.scoring import ScoreResult
 from digenrl.runtime.control_plane import ControlPlane
+from digenrl.runtime.distributed import global_sum
 from digenrl.runtime.layout import Layout, build_layout, build_process_groups
 from digenrl.runtime.weight_sync import (
     POLICY_VERSION_NAME,
@@ -44,6 +49,7 @@ from digenrl.runtime.weight_sync import (
 )
 from digenrl.systems.base import IterationReport, System
 from digenrl.systems.components import RankComponents, build_rank_components
+from digenrl.systems.phases import Accumulation, reward_summary
 from digenrl.trainer.lora import prepare_generator_model
 
 log = logging.getLogger(__name__)
@@ -176,6 +182,7 @@ class SeparateSystem(System):
             device=ctx.device,
             timeout_s=cfg.runtime.timeout_s,
         )
+        self.bound = self.staleness_bound()
         return parts
 
     def describe_pools(self) -> str:
@@ -242,18 +249,12 @@ class SeparateSystem(System):
         under ``separate-async`` runs ahead of the trainer's."""
         return self.is_trainer, self.groups.trainer_group
 
-    max_staleness = 0  # policy versions a trained trajectory may lag; checked on every received batch
-
-    def check_staleness(self, batch: TrajectoryBatch, version: int) -> int:
-        """Run-time invariant: no trajectory trained at version v is older than v − max_staleness."""
-        oldest = int(batch.policy_version.min())
-        staleness = version - oldest
-        if staleness > self.max_staleness:
-            raise RuntimeError(
-                f"rank {self.ctx.rank}: trajectories of policy version {oldest} reached the trainer at "
-                f"version {version} (staleness {staleness} > allowed {self.max_staleness})"
-            )
-        return staleness
+    def staleness_bound(self) -> StalenessBound:
+        """How far generation may run ahead of the trainer; every received fragment is checked against
+        it. The separate baselines: on-policy. A resumed process starts on-policy (``start``): its
+        generators hold only the checkpointed θ."""
+        cfg = self.cfg
+        return StalenessBound(0, cfg.checkpoint_every, cfg.iterations, start=self.run_start.start_iteration)
 
     # ------------------------------------------------------------------ data plane
     @property
@@ -280,13 +281,56 @@ class SeparateSystem(System):
             pending, self.plane, keep=keep, what=what, timeout_s=self.cfg.runtime.timeout_s, idle=idle
         )
 
-    def receive_all(self, iteration: int) -> TrajectoryBatch:
-        """A trainer's shares of every fragment of ``iteration``, concatenated in fragment order."""
-        return TrajectoryBatch.cat(
-            [self.stream.receive(iteration, f)[0] for f in range(self.stream.num_fragments)]
+    def receive_all(self, iteration: int, version: int, staleness: StalenessStats) -> TrajectoryBatch:
+        """A trainer's shares of every fragment of ``iteration``, each checked against the staleness bound
+        at trainer ``version`` and counted in ``staleness``, concatenated in fragment order."""
+        shards = []
+        for f in range(self.stream.num_fragments):
+            shard, _ = self.stream.receive(iteration, f)
+            stale = self.bound.check_fragment(shard, trainer_version=version, fragment=f, rank=self.ctx.rank)
+            staleness.add(shard.batch_size, stale)
+            shards.append(shard)
+        return TrajectoryBatch.cat(shards)
+
+    def trainer_report(
+        self,
+        rewards: torch.Tensor,
+        samples: float,
+        training: Accumulation,
+        step_stats: dict[str, float],
+        sync: SyncStats,
+        staleness: StalenessStats,
+        phase_s: dict[str, float],
+    ) -> IterationReport:
+        """A trainer rank's iteration, reduced over the trainer pool (collectives, in this order, on every
+        trainer rank): the ``rewards`` and ``samples`` of its share of the logical batch, its training."""
+        group = self.groups.trainer_group
+        reward_mean, reward_std = reward_summary(rewards, group)
+        return IterationReport(
+            samples=round(global_sum(samples, group)),
+            reward_mean=reward_mean,
+            reward_std=reward_std,
+            train=training.stats.reduce(group),
+            step={
+                **step_stats,
+                "sync_bytes": float(sync.bytes),
+                "sync_s": sync.seconds,
+                "staleness": staleness.staleness_max,
+                **staleness.metrics(),
+            },
+            phase_s=phase_s,
         )
 
     # ------------------------------------------------------------------ weight sync
+    def push_next_version(self, iteration: int) -> SyncStats:
+        """Trainer ranks, after the iteration's step: publish θ_{k+1} (a ``sync`` span with its bytes)."""
+        with self.parts.events.span(
+            "sync", iteration=iteration, policy_version=self.version.current + 1
+        ) as span:
+            sync = self.push_weights(self.version.advance())
+            span["bytes"] = sync.bytes
+        return sync
+
     def push_weights(self, version: int) -> SyncStats:
         """Every trainer rank: publish the trainer's weights as ``version`` (the source broadcasts)."""
         stats = self.weight_sync.push(self.parts.trainer, version)

@@ -55,14 +55,9 @@ class SeparateAsync(SeparateSync):
                 "generation in flight a generator is never more than one version ahead)"
             )
 
-    @property
-    def max_staleness(self) -> int:  # type: ignore[override]
-        return self.cfg.asynchrony.max_staleness
-
-    @property
-    def bound(self) -> StalenessBound:
-        cfg = self.cfg
-        return StalenessBound(cfg.asynchrony.max_staleness, cfg.checkpoint_every, cfg.iterations)
+    def staleness_bound(self) -> StalenessBound:
+        cfg, start = self.cfg, self.run_start.start_iteration
+        return StalenessBound(cfg.asynchrony.max_staleness, cfg.checkpoint_every, cfg.iterations, start=start)
 
     def generate_iteration(self, iteration: int) -> IterationReport:
         t0 = time.perf_counter()

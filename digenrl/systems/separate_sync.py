@@ -17,8 +17,9 @@ import time
 from digenrl.async_policy.tcss import StalenessStats
 from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.rollout.scoring import ScoreResult
+from digenrl.runtime.distributed import global_sum
 from digenrl.systems.base import IterationReport
-from digenrl.systems.phases import assign_advantages, global_sum, reward_summary, train_logical_batch
+from digenrl.systems.phases import Accumulation, assign_advantages, train_logical_batch
 from digenrl.systems.separate import SeparateSystem, generator_report
 
 
@@ -68,37 +69,17 @@ class SeparateSync(SeparateSystem):
     # ------------------------------------------------------------------ trainer pool
     def train_iteration(self, iteration: int) -> IterationReport:
         events, version, group = self.parts.events, self.version.current, self.groups.trainer_group
-        t0 = time.perf_counter()
+        t0, staleness = time.perf_counter(), StalenessStats()
         with events.span("wait_transfer", iteration=iteration, policy_version=version):
-            batch = self.receive_all(iteration)
-        staleness = self.check_staleness(batch, version)
-        stale = StalenessStats()
-        stale.add(batch.batch_size, staleness)  # one generation, one version (separate-async: maybe stale)
+            batch = self.receive_all(iteration, version, staleness)
         t1 = time.perf_counter()
-        stats, step_stats = train_logical_batch(
-            self.parts.trainer,
-            [batch],
-            self.cfg.algo.num_updates_per_batch,
-            events,
-            iteration,
-            version,
-            group,
+        training = Accumulation(
+            self.parts.trainer, events, iteration, version, global_sum(batch.num_units, group)
         )
+        step_stats = train_logical_batch(training, [batch], self.cfg.algo.num_updates_per_batch)
         t2 = time.perf_counter()
-        with events.span("sync", iteration=iteration, policy_version=version + 1):
-            sync = self.push_weights(self.version.advance())
-        reward_mean, reward_std = reward_summary(batch.rewards, group)
-        return IterationReport(
-            samples=int(global_sum(batch.batch_size, group)),
-            reward_mean=reward_mean,
-            reward_std=reward_std,
-            train=stats.reduce(group),
-            step={
-                **step_stats,
-                "sync_bytes": float(sync.bytes),
-                "sync_s": sync.seconds,
-                "staleness": staleness,
-                **stale.metrics(),
-            },
-            phase_s={"wait_rollout": t1 - t0, "train": t2 - t1, "sync": time.perf_counter() - t2},
+        sync = self.push_next_version(iteration)
+        phase_s = {"wait_rollout": t1 - t0, "train": t2 - t1, "sync": time.perf_counter() - t2}
+        return self.trainer_report(
+            batch.rewards, batch.batch_size, training, step_stats, sync, staleness, phase_s
         )

@@ -8,8 +8,9 @@ own shard stays local and is trained like any other.
 
 Rules, and how they hold here:
 
-* a ready training unit always wins — the system asks :meth:`TagHelper.try_help` only after the stream
-  said the next fragment is not ready; helping is not pre-empted mid-fragment;
+* a ready training unit always wins — the trainer loop asks :meth:`digenrl.tag.component.Tag.help` (and
+  so :meth:`TagHelper.try_help`) only after the stream said the next fragment is not ready; helping is
+  not pre-empted mid-fragment;
 * the helper is bound to the exact policy version of what it generates — the trainer's own weights, which
   are θ_k until the optimizer step that ends iteration k, and the fragment's records carry that version;
   with TCSS's planned switch it claims only fragments the plan binds to θ_k (``head_only``: the ones
@@ -34,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
 
 import torch
 
@@ -128,7 +128,7 @@ class TagHelper:
     @property
     def joint(self) -> bool:
         """Whether the trainer ranks must start helping together (sharded weights are gathered jointly):
-        then they help only at the head of an iteration (:meth:`head_round`)."""
+        then they help only at the head of an iteration (:meth:`digenrl.tag.component.Tag.begin`)."""
         return self.backend.joint_generation
 
     def try_help(
@@ -158,34 +158,6 @@ class TagHelper:
             )
         tags["steps_s"] = time.perf_counter() - start
         return InFlight(batch, tags)
-
-    def head_round(
-        self,
-        iteration: int,
-        version: int,
-        prompts: list[str],
-        budget: int | None,
-        next_ready: Callable[[], bool],
-        finish: Callable[[InFlight], object],
-        *,
-        head_only: int = 0,
-    ) -> int:
-        """Joint mode: every trainer rank calls this at the head of the iteration; the weights are
-        gathered once (collective), each rank generates while its next fragment is not ready (at most
-        ``budget`` fragments), handing each to ``finish`` (score and ship), and the weights are released.
-        Returns how many fragments this rank made."""
-        made = 0
-        self.enter(iteration, version)
-        try:
-            while (budget is None or made < budget) and not next_ready():
-                fragment = self.try_help(iteration, version, prompts, head_only=head_only)
-                if fragment is None:
-                    break
-                finish(fragment)
-                made += 1
-        finally:
-            self.leave(iteration, version)
-        return made
 
     def enter(self, iteration: int, version: int) -> None:
         """Switch from training to generating (once for consecutive helper fragments)."""

@@ -5,10 +5,13 @@
 per iteration, 0 = no limit). ``tag.policy=auto`` decides before every iteration from what this run has
 measured so far:
 
-1. the trainer collects per-operation costs as fragments arrive (:class:`TagObservations`): the
-   producers' stepping and scoring seconds per fragment (carried in each fragment's tags, with the
-   producer's device type), its own training seconds per unit, optimizer step, helper switch and, once
-   it has helped, its own generation seconds; bytes per unit and per weight sync from the transfers;
+1. the trainer collects per-operation costs from the spans its event log records anyway
+   (:meth:`TagPolicy.observe`, subscribed to the rank's :class:`~digenrl.runtime.events.EventLogger`;
+   :class:`TagObservations`): the producers' stepping and scoring seconds per fragment (a received
+   fragment's ``wait_fragment`` span names its producer and carries the costs the producer measured), its
+   own training seconds per unit (``train``), optimizer step (``optimizer``), helper switch
+   (``tag_switch``) and, once it has helped, its own generation seconds (``generate`` as a helper); bytes
+   per unit from the received fragments and per weight sync from the trainer's ``sync`` span;
 2. these become a :class:`~digenrl.costs.cost_model.CostModel` on the trainer's device type (a producer's time
    on another type is scaled by the hardware profile's ``relative_speed``, as TSP's stage balancing does);
 3. the discrete-event simulator (:mod:`digenrl.sim.predict`, all of the simulator the runtime imports) —
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from digenrl.config import Config
@@ -49,15 +53,31 @@ class TagObservations:
     unit_bytes: list[float] = field(default_factory=list)
     sync_bytes: int = 0
 
-    def fragment(self, tags: dict, device_type_of) -> None:
-        """Record the producer costs a received fragment carries in its tags."""
-        producer = int(tags.get("producer", -1))
-        if producer < 0:
+    def record(self, span: dict, device_type_of: Callable[[int], str]) -> None:
+        """Take what one span record of this rank measured (see the module docstring; others are ignored)."""
+        phase, extra = span["phase"], span.get("extra") or {}
+        if "error" in extra:  # interrupted: not a measurement
             return
-        if "steps_s" in tags and not tags.get("helper"):
-            self.producer_steps_s.append((device_type_of(producer), float(tags["steps_s"])))
-        if "score_s" in tags:
-            self.score_s.append((device_type_of(producer), float(tags["score_s"])))
+        seconds = span["t_end"] - span["t_start"]
+        if phase == "train":
+            self.train_s += seconds
+            self.train_units += int(span.get("samples") or 0)
+        elif phase == "optimizer":
+            self.optimizer_s.append(seconds)
+        elif phase == "tag_switch":
+            self.switch_s.append(seconds)
+        elif phase == "generate" and extra.get("helper"):
+            self.helper_steps_s.append(seconds)
+        elif phase == "sync" and "bytes" in extra:
+            self.sync_bytes = int(extra["bytes"])
+        elif phase == "wait_fragment":
+            if extra.get("bytes") and span.get("samples"):
+                self.unit_bytes.append(extra["bytes"] / span["samples"])
+            producer = int(extra.get("producer", -1))
+            if producer >= 0 and "steps_s" in extra:
+                self.producer_steps_s.append((device_type_of(producer), float(extra["steps_s"])))
+            if producer >= 0 and "score_s" in extra:
+                self.score_s.append((device_type_of(producer), float(extra["score_s"])))
 
     @property
     def ready(self) -> bool:
@@ -96,6 +116,10 @@ class TagPolicy:
         self.fragment_samples = fragment_samples
         self.trainer_type = trainer_type
         self.observed = TagObservations()
+
+    def observe(self, span: dict) -> None:
+        """One span record of this rank's event log (:meth:`EventLogger.subscribe`)."""
+        self.observed.record(span, lambda rank: self.profile.device_type(rank).name)
 
     def decide(self, iteration: int) -> TagDecision:
         """The budget for ``iteration`` (see the module docstring)."""

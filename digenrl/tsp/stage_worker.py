@@ -7,6 +7,10 @@ either a fragment (the key its trajectory travels under, with the fragment's tag
 the policy version it is bound to) or the end of an iteration's stream. With dynamic claiming a later
 stage cannot know which fragments its pipeline will get, so stage 0 says so explicitly.
 
+The worker logs its own spans (``generate`` for its steps, ``transfer`` for a hand-off, ``wait_stage``
+while it waits for the previous stage) and adds the seconds of its steps to the fragment's ``steps_s``
+tag, which the last stage ships with it (the trainers' TAG policy reads the producers' costs from it).
+
 Hand-offs are buffered sends (:func:`digenrl.runtime.transfer.start_send`): stage s starts its next
 fragment while stage s+1 receives this one, which is what makes the stages a pipeline. At most
 ``max_in_flight`` hand-offs wait for their receiver; beyond that the stage waits (servicing whatever the
@@ -16,6 +20,7 @@ caller's ``idle`` does meanwhile — a generator joins pending weight syncs).
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -24,6 +29,8 @@ import torch
 from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.rollout.engine import RolloutEngine
 from digenrl.runtime.control_plane import ControlPlane
+from digenrl.runtime.events import EventLogger
+from digenrl.runtime.fault_injection import inject_delay
 from digenrl.runtime.transfer import PendingSend, drain_sends, recv_trajectories, start_send
 from digenrl.tsp.pipeline import TspPlan
 
@@ -64,6 +71,7 @@ class StageWorker:
         plan: TspPlan,
         rank: int,
         plane: ControlPlane,
+        events: EventLogger,
         *,
         device: torch.device,
         timeout_s: float,
@@ -74,6 +82,7 @@ class StageWorker:
         self.plan = plan
         self.rank = rank
         self.plane = plane
+        self.events = events
         self.device = device
         self.timeout_s = timeout_s
         self.max_in_flight = max_in_flight
@@ -90,8 +99,8 @@ class StageWorker:
 
     # ------------------------------------------------------------------ the stage's work
     def run(self, fragment: InFlight) -> InFlight:
-        """Run this stage's steps; refuses a fragment that is not at the stage's first step (a mis-routed
-        or duplicated hand-off)."""
+        """Run this stage's steps (a ``generate`` span, its seconds added to the ``steps_s`` tag); refuses a
+        fragment that is not at the stage's first step (a mis-routed or duplicated hand-off)."""
         batch = fragment.batch
         if batch.steps_done != self.steps.start:
             raise ValueError(
@@ -99,7 +108,19 @@ class StageWorker:
                 f"{fragment.tags.get('fragment')} of iteration {batch.iteration} has steps_done="
                 f"{batch.steps_done}"
             )
-        return InFlight(self.engine.advance(batch, self.steps.stop), fragment.tags)
+        inject_delay(self.rank, "generate")  # robustness tests only: a deliberately slow generator
+        start = time.perf_counter()
+        with self.events.span(
+            "generate",
+            iteration=fragment.iteration,
+            fragment=fragment.fragment,
+            policy_version=fragment.version,
+            samples=batch.batch_size,
+            extra={"stage": self.stage, "steps": [self.steps.start, self.steps.stop]},
+        ):
+            batch = self.engine.advance(batch, self.steps.stop)
+        steps_s = fragment.tags.get("steps_s", 0.0) + time.perf_counter() - start
+        return InFlight(batch, {**fragment.tags, "steps_s": steps_s})
 
     # ------------------------------------------------------------------ links
     def _envelope_key(self, stage: int, index: int) -> str:
@@ -109,10 +130,13 @@ class StageWorker:
         """Send the partial trajectory to the next stage (buffered) and announce it."""
         if self.next_rank is None:
             raise RuntimeError(f"rank {self.rank} is the last stage of pipeline {self.pipeline}")
-        self._bound_in_flight(idle, keep=self.max_in_flight - 1)
-        data_key = f"it{fragment.iteration}/frag{fragment.fragment}/stage{self.stage + 1}"
-        send = start_send(fragment.batch, self.next_rank, plane=self.plane, key=data_key, tags=fragment.tags)
-        self._announce({"kind": "fragment", "key": data_key})
+        with self.events.span("transfer", iteration=fragment.iteration, fragment=fragment.fragment):
+            self._bound_in_flight(idle, keep=self.max_in_flight - 1)
+            data_key = f"it{fragment.iteration}/frag{fragment.fragment}/stage{self.stage + 1}"
+            send = start_send(
+                fragment.batch, self.next_rank, plane=self.plane, key=data_key, tags=fragment.tags
+            )
+            self._announce({"kind": "fragment", "key": data_key})
         self._pending.append(send)
         return send
 
@@ -125,10 +149,21 @@ class StageWorker:
         self.plane.publish(self._envelope_key(self.stage + 1, self._sent), json.dumps(message))
         self._sent += 1
 
-    def receive(self, idle: Callable[[], bool] | None = None) -> InFlight | EndOfIteration:
-        """The next message from the previous stage: a fragment to run, or the end of an iteration."""
+    def receive(self, iteration: int, idle: Callable[[], bool] | None = None) -> InFlight | EndOfIteration:
+        """The next message from the previous stage — a fragment of ``iteration`` to run, or the end of
+        ``iteration`` — waited for in a ``wait_stage`` span; a message of another iteration is an error."""
         if self.prev_rank is None:
             raise RuntimeError(f"rank {self.rank} is the first stage of pipeline {self.pipeline}")
+        with self.events.span("wait_stage", iteration=iteration):
+            message = self._receive(idle)
+        if message.iteration != iteration:
+            raise RuntimeError(
+                f"rank {self.rank}: TSP stage {self.stage} expected iteration {iteration}, the previous "
+                f"stage sent {message} of iteration {message.iteration}"
+            )
+        return message
+
+    def _receive(self, idle: Callable[[], bool] | None) -> InFlight | EndOfIteration:
         key = self._envelope_key(self.stage, self._received)
         raw = self.plane.wait_for(
             key,

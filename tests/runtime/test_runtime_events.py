@@ -289,3 +289,26 @@ def test_an_appending_logger_starts_a_new_segment_after_a_torn_line(tmp_path):
     fresh = EventLogger(tmp_path, 0, "trainer", 70.0)  # not appending: a new log
     fresh.close()
     assert [r["type"] for r in load_events(tmp_path)] == ["meta"]
+
+
+def test_a_subscriber_hears_every_span_record_after_it_is_written(tmp_path):
+    events = EventLogger(tmp_path, 2, "trainer", time.time())
+    heard = []
+
+    def listen(record):
+        heard.append((record, len(events.path.read_text().splitlines())))  # records on disk by then
+
+    events.subscribe(listen)
+    with events.span("train", iteration=1, samples=4) as span:
+        span["bytes"] = 8
+    events.record_span("sync", 0.0, 0.5, iteration=1)
+    events.counter("gpu", {"util": 50.0})
+    events.note("not a span")
+    with pytest.raises(RuntimeError), events.span("optimizer", iteration=1):
+        raise RuntimeError("interrupted")
+    events.close()
+    # meta, train, sync, counter, note, optimizer: each span heard once it is in the file, nothing else heard
+    assert [(r["phase"], written) for r, written in heard] == [("train", 2), ("sync", 3), ("optimizer", 6)]
+    assert heard[0][0]["samples"] == 4 and heard[0][0]["extra"] == {"bytes": 8}
+    assert heard[2][0]["extra"] == {"error": "RuntimeError"}
+    assert heard[0][0] == load_events(tmp_path)[1]  # what the log holds (after its meta record)

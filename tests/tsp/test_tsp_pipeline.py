@@ -11,6 +11,7 @@ import torch
 
 from digenrl.config import ConfigError
 from digenrl.runtime.control_plane import ControlPlane
+from digenrl.runtime.events import EventLogger, load_events
 from digenrl.runtime.profiles import load_profile
 from digenrl.tsp.pipeline import TspLayout, plan_tsp
 from digenrl.tsp.stage_worker import InFlight, StageWorker
@@ -136,7 +137,7 @@ def test_fixed_boundaries_keep_the_split_and_predict_its_times():
     assert plan.steps_of(1) == range(2, 4)
 
 
-def test_stage_workers_reproduce_generate_and_refuse_a_misrouted_fragment():
+def test_stage_workers_reproduce_generate_and_refuse_a_misrouted_fragment(tmp_path):
     cfg = make_config("sampler.guidance_scale=4.5", f"seed={random.randint(0, 999)}")
     engine = make_engine(cfg)
     t = engine.sampler.num_steps
@@ -148,9 +149,11 @@ def test_stage_workers_reproduce_generate_and_refuse_a_misrouted_fragment():
 
     def worker(rank: int) -> StageWorker:
         plane = ControlPlane(store, rank, "generator")
-        return StageWorker(engine, plan, rank, plane, device=torch.device("cpu"), timeout_s=5.0)
+        events = EventLogger(tmp_path, rank, "generator", 0.0)
+        return StageWorker(engine, plan, rank, plane, events, device=torch.device("cpu"), timeout_s=5.0)
 
-    fragment = InFlight(engine.start(prompts, ids, iteration=2, policy_version=1), {"fragment": 0})
+    tags = {"iteration": 2, "fragment": 0, "policy_version": 1}
+    fragment = InFlight(engine.start(prompts, ids, iteration=2, policy_version=1), tags)
     with pytest.raises(ValueError, match=r"rank 4 runs steps \[\d+, \d+\) but fragment 0 .* steps_done=0"):
         worker(4).run(fragment)
     rank: int | None = layout.first_stage_ranks[0]
@@ -159,5 +162,9 @@ def test_stage_workers_reproduce_generate_and_refuse_a_misrouted_fragment():
         rank = layout.next_rank(rank)
     batch = fragment.batch
     assert_identical(batch, whole)
+    assert fragment.tags["steps_s"] > 0  # the stages' seconds, summed (the trainers' TAG policy reads them)
+    generated = [r for r in load_events(tmp_path) if r.get("phase") == "generate"]  # rank order: 3, 4, 5
+    steps = [plan.steps_of(rank) for rank in (3, 4, 5)]
+    assert [r["extra"]["steps"] for r in generated] == [[s.start, s.stop] for s in steps]
     assert torch.equal(batch.final_latents, whole.final_latents)
     assert "3 generator ranks = 1 pipeline(s) x 3 stage(s)" in layout.describe()

@@ -1,0 +1,139 @@
+"""GAP on a trainer rank: an iteration's fragments in training order, each checked, then trained
+(docs/design.md §3 "GAP").
+
+The trainer loop asks :meth:`FragmentConsumer.next` for the fragment to train next — ``gap.train_order=
+index``: the lowest pending one (a fixed order, so the gradient is summed in a fixed order); ``arrival``:
+the lowest one already here, else the lowest pending — and whether it is :meth:`~FragmentConsumer.ready`
+(a TAG helper may generate meanwhile), then :meth:`~FragmentConsumer.receive` s it: a ``wait_fragment``
+span that names the fragment's producer and the costs it measured (what TAG's policy learns from), the
+staleness check of :class:`~digenrl.async_policy.tcss.StalenessBound`, and — with ``gap.enabled`` — its
+units go to training at once, in whole micro-batches across fragments (:class:`~digenrl.gap.unit_packer.
+UnitPacker`; one micro-batch per fragment under lockstep backends, whose accumulate is a collective).
+With ``gap.enabled=false`` nothing trains before the last fragment arrived (the separate-sync timeline).
+The optimizer step and the inner epochs (``algo.num_updates_per_batch``) replay :attr:`~FragmentConsumer.
+received` through the same :attr:`~FragmentConsumer.packer` (:func:`digenrl.systems.phases.
+train_logical_batch` with ``fed`` = ``gap.enabled``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from digenrl.async_policy.tcss import StalenessBound, StalenessStats
+from digenrl.config import TRAIN_ORDERS, Config, ConfigError
+from digenrl.data.trajectory import TrajectoryBatch
+from digenrl.gap.stream import FragmentStream
+from digenrl.gap.unit_packer import UnitPacker
+from digenrl.runtime.events import EventLogger
+
+#: a received fragment's tags that go into its ``wait_fragment`` span: who made it and what it measured
+PRODUCER_TAGS = ("producer", "steps_s", "score_s")
+
+
+def check_gap_config(cfg: Config, trainers: int) -> None:
+    """Start-up checks of what training fragment by fragment needs (``trainers``: the trainer pool)."""
+    if cfg.gap.enabled and cfg.algo.adv_std != "group":
+        raise ConfigError(
+            "gap.enabled=true normalises advantages per fragment, which needs algo.adv_std=group "
+            f"(got {cfg.algo.adv_std!r}); a global std needs the whole batch before any fragment trains"
+        )
+    samples = cfg.gap.fragment_groups * cfg.algo.group_size
+    if samples < trainers:
+        raise ConfigError(
+            f"a fragment of gap.fragment_groups={cfg.gap.fragment_groups} groups holds {samples} "
+            f"samples, fewer than pools.trainers={trainers}: every trainer needs a unit of every fragment"
+        )
+
+
+class FragmentConsumer:
+    """A trainer rank's side of the fragment stream, one iteration at a time (see the module docstring).
+
+    ``streaming``: ``gap.enabled`` (train each fragment on arrival); ``pack``: group units into whole
+    micro-batches of ``micro_batch_size`` across fragments (False under lockstep backends)."""
+
+    def __init__(
+        self,
+        stream: FragmentStream,
+        bound: StalenessBound,
+        events: EventLogger,
+        *,
+        train_order: str,
+        streaming: bool,
+        micro_batch_size: int,
+        pack: bool,
+    ) -> None:
+        if train_order not in TRAIN_ORDERS:
+            raise ValueError(f"gap.train_order={train_order!r}: choose one of {TRAIN_ORDERS}")
+        self.stream = stream
+        self.bound = bound
+        self.events = events
+        self.train_order = train_order
+        self.streaming = streaming
+        self.micro_batch_size = micro_batch_size
+        self.pack = pack
+        self.iteration = self.version = -1
+        self.pending: list[int] = []
+        self.received: list[TrajectoryBatch] = []  # this rank's shards, in the order they arrived
+        self.staleness = StalenessStats()
+        self.packer: UnitPacker | None = None
+
+    @classmethod
+    def from_config(
+        cls,
+        cfg: Config,
+        stream: FragmentStream,
+        bound: StalenessBound,
+        events: EventLogger,
+        *,
+        lockstep: bool,
+    ) -> FragmentConsumer:
+        """``gap.*`` and the trainer's micro-batch; ``lockstep``: the trainer backend runs every accumulate
+        as a collective (FSDP2, ZeRO-2), so every rank trains each fragment as one micro-batch, unpacked."""
+        return cls(
+            stream,
+            bound,
+            events,
+            train_order=cfg.gap.train_order,
+            streaming=cfg.gap.enabled,
+            micro_batch_size=cfg.trainer.micro_batch_size,
+            pack=not lockstep,
+        )
+
+    def begin(self, iteration: int, version: int, train: Callable[[TrajectoryBatch], None]) -> None:
+        """Start ``iteration`` at trainer ``version``; ``train`` accumulates a micro-batch of units."""
+        self.iteration, self.version = iteration, version
+        self.pending = list(range(self.stream.num_fragments))
+        self.received = []
+        self.staleness = StalenessStats()
+        self.packer = UnitPacker(train, self.micro_batch_size, enabled=self.pack)
+
+    def next(self) -> int | None:
+        """The fragment to train next (``gap.train_order``), None once every fragment was received."""
+        if not self.pending:
+            return None
+        if self.train_order == "arrival":
+            for f in self.pending:
+                if self.ready(f):
+                    return f
+        return self.pending[0]
+
+    def ready(self, fragment: int) -> bool:
+        """Whether this rank's shard of ``fragment`` is here (never blocks)."""
+        return self.stream.ready(self.iteration, fragment)
+
+    def receive(self, fragment: int) -> TrajectoryBatch:
+        """Wait for this rank's shard of ``fragment``, check its versions, and — GAP on — train it now."""
+        with self.events.span(
+            "wait_fragment", iteration=self.iteration, fragment=fragment, policy_version=self.version
+        ) as span:
+            shard, transfer = self.stream.receive(self.iteration, fragment)
+            span.update({k: transfer.tags[k] for k in PRODUCER_TAGS if k in transfer.tags})
+            span.update(bytes=transfer.bytes, samples=shard.batch_size)
+        rank = self.stream.plane.rank
+        stale = self.bound.check_fragment(shard, trainer_version=self.version, fragment=fragment, rank=rank)
+        self.staleness.add(shard.batch_size, stale)
+        self.pending.remove(fragment)
+        self.received.append(shard)
+        if self.streaming:
+            self.packer.add(shard)
+        return shard
