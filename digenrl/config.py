@@ -199,6 +199,11 @@ class TrainerConfig:
     # (torch.distributed.checkpoint); "full" = one rank writes full tensors; "auto" = sharded for FSDP2 full
     # fine-tuning, full otherwise (README "Runs")
     checkpoint_format: str = field(default="auto", metadata=among(CHECKPOINT_FORMATS))
+    # an exponential moving average of the trainable weights, updated after every committed optimizer step n
+    # with decay min(ema_decay, n / (9 + n)) (diffusers' EMAModel); 0 = off. Checkpointed and resumed;
+    # ``PolicyTrainer.ema_weights()`` swaps it in, ``experiments/export.py --ema`` exports it
+    # (digenrl/trainer/ema.py, docs/export.md)
+    ema_decay: float = field(default=0.0, metadata=within(0.0, 1.0, high_open=True))
 
 
 @dataclass

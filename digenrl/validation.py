@@ -283,6 +283,12 @@ def validate_config(cfg: Config, world_size: int | None = None) -> None:
             "trainer.nonfinite=stop with trainer.backend=deepspeed (or another backend)"
         )
     check_checkpoint_format(cfg)
+    if cfg.trainer.ema_decay > 0 and cfg.trainer.backend == "deepspeed" and cfg.trainer.deepspeed_stage == 3:
+        raise ConfigError(
+            "trainer.ema_decay > 0 cannot average ZeRO-3's partitioned parameters (DeepSpeed owns their "
+            "layout); use trainer.deepspeed_stage <= 2, trainer.backend=fsdp2 (the EMA stays sharded like "
+            "the weights) or trainer.ema_decay=0"
+        )
     if cfg.algo.kl_beta > 0 and cfg.trainer.mode != "lora":
         raise ConfigError(
             "algo.kl_beta > 0 needs trainer.mode=lora (the reference is the adapter-disabled model)"

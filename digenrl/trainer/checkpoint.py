@@ -27,9 +27,9 @@ Two formats for the trainer state (``trainer.checkpoint_format``, docs/design.md
 * ``sharded``: FSDP2 full fine-tuning. Gathering 12B weights plus Adam state (~190 GB) to one rank cannot
   work, so every trainer rank writes its own shards with ``torch.distributed.checkpoint`` (as torchtitan
   does); ``trainer.pt`` keeps only the small rest (step count, mode). The keys are the same as the full
-  format's (``model.<name>``, ``optimizer.state.<name>.exp_avg`` …), and DCP reshards on load, so a run
-  saved by N FSDP2 ranks resumes under M ranks or in one process; :func:`full_trainer_state` converts one
-  offline.
+  format's (``model.<name>``, ``optimizer.state.<name>.exp_avg`` …, ``ema.<name>`` with an EMA), and DCP
+  reshards on load, so a run saved by N FSDP2 ranks resumes under M ranks or in one process;
+  :func:`full_trainer_state` converts one offline.
 
 Reading trusts nothing in the folder (digenrl/trainer/checkpoint_files.py): every file is unpickled
 weights-only, every path must stay inside the run folder, and :func:`verify_checkpoint` checks a checkpoint
@@ -281,7 +281,10 @@ def full_trainer_state(checkpoint: dict[str, Any]) -> dict[str, Any]:
     reader = SafeDcpReader(inside(path.parent.parent, path / SHARDED_DIR))
     with own_errors():
         _load_state_dict(tensors, storage_reader=reader, planner=SafeDcpWholePlanner(), no_dist=True)
-    return {**state, "model": tensors["model"], "optimizer": tensors["optimizer"]}
+    full = {**state, "model": tensors["model"], "optimizer": tensors["optimizer"]}
+    if "ema" in state:  # trainer.ema_decay > 0: its update count in trainer.pt, its tensors in the shards
+        full["ema"] = {**state["ema"], "weights": tensors["ema"]}
+    return full
 
 
 def checkpoint_steps(out_dir: str | Path) -> list[int]:
