@@ -378,6 +378,17 @@ class ResumeConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    """What a checkpoint holds beyond the trainer state (``checkpoint_every`` / ``checkpoint_keep`` say
+    when and how many)."""
+
+    # LoRA runs: also write the adapter in diffusers' format into every checkpoint, step_<n>/lora_diffusers/
+    # (and lora_diffusers_ema/ with trainer.ema_decay > 0), loadable with ``pipe.load_lora_weights(dir)``
+    # (docs/export.md)
+    export_lora: bool = False
+
+
+@dataclass
 class Config:
     """One experiment."""
 
@@ -390,6 +401,7 @@ class Config:
     checkpoint_every: int = field(default=10, metadata=within(0, 10_000_000))
     # newest complete checkpoints kept; older ones go once a new one is published; 0 = all
     checkpoint_keep: int = field(default=2, metadata=_NON_NEGATIVE_COUNT)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     resume: ResumeConfig = field(default_factory=ResumeConfig)
     overwrite: bool = False  # a fresh run into an out_dir that holds a run deletes that run's files first
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -701,6 +713,7 @@ RESUMABLE_KEYS = (
     "out_dir",
     "checkpoint_every",
     "checkpoint_keep",
+    "checkpoint",  # the section: checkpoint.export_lora
     "trainer.checkpoint_format",
     "runtime.timeout_s",
 )

@@ -135,7 +135,7 @@ KNOB_RULES: tuple[KnobRule, ...] = (
         lambda cfg: cfg.algo.timestep_selection == "fast-window",
     ),
     KnobRule(
-        ("trainer.lora_rank", "trainer.lora_alpha", "trainer.lora_targets"),
+        ("trainer.lora_rank", "trainer.lora_alpha", "trainer.lora_targets", "checkpoint.export_lora"),
         "with trainer.mode=lora",
         ("trainer.mode",),
         lambda cfg: cfg.trainer.mode == "lora",
