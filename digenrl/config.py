@@ -202,6 +202,11 @@ class TrainerConfig:
     # (torch.distributed.checkpoint); "full" = one rank writes full tensors; "auto" = sharded for FSDP2 full
     # fine-tuning, full otherwise (README "Runs")
     checkpoint_format: str = field(default="auto", metadata=among(CHECKPOINT_FORMATS))
+    # an exponential moving average of the trainable weights, updated after every committed optimizer step n
+    # with decay min(ema_decay, n / (9 + n)) (diffusers' EMAModel); 0 = off. Checkpointed and resumed;
+    # ``PolicyTrainer.ema_weights()`` swaps it in, ``experiments/export.py --ema`` exports it
+    # (digenrl/trainer/ema.py, docs/export.md)
+    ema_decay: float = field(default=0.0, metadata=within(0.0, 1.0, high_open=True))
 
 
 @dataclass
@@ -376,6 +381,17 @@ class ResumeConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    """What a checkpoint holds beyond the trainer state (``checkpoint_every`` / ``checkpoint_keep`` say
+    when and how many)."""
+
+    # LoRA runs: also write the adapter in diffusers' format into every checkpoint, step_<n>/lora_diffusers/
+    # (and lora_diffusers_ema/ with trainer.ema_decay > 0), loadable with ``pipe.load_lora_weights(dir)``
+    # (docs/export.md)
+    export_lora: bool = False
+
+
+@dataclass
 class Config:
     """One experiment."""
 
@@ -388,6 +404,7 @@ class Config:
     checkpoint_every: int = field(default=10, metadata=within(0, 10_000_000))
     # newest complete checkpoints kept; older ones go once a new one is published; 0 = all
     checkpoint_keep: int = field(default=2, metadata=_NON_NEGATIVE_COUNT)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     resume: ResumeConfig = field(default_factory=ResumeConfig)
     overwrite: bool = False  # a fresh run into an out_dir that holds a run deletes that run's files first
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -699,6 +716,7 @@ RESUMABLE_KEYS = (
     "out_dir",
     "checkpoint_every",
     "checkpoint_keep",
+    "checkpoint",  # the section: checkpoint.export_lora
     "trainer.checkpoint_format",
     "runtime.timeout_s",
 )

@@ -135,7 +135,7 @@ KNOB_RULES: tuple[KnobRule, ...] = (
         lambda cfg: cfg.algo.timestep_selection == "fast-window",
     ),
     KnobRule(
-        ("trainer.lora_rank", "trainer.lora_alpha", "trainer.lora_targets"),
+        ("trainer.lora_rank", "trainer.lora_alpha", "trainer.lora_targets", "checkpoint.export_lora"),
         "with trainer.mode=lora",
         ("trainer.mode",),
         lambda cfg: cfg.trainer.mode == "lora",
@@ -282,6 +282,12 @@ def validate_config(cfg: Config, world_size: int | None = None) -> None:
             "trainer.nonfinite=stop with trainer.backend=deepspeed (or another backend)"
         )
     check_checkpoint_format(cfg)
+    if cfg.trainer.ema_decay > 0 and cfg.trainer.backend == "deepspeed" and cfg.trainer.deepspeed_stage == 3:
+        raise ConfigError(
+            "trainer.ema_decay > 0 cannot average ZeRO-3's partitioned parameters (DeepSpeed owns their "
+            "layout); use trainer.deepspeed_stage <= 2, trainer.backend=fsdp2 (the EMA stays sharded like "
+            "the weights) or trainer.ema_decay=0"
+        )
     if cfg.algo.kl_beta > 0 and cfg.trainer.mode != "lora":
         raise ConfigError(
             "algo.kl_beta > 0 needs trainer.mode=lora (the reference is the adapter-disabled model)"

@@ -3,8 +3,8 @@ points down the layer order, and nothing in the library reaches into the checkou
 
 Imports are read with ``ast`` (lazy imports inside functions count too: a cycle through a function-level
 import is still a cycle a reader has to untangle). Layers, bottom to top; a module may import its own
-layer's siblings and anything below, never above. ``perf`` and ``reports`` stand beside the stack: they may
-import anything of it, and nothing of the stack may import them.
+layer's siblings and anything below, never above. ``perf``, ``reports`` and ``export`` stand beside the
+stack: they may import anything of it, and nothing of the stack may import them.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("systems",),
     ("validation", "launch"),
 )
-SIDE = ("perf", "reports")
+SIDE = ("perf", "reports", "export")
 #: the one module of the simulator the runtime may use (TAG's prediction)
 RUNTIME_MAY_USE_FROM_SIM = {"digenrl.sim.predict"}
 RUNTIME = ("runtime", "rollout", "trainer", "gap", "tsp", "async_policy", "tag", "systems", "launch")

@@ -61,11 +61,16 @@ def build_model_bundle(
     device: str | torch.device = "cpu",
     text_cache_capacity: int | None = 4096,
     generation_device: str | torch.device | None = None,
+    seed: int | None = None,
 ) -> ModelBundle:
     """Build zoo entry `name` with random weights, or load every component from a local directory.
 
     ``generation_device``: where the transformer and the text encoder go (default ``device``); ``"meta"``
-    gives a rank that only decodes and scores their shapes without their memory."""
+    gives a rank that only decodes and scores their shapes without their memory. ``seed``: seed torch's
+    generators first (``torch.manual_seed``), so random weights are a function of the seed and the device
+    type: every rank of a run builds the same ones, and an export rebuilds them (digenrl/export/)."""
+    if seed is not None:
+        torch.manual_seed(seed)
     generation_device = device if generation_device is None else generation_device
     spec = get_model_spec(name)
     if pretrained_path is not None:

@@ -51,6 +51,7 @@ class ModelFamily:
     (temporal, spatial) downsampling. ``vae_decode``: decode de-normalised latents to pixels in [-1, 1].
     ``lora_targets``: module-name suffixes the default LoRA adapter wraps (peft ``target_modules``).
     ``specs``: the zoo entries of this family (published configurations and tiny CPU variants).
+    ``pipeline_class``: the diffusers pipeline class of the family (exports load through it).
     """
 
     name: str
@@ -60,6 +61,7 @@ class ModelFamily:
     latent_compression: Callable[[dict[str, Any]], tuple[int, int]]
     lora_targets: tuple[str, ...]
     specs: tuple[ModelSpec, ...]
+    pipeline_class: str
     vae_decode: Callable[[nn.Module, Tensor], Tensor] = plain_vae_decode
 
     def __post_init__(self) -> None:

@@ -28,6 +28,7 @@ from digenrl.runtime.run_report import closing_summary, start_banner
 from digenrl.runtime.telemetry import GpuTelemetry
 from digenrl.systems.components import RankComponents
 from digenrl.trainer.checkpoint import load_checkpoint, save_checkpoint
+from digenrl.trainer.lora_export import checkpoint_lora_writer
 from digenrl.trainer.run_dir import RunStart
 
 log = logging.getLogger(__name__)
@@ -135,6 +136,7 @@ class System:
             keep=self.cfg.checkpoint_keep,
             sharded=shards,
             timeout_s=self.cfg.runtime.timeout_s,
+            write_extra=checkpoint_lora_writer(self.cfg, payload["trainer"]),  # checkpoint.export_lora
         )
 
     # ------------------------------------------------------------------ the loop

@@ -77,13 +77,13 @@ def build_rank_components(
     ``metrics.jsonl`` back to its checkpoint's iteration (digenrl/trainer/run_dir.py).
     """
     score = generate if score is None else score
-    torch.manual_seed(cfg.seed)
     bundle = build_model_bundle(
         cfg.model.name,
         pretrained_path=cfg.model.pretrained_path,
         dtype=TORCH_DTYPES[cfg.model.dtype],
         device=ctx.device,
         generation_device=None if generate or train else torch.device("meta"),
+        seed=cfg.seed,
     )
     height, width, frames = resolve_resolution(cfg, bundle)
     latent_shape = bundle.flow_model.latent_shape(height, width, frames)

@@ -10,6 +10,8 @@ Layout of one checkpoint::
     step_<n>/meta.json         step, file list, ``trainer_format`` (full | sharded) and the run's identity
                                (``run_id``, ``config``: read at startup without loading the tensors) —
                                written last inside the temporary dir
+    step_<n>/lora_diffusers/   ``checkpoint.export_lora=true``: the adapter in diffusers' format
+                               (digenrl/trainer/lora_export.py; ``lora_diffusers_ema/``: its EMA)
     latest                     text file naming the newest complete step directory
 
 Atomicity: every rank writes into ``.step_<n>.tmp`` beside the final directory (its RNG state, and in the
@@ -27,9 +29,9 @@ Two formats for the trainer state (``trainer.checkpoint_format``, docs/design.md
 * ``sharded``: FSDP2 full fine-tuning. Gathering 12B weights plus Adam state (~190 GB) to one rank cannot
   work, so every trainer rank writes its own shards with ``torch.distributed.checkpoint`` (as torchtitan
   does); ``trainer.pt`` keeps only the small rest (step count, mode). The keys are the same as the full
-  format's (``model.<name>``, ``optimizer.state.<name>.exp_avg`` …), and DCP reshards on load, so a run
-  saved by N FSDP2 ranks resumes under M ranks or in one process; :func:`full_trainer_state` converts one
-  offline.
+  format's (``model.<name>``, ``optimizer.state.<name>.exp_avg`` …, ``ema.<name>`` with an EMA), and DCP
+  reshards on load, so a run saved by N FSDP2 ranks resumes under M ranks or in one process;
+  :func:`full_trainer_state` converts one offline.
 
 Reading trusts nothing in the folder (digenrl/trainer/checkpoint_files.py): every file is unpickled
 weights-only, every path must stay inside the run folder, and :func:`verify_checkpoint` checks a checkpoint
@@ -53,6 +55,7 @@ import random
 import re
 import shutil
 import warnings
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -180,6 +183,7 @@ def save_checkpoint(
     keep: int = 0,
     sharded: dict[str, Any] | None = None,
     timeout_s: float = 300.0,
+    write_extra: Callable[[Path], None] | None = None,
 ) -> Path:
     """Write checkpoint ``step`` atomically; returns the final directory.
 
@@ -192,7 +196,9 @@ def save_checkpoint(
     (:meth:`PolicyTrainer.sharded_state_dict`), given by every rank of ``group`` (the trainer ranks),
     written into ``trainer_dcp/``; ``None`` on every rank: the full format.
     ``keep`` > 0: keep only the newest ``keep`` complete checkpoints (see the module docstring).
-    ``timeout_s`` bounds each barrier of the save.
+    ``timeout_s`` bounds each barrier of the save. ``write_extra`` (writer rank): writes further files into
+    the step directory it is given (e.g. ``lora_diffusers/``, ``checkpoint.export_lora``) before it is
+    published, so they appear atomically with the checkpoint.
     """
     if step < 0:
         raise ValueError(f"checkpoint step must be >= 0, got {step}")
@@ -219,6 +225,8 @@ def save_checkpoint(
     _barrier(group, f"every rank wrote into {tmp.name}", timeout_s)
     if is_writer:
         try:
+            if write_extra is not None:
+                write_extra(tmp)
             _publish(root, tmp, final, step, payload, "full" if sharded is None else "sharded")
         finally:
             if tmp.exists():
@@ -281,7 +289,10 @@ def full_trainer_state(checkpoint: dict[str, Any]) -> dict[str, Any]:
     reader = SafeDcpReader(inside(path.parent.parent, path / SHARDED_DIR))
     with own_errors():
         _load_state_dict(tensors, storage_reader=reader, planner=SafeDcpWholePlanner(), no_dist=True)
-    return {**state, "model": tensors["model"], "optimizer": tensors["optimizer"]}
+    full = {**state, "model": tensors["model"], "optimizer": tensors["optimizer"]}
+    if "ema" in state:  # trainer.ema_decay > 0: its update count in trainer.pt, its tensors in the shards
+        full["ema"] = {**state["ema"], "weights": tensors["ema"]}
+    return full
 
 
 def checkpoint_steps(out_dir: str | Path) -> list[int]:

@@ -25,6 +25,8 @@ from digenrl.models.specs import get_family
 from digenrl.runtime.weight_sync import resolve_sync_mode
 
 if TYPE_CHECKING:
+    from peft import LoraConfig
+
     from digenrl.config import Config
 
 
@@ -66,6 +68,16 @@ def lora_parameter_count(transformer: nn.Module, targets: list[str], rank: int) 
     )
 
 
+def lora_config(rank: int, alpha: float, targets: list[str] | tuple[str, ...]) -> LoraConfig:
+    """The adapter's peft ``LoraConfig`` (flow_grpo's settings, module docstring): what :func:`apply_lora`
+    injects and what an exported adapter declares (digenrl/trainer/lora_export.py)."""
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=rank, lora_alpha=alpha, init_lora_weights="gaussian", target_modules=list(targets), lora_dropout=0.0
+    )
+
+
 def apply_lora(
     flow_model: nn.Module,
     *,
@@ -81,8 +93,6 @@ def apply_lora(
     the adapter input to the adapter dtype and the result back (peft ``lora.Linear.forward``).
     Returns the trainable parameters (the adapter's lora_A / lora_B weights).
     """
-    from peft import LoraConfig
-
     if rank <= 0:
         raise ValueError(f"trainer.lora_rank must be > 0, got {rank}")
     transformer = flow_model.transformer
@@ -98,10 +108,7 @@ def apply_lora(
             raise ValueError("trainer.lora_targets must be null (family default) or a non-empty list")
         check_lora_targets(transformer, list(targets), each=True)
     flow_model.requires_grad_(False)
-    config = LoraConfig(
-        r=rank, lora_alpha=alpha, init_lora_weights="gaussian", target_modules=list(targets), lora_dropout=0.0
-    )
-    transformer.add_adapter(config, adapter_name=ADAPTER_NAME)
+    transformer.add_adapter(lora_config(rank, alpha, targets), adapter_name=ADAPTER_NAME)
     params = []
     for name, p in transformer.named_parameters():
         if "lora_" in name:

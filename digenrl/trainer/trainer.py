@@ -25,6 +25,8 @@ branch as a separate no-graph pass, so backward and saved activations cover B sa
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,6 +38,7 @@ from digenrl.algo.loss import clipped_policy_loss, kl_to_reference
 from digenrl.config import Config
 from digenrl.models.optimize import optimize_flow_model
 from digenrl.trainer.checkpoint import load_sharded
+from digenrl.trainer.ema import TrainerEMA
 from digenrl.trainer.lora import apply_lora, enable_full_finetune, reference_policy
 from digenrl.trainer.micro_batches import plan_micro_batches
 from digenrl.trainer.optim import build_optimizer
@@ -162,6 +165,8 @@ class PolicyTrainer:
         self.optimizer = self.backend.attach_optimizer(
             build_optimizer(self.backend.trainable_parameters(), tcfg)
         )
+        # trainer.ema_decay > 0: an EMA of the trainable weights, laid out like them (digenrl/trainer/ema.py)
+        self.ema = TrainerEMA(self.backend, tcfg.ema_decay) if tcfg.ema_decay > 0 else None
         self.uncond = uncond.to(self.device) if uncond is not None else None
         self.steps = 0
         self._template: _MicroBatch | None = None
@@ -267,7 +272,9 @@ class PolicyTrainer:
         optimizer state is too, from a copy taken before the step (its moments: twice the trainable
         parameters for AdamW — small for LoRA; for full fine-tuning ``stop`` takes no copy). ``stop`` raises
         FloatingPointError naming ``iteration`` and the quantity; ``skip`` returns ``nonfinite_skipped``
-        = 1, ``update_norm`` = 0 and leaves ``steps`` as it was.
+        = 1, ``update_norm`` = 0 and leaves ``steps`` (and the EMA) as they were.
+
+        With ``trainer.ema_decay`` > 0 a committed step also updates the EMA (:attr:`ema`).
         """
         self.backend.finish_gradients()
         grad_norm = self.backend.clip_grad_norm(self.cfg.trainer.grad_clip)
@@ -295,6 +302,8 @@ class PolicyTrainer:
         del before, saved
         self.optimizer.zero_grad(set_to_none=True)
         self.steps += 1
+        if self.ema is not None:
+            self.ema.update()
         return {
             "grad_norm": grad_norm,
             "update_norm": math.sqrt(update_sq),
@@ -347,6 +356,17 @@ class PolicyTrainer:
         """Drop a pending accumulation (e.g. an aborted iteration)."""
         self.optimizer.zero_grad(set_to_none=True)
 
+    @contextmanager
+    def ema_weights(self) -> Iterator[PolicyTrainer]:
+        """Inside the block the policy's trainable weights are their EMA (``trainer.ema_decay``); leaving it
+        puts the trained weights back bit for bit, whatever happens inside (gradients and optimizer state
+        are not touched). No communication: under FSDP2 every rank swaps its own shards, so every trainer
+        rank enters the block before a forward (a collective there anyway)."""
+        if self.ema is None:
+            raise ValueError("trainer.ema_decay=0: this run keeps no EMA of the weights to swap in")
+        with self.ema.swapped_in():
+            yield self
+
     # ------------------------------------------------------------------ state
     def trainable_state_dict(self, *, all_ranks: bool = False) -> dict[str, torch.Tensor]:
         """Full trainable tensors (the LoRA adapter in lora mode) on CPU, keyed by transformer parameter
@@ -359,13 +379,17 @@ class PolicyTrainer:
 
     def state_dict(self) -> dict[str, Any]:
         """Trainable weights + optimizer state (full tensors, keyed by name) + the optimizer step count.
-        Collective under FSDP2; complete on the trainer group's first rank, ``{}``-valued elsewhere."""
-        return {
+        Collective under FSDP2; complete on the trainer group's first rank, ``{}``-valued elsewhere.
+        With an EMA, ``ema`` holds :meth:`TrainerEMA.full_state` (its weights keyed by name)."""
+        state = {
             "model": self.trainable_state_dict(),
             "optimizer": self.backend.gather_optimizer_state(self.optimizer),
             "steps": self.steps,
             "mode": self.cfg.trainer.mode,
         }
+        if self.ema is not None:
+            state["ema"] = self.ema.full_state()
+        return state
 
     @property
     def checkpoint_format(self) -> str:
@@ -383,18 +407,24 @@ class PolicyTrainer:
         if self.checkpoint_format == "full":
             return self.state_dict(), None
         small = {"steps": self.steps, "mode": self.cfg.trainer.mode, "format": "sharded"}
+        if self.ema is not None:
+            small["ema"] = self.ema.meta()  # its tensors are shards in trainer_dcp/, beside the weights'
         return small, self.sharded_state_dict()
 
     def sharded_state_dict(self) -> dict[str, Any]:
         """``{"model": …, "optimizer": …}`` as torch.distributed.checkpoint saves and loads it: this rank's
         shards (DTensors under FSDP2, plain tensors otherwise) keyed by parameter name, the same keys as
         :meth:`state_dict` (buffers, e.g. fixed positional embeddings, are rebuilt with the model, as in the
-        full format). An optimizer that has not stepped yet gets its state created (zero-lr step)."""
+        full format). An optimizer that has not stepped yet gets its state created (zero-lr step). With an
+        EMA, ``ema`` holds its tensors, sharded like the weights."""
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         model, optimizer = get_state_dict(self.backend.module, self.optimizer, options=_dcp_options())
         trained = {name for name, _ in self.backend.named_trainable()}
-        return {"model": {k: v for k, v in model.items() if k in trained}, "optimizer": optimizer}
+        state = {"model": {k: v for k, v in model.items() if k in trained}, "optimizer": optimizer}
+        if self.ema is not None:
+            state["ema"] = self.ema.shards()
+        return state
 
     def load_state_dict(self, state: dict[str, Any], *, checkpoint_dir: str | Path | None = None) -> None:
         """Full format: every trainer rank passes the full state (e.g. each loads the same checkpoint file).
@@ -405,11 +435,19 @@ class PolicyTrainer:
                 f"checkpoint was written with trainer.mode={state['mode']!r}, this run has "
                 f"trainer.mode={self.cfg.trainer.mode!r}"
             )
+        if ("ema" in state) != (self.ema is not None):
+            holds = "holds" if "ema" in state else "holds no"
+            raise ValueError(
+                f"the checkpoint {holds} EMA of the weights, but this run has "
+                f"trainer.ema_decay={self.cfg.trainer.ema_decay:g}"
+            )
         if state.get("format", "full") == "sharded":
-            self._load_sharded(checkpoint_dir)
+            self._load_sharded(checkpoint_dir)  # fills the EMA's shards in place too
         else:
             self.backend.load_full_state(state["model"])
             self.backend.load_optimizer_state(self.optimizer, state["optimizer"])
+        if self.ema is not None:
+            self.ema.load_state(state["ema"])
         self.steps = int(state["steps"])
 
     def _load_sharded(self, checkpoint_dir: str | Path | None) -> None:

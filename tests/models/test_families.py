@@ -104,6 +104,7 @@ def _toy_family(calls: Counter) -> ModelFamily:
         latent_compression=compression,
         lora_targets=TOY_TARGETS,
         specs=(spec,),
+        pipeline_class="StableDiffusion3Pipeline",
         vae_decode=decode,
     )
 

@@ -138,7 +138,7 @@ def assert_resumed_exactly(
     logs: bool = True,
 ) -> None:
     """The resumed run equals the uninterrupted one: one metrics line per iteration with the same values,
-    the same final weights and optimizer state, one run id (the copied run's, when ``copied``), and (with
+    the same final weights, optimizer state and EMA, one run id (the copied run's, when ``copied``), and (with
     ``logs``) a second process segment in every log."""
     import torch
 
@@ -161,6 +161,13 @@ def assert_resumed_exactly(
     for name, state in ta["optimizer"]["state"].items():
         for key, value in state.items():
             assert torch.equal(torch.as_tensor(value), torch.as_tensor(tb["optimizer"]["state"][name][key]))
+    assert ("ema" in ta) == ("ema" in tb)
+    if "ema" in ta:  # trainer.ema_decay > 0: the EMA of the weights and its update count
+        assert (
+            ta["ema"]["updates"] == tb["ema"]["updates"] and ta["ema"]["weights"].keys() == ta["model"].keys()
+        )
+        for name, tensor in ta["ema"]["weights"].items():
+            assert torch.equal(tensor, tb["ema"]["weights"][name]), name
     if not logs:
         return
     metas = [r for r in load_events(resumed) if r["type"] == "meta"]

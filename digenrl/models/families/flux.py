@@ -159,5 +159,6 @@ FAMILY = ModelFamily(
     patch_size=patch_size,
     latent_compression=autoencoder_kl_compression,
     lora_targets=ATTENTION_TARGETS,
+    pipeline_class="FluxPipeline",
     specs=(FLUX1_DEV, TINY_FLUX),
 )

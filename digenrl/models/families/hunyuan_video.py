@@ -263,5 +263,6 @@ FAMILY = ModelFamily(
     patch_size=patch_size,
     latent_compression=latent_compression,
     lora_targets=ATTENTION_TARGETS,
+    pipeline_class="HunyuanVideoPipeline",
     specs=(HUNYUAN_VIDEO, TINY_HUNYUAN_VIDEO),
 )

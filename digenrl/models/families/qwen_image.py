@@ -245,6 +245,7 @@ FAMILY = ModelFamily(
     patch_size=patch_size,
     latent_compression=wan_vae_compression,
     lora_targets=ATTENTION_TARGETS,
+    pipeline_class="QwenImagePipeline",
     specs=(QWEN_IMAGE, TINY_QWEN_IMAGE),
     vae_decode=vae_decode,
 )

@@ -190,5 +190,6 @@ FAMILY = ModelFamily(
     patch_size=patch_size,
     latent_compression=autoencoder_kl_compression,
     lora_targets=ATTENTION_TARGETS,
+    pipeline_class="StableDiffusion3Pipeline",
     specs=(SD35_MEDIUM, TINY_SD3),
 )

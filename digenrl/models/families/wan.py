@@ -197,5 +197,6 @@ FAMILY = ModelFamily(
     patch_size=patch_size,
     latent_compression=wan_vae_compression,
     lora_targets=WAN_TARGETS,
+    pipeline_class="WanPipeline",
     specs=(WAN21_1_3B, WAN21_14B, TINY_WAN),
 )

@@ -145,7 +145,7 @@ class ParallelBackend:
                 out[name] = full.to("cpu", copy=True)
         return out
 
-    def _to_param_layout(self, full: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    def to_param_layout(self, full: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
         """A full tensor laid out like ``param`` (sliced to this rank's shard for a DTensor)."""
         full = full.to(device=_local(param).device)
         if hasattr(param, "device_mesh"):
@@ -181,7 +181,7 @@ class ParallelBackend:
 
     def _write_full(self, p: nn.Parameter, value: torch.Tensor) -> None:
         """Copy the full tensor ``value`` into ``p``: this rank's slice of it where ``p`` is sharded."""
-        src = self._to_param_layout(value.to(p.dtype), p)
+        src = self.to_param_layout(value.to(p.dtype), p)
         _local(p).copy_(_local(src))
 
     def gather_optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -226,7 +226,7 @@ class ParallelBackend:
         for name, entry in state["state"].items():
             p = named[name]
             per_index[index_of[id(p)]] = {
-                k: self._to_param_layout(v, p) if isinstance(v, torch.Tensor) and v.shape == p.shape else v
+                k: self.to_param_layout(v, p) if isinstance(v, torch.Tensor) and v.shape == p.shape else v
                 for k, v in entry.items()
             }
         optimizer.load_state_dict({"state": per_index, "param_groups": groups})

@@ -1,0 +1,126 @@
+"""The trained policy of a run folder: which checkpoint, its config, and its trainable weights (or their EMA).
+
+Everything is read through the checkpoint loaders of digenrl/trainer/checkpoint.py (weights-only unpickling,
+paths kept inside the run folder, :func:`~digenrl.trainer.checkpoint.verify_checkpoint` first); a bad
+request — a folder without a checkpoint, a step that is not there, ``--ema`` on a run without an EMA, a
+damaged file — is a :class:`~digenrl.config.ConfigError` naming the folder, file or flag.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from digenrl.config import Config, ConfigError, load_config
+from digenrl.models.spec_types import ModelSpec
+from digenrl.models.specs import get_model_spec
+from digenrl.trainer.checkpoint import (
+    CHECKPOINT_DIR,
+    LATEST,
+    CheckpointError,
+    checkpoint_steps,
+    full_trainer_state,
+    latest_checkpoint_dir,
+    load_checkpoint,
+    step_dir_name,
+    verify_checkpoint,
+)
+
+
+@dataclass(frozen=True)
+class TrainedPolicy:
+    """One checkpoint's policy: ``weights`` are the trainable tensors keyed by transformer parameter name
+    (the LoRA adapter, or the whole transformer for ``trainer.mode=full``), the EMA's when ``ema``."""
+
+    cfg: Config
+    checkpoint: Path
+    step: int
+    run_id: str
+    weights: dict[str, torch.Tensor]
+    ema: bool
+
+    @property
+    def spec(self) -> ModelSpec:
+        return get_model_spec(self.cfg.model.name)
+
+    @property
+    def lora(self) -> bool:
+        return self.cfg.trainer.mode == "lora"
+
+    def describe(self) -> str:
+        what = "LoRA adapter" if self.lora else "transformer"
+        return f"the {'EMA of the ' if self.ema else ''}{what} of run {self.run_id} at step {self.step}"
+
+
+def find_checkpoint(run_dir: str | Path, step: int | None = None) -> Path:
+    """The checkpoint directory of ``run_dir`` to export: ``step_<step>``, or the one ``latest`` names."""
+    run = Path(run_dir)
+    if not run.is_dir():
+        raise ConfigError(f"RUN_DIR {str(run)!r} is not a directory; give the out_dir of a training run")
+    steps = checkpoint_steps(run)
+    root = run / CHECKPOINT_DIR
+    listed = f"complete checkpoints there: {', '.join(map(step_dir_name, steps))}" if steps else ""
+    if not steps:
+        raise ConfigError(
+            f"RUN_DIR {str(run)!r} holds no checkpoint ({root}/step_<n>/meta.json): the run stopped before "
+            "its first checkpoint (one is written every checkpoint_every iterations and at the end), or "
+            "this is not a run folder"
+        )
+    if step is not None:
+        if step not in steps:
+            raise ConfigError(
+                f"--step {step}: {root / step_dir_name(step)} is not a complete checkpoint; {listed}"
+            )
+        return root / step_dir_name(step)
+    try:
+        latest = latest_checkpoint_dir(run)
+    except CheckpointError as error:
+        raise ConfigError(f"{error}; {listed}; choose one with --step N") from None
+    if latest is None:
+        raise ConfigError(
+            f"{root / LATEST} is missing, so which checkpoint is the run's newest is not recorded; "
+            f"{listed}; choose one with --step N"
+        )
+    return latest
+
+
+def load_trained(run_dir: str | Path, step: int | None = None, *, ema: bool = False) -> TrainedPolicy:
+    """The trained policy of ``run_dir`` at checkpoint ``step`` (default: ``latest``); ``ema``: its EMA
+    weights (``trainer.ema_decay`` > 0), the ``--ema`` flag of ``experiments/export.py``."""
+    path = find_checkpoint(run_dir, step)
+    try:
+        meta = verify_checkpoint(path)
+        checkpoint = load_checkpoint(path)
+        state = full_trainer_state(checkpoint)
+    except CheckpointError as error:
+        raise ConfigError(str(error)) from None
+    if not isinstance(meta.get("config"), dict) or not isinstance(state, dict) or "model" not in state:
+        raise ConfigError(
+            f"{path} does not record the config and trainer state an export needs (a checkpoint written by "
+            "an older version, or not by a training run)"
+        )
+    try:
+        cfg = load_config(None, meta["config"])
+    except ConfigError as error:
+        raise ConfigError(
+            f"{path / 'meta.json'}: its config does not load in this version: {error}"
+        ) from None
+    if ema:
+        if "ema" not in state:
+            raise ConfigError(
+                f"--ema: {path} holds no EMA of the weights (the run had trainer.ema_decay="
+                f"{cfg.trainer.ema_decay:g}); export without --ema, or train with trainer.ema_decay > 0"
+            )
+        weights = state["ema"]["weights"]
+    else:
+        weights = state["model"]
+    return TrainedPolicy(
+        cfg=cfg,
+        checkpoint=path,
+        step=int(checkpoint["step"]),
+        run_id=str(meta.get("run_id", "?")),
+        weights=weights,
+        ema=ema,
+    )

@@ -1,0 +1,127 @@
+"""A trained LoRA adapter in the formats other tools load: diffusers' and peft's (docs/export.md).
+
+The trainer's adapter (digenrl/trainer/lora.py) is a peft adapter named ``default`` injected into the
+diffusers transformer; its state is keyed by transformer parameter name with the adapter name inside
+(``transformer_blocks.0.attn.to_q.lora_A.default.weight``). Loading those tensors by hand into a pipeline
+loses the adapter's config: diffusers then takes ``lora_alpha = r``, so a run trained with r=8, alpha=16
+comes back at half strength without any error. Both formats here carry the config with the weights:
+
+* diffusers: ``pytorch_lora_weights.safetensors`` written by the family pipeline's own ``save_lora_weights``
+  with ``transformer_lora_adapter_metadata`` = peft's ``LoraConfig.to_dict()``, as diffusers' training
+  scripts pass it (diffusers training_utils ``_collate_lora_metadata``); ``Pipeline.load_lora_weights(dir)``
+  builds the adapter from that config, so rank and alpha load as trained.
+* peft: ``adapter_config.json`` + ``adapter_model.safetensors`` as ``PeftModel.save_pretrained`` writes
+  them (peft peft_model.py: keys ``base_model.model.<module>.lora_A.weight``, safetensors metadata
+  ``format: pt``), loadable with ``PeftModel.from_pretrained(transformer, dir)``.
+
+``checkpoint.export_lora=true`` writes the diffusers format into every checkpoint
+(:func:`checkpoint_lora_writer`); ``experiments/export.py`` writes either from any checkpoint
+(digenrl/export/).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from digenrl.models.specs import get_family
+from digenrl.trainer.lora import ADAPTER_NAME, default_lora_targets, lora_config
+
+if TYPE_CHECKING:
+    from peft import LoraConfig
+
+    from digenrl.config import Config
+
+#: The file ``save_lora_weights`` writes (diffusers' default weight name, what ``load_lora_weights`` reads).
+DIFFUSERS_LORA_FILE = "pytorch_lora_weights.safetensors"
+PEFT_CONFIG_FILE = "adapter_config.json"
+PEFT_WEIGHTS_FILE = "adapter_model.safetensors"
+#: ``checkpoint.export_lora``: the sub-directories of a checkpoint step directory it writes.
+CHECKPOINT_LORA_DIR = "lora_diffusers"
+CHECKPOINT_LORA_EMA_DIR = "lora_diffusers_ema"
+
+
+def run_lora_config(cfg: Config) -> LoraConfig:
+    """The ``LoraConfig`` the run's trainer injected (``trainer.lora_*``; null targets = the family's)."""
+    from digenrl.models.specs import get_model_spec
+
+    family = get_model_spec(cfg.model.name).family
+    targets = (
+        cfg.trainer.lora_targets if cfg.trainer.lora_targets is not None else default_lora_targets(family)
+    )
+    return lora_config(cfg.trainer.lora_rank, cfg.trainer.lora_alpha, targets)
+
+
+def adapter_layers(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The trainable state of a LoRA run keyed as the adapter formats key it: the adapter name dropped
+    (``….lora_A.default.weight`` → ``….lora_A.weight``, peft ``get_peft_model_state_dict``'s rename)."""
+    other = sorted(name for name in state if "lora_" not in name)
+    if other or not state:
+        raise ValueError(
+            f"not a LoRA adapter state: {'it is empty' if not state else f'it holds {other[:4]}'} "
+            "(a full fine-tuning run exports its transformer instead)"
+        )
+    return {
+        name.replace(f".{ADAPTER_NAME}", ""): tensor.detach().cpu().contiguous()
+        for name, tensor in state.items()
+    }
+
+
+def save_diffusers_lora(
+    directory: str | Path, state: dict[str, torch.Tensor], config: LoraConfig, family: str
+) -> Path:
+    """Write ``state`` (a LoRA run's trainable state) in diffusers' format into ``directory``; returns the
+    weights file. ``family`` picks the pipeline whose ``save_lora_weights`` writes it."""
+    from digenrl.models.construction import resolve_class
+
+    pipeline = resolve_class("diffusers", get_family(family).pipeline_class)
+    pipeline.save_lora_weights(
+        save_directory=str(directory),
+        transformer_lora_layers=adapter_layers(state),
+        transformer_lora_adapter_metadata=config.to_dict(),
+        weight_name=DIFFUSERS_LORA_FILE,
+    )
+    return Path(directory) / DIFFUSERS_LORA_FILE
+
+
+def save_peft_lora(
+    directory: str | Path, state: dict[str, torch.Tensor], config: LoraConfig, base_model: str | None = None
+) -> None:
+    """Write ``state`` in peft's format into ``directory``; ``base_model``: the base model's local path,
+    recorded as ``base_model_name_or_path`` (peft reads it only when asked to load the base itself)."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    weights = {f"base_model.model.{name}": tensor for name, tensor in adapter_layers(state).items()}
+    save_file(weights, directory / PEFT_WEIGHTS_FILE, metadata={"format": "pt"})
+    saved = copy.deepcopy(config)
+    saved.base_model_name_or_path = base_model
+    saved.inference_mode = True  # as PeftModel.save_pretrained records it
+    saved.save_pretrained(str(directory))
+
+
+def checkpoint_lora_writer(cfg: Config, trainer_state: dict | None) -> Callable[[Path], None] | None:
+    """``checkpoint.export_lora``: what :func:`digenrl.trainer.checkpoint.save_checkpoint` calls on the
+    writer rank with the step directory: the adapter in diffusers' format in ``lora_diffusers/`` (and its
+    EMA in ``lora_diffusers_ema/``). ``trainer_state``: the writer's full-format trainer state (a LoRA
+    run's checkpoints always are, digenrl/validation.py ``check_checkpoint_format``); ``None`` when the
+    run is not a LoRA run or the key is off."""
+    if not cfg.checkpoint.export_lora or cfg.trainer.mode != "lora" or not trainer_state:
+        return None
+    from digenrl.models.specs import get_model_spec
+
+    config, family = run_lora_config(cfg), get_model_spec(cfg.model.name).family
+
+    def write(step_dir: Path) -> None:
+        save_diffusers_lora(step_dir / CHECKPOINT_LORA_DIR, trainer_state["model"], config, family)
+        if "ema" in trainer_state:
+            save_diffusers_lora(
+                step_dir / CHECKPOINT_LORA_EMA_DIR, trainer_state["ema"]["weights"], config, family
+            )
+
+    return write
