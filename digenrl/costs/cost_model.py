@@ -27,7 +27,7 @@ switch moves by its bytes (:mod:`digenrl.sim.residency`). A format-1 file loads 
 ``meta["v1_helper_switch_s"]``.
 
 Beyond the standard library this module imports one rule of the trainer's, how units fall into
-micro-batches (:func:`digenrl.trainer.micro_batches.split_units`), so the prices follow what runs.
+micro-batches (:func:`digenrl.data.micro_batches.split_units`), so the prices follow what runs.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from digenrl.trainer.micro_batches import split_units
+from digenrl.data.micro_batches import split_units
 
 if TYPE_CHECKING:
     from digenrl.runtime.profiles import GpuType
@@ -305,7 +305,7 @@ class CostModel:
         self, units: int, micro_batch: int, cfg: bool, checkpointing: bool | None = None
     ) -> float:
         """Seconds to accumulate ``units`` units in micro-batches of ``micro_batch`` (last one partial,
-        :func:`digenrl.trainer.micro_batches.split_units`)."""
+        :func:`digenrl.data.micro_batches.split_units`)."""
         full, rest = split_units(units, micro_batch)
         total = full * self.train_micro_batch_s(micro_batch, cfg, checkpointing)
         return total + (self.train_micro_batch_s(rest, cfg, checkpointing) if rest else 0.0)

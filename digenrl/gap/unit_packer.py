@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from digenrl.data.micro_batches import split_units
 from digenrl.data.trajectory import TrajectoryBatch
-from digenrl.trainer.micro_batches import split_units
 
 
 class UnitPacker:

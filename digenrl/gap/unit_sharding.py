@@ -9,7 +9,7 @@ Order. Units are ordered **timestep-major** — by the denoising step they train
 then by sample — and each rank takes one contiguous run of that order. FlowGRPO's rollout runs all
 samples of a step through one forward, and its training loop does the same per timestep (flow_grpo
 scripts/train_sd3.py: ``for j in train_timesteps: ... transformer(latents[:, j], ...)``); keeping a
-rank's units in runs of equal step lets its micro-batches (:func:`digenrl.trainer.micro_batches.
+rank's units in runs of equal step lets its micro-batches (:func:`digenrl.data.micro_batches.
 plan_micro_batches`, which cuts a K = 1 batch into consecutive runs of ``trainer.micro_batch_size``) see
 the rollout's batch composition wherever the run boundaries allow. A micro-batch mixes two steps only
 where a rank's run crosses a step boundary inside it. For the 'shuffled' selection (per-sample trained

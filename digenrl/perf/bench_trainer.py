@@ -58,6 +58,7 @@ import torch
 
 from digenrl.config import CFG_GRAD_MODES, TRAINER_MODES, Config, apply_overrides
 from digenrl.data.dtypes import TORCH_DTYPES
+from digenrl.data.micro_batches import plan_micro_batches
 from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.models import MODEL_SPECS, FlowModel, TextCondition, build_flow_model
 from digenrl.models.attention_safety import KNOWN_BAD_ATTENTION, parse_cudnn_version, parse_torch_version
@@ -68,7 +69,6 @@ from digenrl.perf.kernel_profile import format_profile, profile_call
 from digenrl.perf.measure_costs import time_grad_park, wire_bytes
 from digenrl.rollout.sampler import CFG_SPLIT_MIN_BATCH, Sampler
 from digenrl.trainer import PolicyTrainer
-from digenrl.trainer.micro_batches import plan_micro_batches
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from digenrl.data.micro_batches import split_units
 from digenrl.sim.cluster import SimCluster
-from digenrl.trainer.micro_batches import split_units
 
 
 def sharded(cluster: SimCluster, group: Sequence[int]) -> bool:

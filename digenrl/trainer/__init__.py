@@ -1,5 +1,6 @@
 """The policy update: LoRA / full fine-tune, data parallelism (DDP, FSDP2, DeepSpeed), checkpoints."""
 
+from digenrl.data.micro_batches import plan_micro_batches
 from digenrl.trainer.checkpoint import (
     capture_rng_state,
     full_trainer_state,
@@ -15,7 +16,6 @@ from digenrl.trainer.lora import (
     has_lora,
     reference_policy,
 )
-from digenrl.trainer.micro_batches import plan_micro_batches
 from digenrl.trainer.optim import build_optimizer
 from digenrl.trainer.parallel import BACKENDS, ParallelBackend, resolve_backend, wrap_for_training
 from digenrl.trainer.trainer import PolicyTrainer

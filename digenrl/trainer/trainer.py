@@ -36,11 +36,11 @@ from torch import nn
 
 from digenrl.algo.loss import clipped_policy_loss, kl_to_reference
 from digenrl.config import Config
+from digenrl.data.micro_batches import plan_micro_batches
 from digenrl.models.optimize import optimize_flow_model
 from digenrl.trainer.checkpoint import load_sharded
 from digenrl.trainer.ema import TrainerEMA
 from digenrl.trainer.lora import apply_lora, enable_full_finetune, reference_policy
-from digenrl.trainer.micro_batches import plan_micro_batches
 from digenrl.trainer.optim import build_optimizer
 from digenrl.trainer.parallel import ParallelBackend, wrap_for_training
 

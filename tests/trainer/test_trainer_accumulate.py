@@ -10,8 +10,8 @@ import random
 import pytest
 import torch
 
+from digenrl.data.micro_batches import plan_micro_batches
 from digenrl.trainer import PolicyTrainer
-from digenrl.trainer.micro_batches import plan_micro_batches
 
 from .fixtures import (
     build_model,

@@ -1,4 +1,4 @@
-"""How units fall into micro-batches is one rule (digenrl/trainer/micro_batches.py split_units): the trainer's
+"""How units fall into micro-batches is one rule (digenrl/data/micro_batches.py split_units): the trainer's
 cut of a unit shard, GAP's packer and the simulator's prices all follow it."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from digenrl.trainer.micro_batches import plan_micro_batches, split_units
+from digenrl.data.micro_batches import plan_micro_batches, split_units
 
 
 def test_split_units_is_how_the_trainer_cuts_a_unit_shard():
