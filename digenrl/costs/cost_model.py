@@ -390,7 +390,7 @@ class CostModel:
         reward_param_bytes: int,
         provenance: Mapping[str, Any],
     ) -> CostModel:
-        """A copy scoring with another reward measured on its own (experiments/bench_reward.py): its
+        """A copy scoring with another reward measured on its own (``experiments/measure.py reward``): its
         ``reward_points`` and ``reward_param_bytes`` replace this model's, ``meta["reward"]`` names it and
         ``meta["reward_costs"]`` records how it was measured. Decode and every other cost are kept, so the
         caller must match device and image size (the reward cost depends on the decoded image, not on the

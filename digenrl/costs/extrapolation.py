@@ -44,7 +44,8 @@ LORA_RANK = 32
 HEAVY_REWARD_PARAMS = 8.3e9
 HEAVY_REWARD_TOKENS = 600
 #: AdamW reads weights, gradients and two moments and writes weights and moments: ≈ 7 passes of the
-#: weights' bytes (16-bit states), at the H200's HBM bandwidth (spec sheet, hardware_profiles/h200-1.yaml).
+#: weights' bytes (16-bit states), at the H200's HBM bandwidth (spec sheet,
+#: digenrl/runtime/hardware_profiles/h200-1.yaml).
 ADAMW_PASSES = 7
 H200_HBM_BYTES_PER_S = 4.8e12
 

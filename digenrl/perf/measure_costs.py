@@ -3,7 +3,7 @@
 Everything timed is the code a real run executes, built the way ``digenrl/systems/components.py`` builds
 it: ``build_model_bundle`` (random weights unless ``pretrained_path``), :class:`PolicyTrainer` (which
 applies the LoRA adapter first, so the generator forward is timed with the adapter a generator rank also
-carries, ``runtime.weight_sync.prepare_generator_model``), :class:`Sampler` (``velocity`` + ``transition``
+carries, ``trainer.lora.prepare_generator_model``), :class:`Sampler` (``velocity`` + ``transition``
 is one sampler step exactly as :class:`RolloutEngine` issues it), the bundle's VAE decoder, the reward
 from the registry, and :meth:`PolicyTrainer.accumulate` / :meth:`PolicyTrainer.step` on a trajectory batch
 the :class:`RolloutEngine` generated. Each measurement: ``warmup`` untimed calls, then the median of

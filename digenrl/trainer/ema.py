@@ -7,7 +7,7 @@ scripts/train_sd3.py with ``train.ema``) has the same warm-up ``min(decay, (1 + 
 from k = 0. This module adds what EMAModel leaves to its caller:
 
 * layout: the averaged ("shadow") tensors are clones of the trainable parameters as the backend holds
-  them (digenrl/trainer/parallel.py). Under FSDP2 they are DTensors sharded like the weights, so every rank
+  them (digenrl/trainer/parallel/). Under FSDP2 they are DTensors sharded like the weights, so every rank
   averages its own shard without communication; under DDP and DeepSpeed ZeRO ≤ 2 they are full replicas
   that every rank updates alike from identical weights. They are kept in fp32 whatever the parameters'
   dtype (a bf16 average loses the small updates it exists to accumulate). ZeRO-3 partitions parameters in

@@ -1,5 +1,6 @@
-"""Ablation figure: run_ablation.py's JSON (both formats it has written) read as ablation rows, and the bars
-drawn from them (order and colour by staleness, run spread, bubble-free bound, ratio to separate-sync)."""
+"""Ablation figure: the JSON of ``measure.py ablation`` (both formats it has written) read as ablation rows,
+and the bars drawn from them (order and colour by staleness, run spread, bubble-free bound, ratio to
+separate-sync)."""
 
 from __future__ import annotations
 
@@ -90,7 +91,7 @@ def test_staleness_of_overrides():
     assert staleness_of_overrides(["system=digenrl", "tag=true"]) == 0
     assert staleness_of_overrides(["system=digenrl", "tcss=true"]) == 1
     assert staleness_of_overrides(["tcss=false", "asynchrony.max_staleness=2"]) == 2
-    assert staleness_of_overrides(["tcss=false", "tcss=true"]) == 1  # run_ablation's ladder: the last wins
+    assert staleness_of_overrides(["tcss=false", "tcss=true"]) == 1  # the ablation's ladder: the last wins
     assert staleness_of_overrides(["tcss=true", "tcss=false"]) == 0
 
 

@@ -25,7 +25,7 @@ EXPECTED_PNGS = {
     "results_table_ablation.png",
     "results_table_scaling.png",
     "results_table_split.png",
-    "ablation_cpu2_ablation.png",  # the JSON experiments/run_ablation.py writes
+    "ablation_cpu2_ablation.png",  # the JSON experiments/measure.py ablation writes
 }
 
 
