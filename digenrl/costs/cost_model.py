@@ -143,7 +143,8 @@ class CostModel:
     step indices, condition once, reward, advantage; no clean latent), ``unit_bytes`` (one training-unit
     row of a GAP unit shard, ``TrajectoryBatch.select_units``: one transition *and its sample's
     condition*, which every unit row repeats), ``cond_bytes_per_sample`` (the text condition alone),
-    ``latent_bytes_per_sample`` (one latent, the current state a TSP stage hands on), ``param_bytes`` /
+    ``latent_bytes_per_sample`` (one latent: the current state x a TSP stage hands on, beside the
+    condition and the record buffers, docs/design.md §3 (TSP)), ``param_bytes`` /
     ``optimizer_bytes`` / ``reward_param_bytes`` (what colocated residency transitions move over the
     host↔device link), ``text_encoder_bytes`` / ``vae_param_bytes`` (the text encoders and the VAE every
     rank holds next to the transformer, ``digenrl/systems/components.py``).
