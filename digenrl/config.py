@@ -200,7 +200,7 @@ class TrainerConfig:
     nonfinite: str = field(default="stop", metadata=among(NONFINITE_ACTIONS))
     # checkpoint layout: "sharded" = every trainer rank writes its own shards of weights and optimizer state
     # (torch.distributed.checkpoint); "full" = one rank writes full tensors; "auto" = sharded for FSDP2 full
-    # fine-tuning, full otherwise (README "Runs")
+    # fine-tuning, full otherwise (docs/operations.md, "Checkpoints and their formats")
     checkpoint_format: str = field(default="auto", metadata=among(CHECKPOINT_FORMATS))
     # an exponential moving average of the trainable weights, updated after every committed optimizer step n
     # with decay min(ema_decay, n / (9 + n)) (diffusers' EMAModel); 0 = off. Checkpointed and resumed;
@@ -372,8 +372,8 @@ class RuntimeConfig:
 
 @dataclass
 class ResumeConfig:
-    """Continue the run in ``out_dir`` from a checkpoint (README, "Runs"); ``resume=true`` is shorthand for
-    ``resume.enabled=true``."""
+    """Continue the run in ``out_dir`` from a checkpoint (docs/operations.md, "Runs: resume, overwrite and
+    the lock"); ``resume=true`` is shorthand for ``resume.enabled=true``."""
 
     enabled: bool = False
     # the checkpoint to resume (step_<step>); None = the one ``latest`` names
@@ -720,11 +720,11 @@ RESUMABLE_KEYS = (
     "trainer.checkpoint_format",
     "runtime.timeout_s",
 )
-"""Keys a resumed run may set differently from the checkpoint it continues (README, "Runs"): how long the
-run goes on, where, how often and in which format it saves (the loader reads the format from the
-checkpoint), how long a wait may take. Everything else defines what the run computes (the system, the
-model, the algorithm, the layout), so a resume that changes it is refused instead of mixing two runs'
-data in one out_dir."""
+"""Keys a resumed run may set differently from the checkpoint it continues (docs/operations.md, "Runs: resume,
+overwrite and the lock"): how long the run goes on, where, how often and in which format it saves (the loader
+reads the format from the checkpoint), how long a wait may take. Everything else defines what the run computes
+(the system, the model, the algorithm, the layout), so a resume that changes it is refused instead of mixing
+two runs' data in one out_dir."""
 
 
 def dotted_items(tree: dict[str, Any]) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """The one place that reads figure inputs: run directories (spans, metrics, config) and results tables.
 
-A *run directory* is what ``experiments/run_*.py`` writes (README.md, "Outputs in out_dir"): ``config.yaml``,
-``metrics.jsonl`` and ``events/rank<r>.jsonl``. Span records are parsed by the library's own reader
-(``digenrl.runtime.event_records``), so the figures and the runtime can never disagree on the format.
+A *run directory* is what ``experiments/run_train.py`` writes (docs/operations.md, "Reading a run"):
+``config.yaml``, ``metrics.jsonl`` and ``events/rank<r>.jsonl``. Span records are parsed by the library's own
+reader (``digenrl.runtime.event_records``), so the figures and the runtime can never disagree on the format.
 
 A *results table* is a CSV or JSON file of rows, one per (model, system[, GPU count / split]) measurement or
 simulation; the columns are documented in ``paper_figures/README.md`` and validated here with errors that

@@ -4,8 +4,8 @@ Every reward with a model reads a LOCAL ``save_pretrained`` directory (``reward.
 are never contacted) and fails at start-up naming the directory and each missing file
 (:func:`require_files`). Without one, rewards with ``weights_optional`` build their architecture with
 random weights (:func:`build_random`) and the offline BERT WordPiece tokenizer stand-in
-(:func:`offline_tokenizer`): the systems cost does not depend on weight values (README, "Models"), and a
-run built like this logs that its reward is noise (:func:`warn_random_weights`).
+(:func:`offline_tokenizer`): the systems cost does not depend on weight values (docs/models.md, "The
+zoo"), and a run built like this logs that its reward is noise (:func:`warn_random_weights`).
 """
 
 from __future__ import annotations

@@ -22,7 +22,8 @@ Architecture: transformers' ``Qwen2_5_VLForConditionalGeneration``.
 * ``reward.weights_path`` unset: random weights (seeded by ``seed``) at that size, the tokenizer the
   offline BERT WordPiece stand-in (:func:`digenrl.models.text.fallback_tokenizer_dir`) with Qwen's chat and
   vision special tokens added. The systems cost does not depend on weight values, as for the generators
-  (README, "Models"); a run built like this logs a warning, because its reward is noise.
+  (docs/rewards.md, "Rewards with a model"); a run built like this logs a warning, because its reward is
+  noise.
 * ``reward.weights_path=/dir``: a LOCAL directory written by ``save_pretrained`` (the Qwen2.5-VL-7B-Instruct
   or UnifiedReward-qwen-7b snapshot, or :meth:`VLMJudge.save_pretrained`): ``config.json`` + safetensors
   (``from_pretrained(local_files_only=True)``), the tokenizer files, ``preprocessor_config.json``. The chat

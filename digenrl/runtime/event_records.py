@@ -13,12 +13,12 @@ Phase names are free-form strings, with two conventions the summaries rely on: p
 starting with ``wait`` / ``idle`` are idle time (a bubble), and ``iteration`` marks the extent of one
 iteration on a rank (it is not work either).
 
-Resumed runs (README, "Runs"). A resumed process appends to its rank's log, starting with a new ``meta``
-record: one file then holds several *segments*, each timed against its own clock origin. ``load_events``
-puts every record on one clock — seconds since the earliest origin of the run — and gives each ``meta``
-record ``t``, the time its segment starts on that clock. A span of a segment whose iteration a later
-segment ran again (it started at or before that iteration, from a checkpoint) was lost with the crash:
-it is *superseded*, left out by default and marked ``superseded: true`` when asked for.
+Resumed runs (docs/operations.md, "Runs: resume, overwrite and the lock"). A resumed process appends to its
+rank's log, starting with a new ``meta`` record: one file then holds several *segments*, each timed against
+its own clock origin. ``load_events`` puts every record on one clock — seconds since the earliest origin of
+the run — and gives each ``meta`` record ``t``, the time its segment starts on that clock. A span of a segment
+whose iteration a later segment ran again (it started at or before that iteration, from a checkpoint) was lost
+with the crash: it is *superseded*, left out by default and marked ``superseded: true`` when asked for.
 """
 
 from __future__ import annotations

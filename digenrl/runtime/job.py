@@ -1,5 +1,5 @@
 """The processes a launcher starts (torchrun agents and their workers), stopped together: nothing outlives
-the launcher (``digenrl/launch.py``; README, "When a rank hangs").
+the launcher (``digenrl/launch.py``; docs/operations.md, "Launching").
 
 torchrun starts every worker in its own session (``start_new_session=True`` in torch's
 ``SubprocessHandler``), so a signal to the agent's process group never reaches the workers, and an agent

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One device call on a lent H200: (1) the whole test suite on a GPU machine (tests must pass where users run
 # them, not only on CI's CPU); (2) the SD3.5-medium LoRA trainer, eager vs the optimised path and CFG
-# training gradient cond vs both, side by side in one benchmark on the current code (the README's trainer
-# claims and algo.cfg_grad's speedup come from this one call).
+# training gradient cond vs both, side by side in one benchmark on the current code (the trainer
+# claims in experiments/results/README.md and algo.cfg_grad's speedup come from this one call).
 #
 #   device run (kind nvidia-h200, carry [".whl"], timeout 600):
 #     bash experiments/gpu/h200_tests_cfg_claims.sh

@@ -196,8 +196,8 @@ def test_sharded_checkpoints_with_fsdp2_full_fine_tuning_pass(tmp_path):
     [[], ["system=colocated-sync", "profile=cpu-1"], ["trainer.mode=full", "system=separate-sync"]],
 )
 def test_a_runs_resolved_config_loads_back_as_a_config(tmp_path, overrides):
-    """``--config runs/a/config.yaml`` (README, "Outputs"): the resolved file lists every key, read or not;
-    none counts as set by the user, so the knob rules do not refuse the run's own config."""
+    """``--config runs/a/config.yaml`` (docs/operations.md, "Reading a run"): the resolved file lists every
+    key, read or not; none counts as set by the user, so the knob rules do not refuse the run's own config."""
     from digenrl.config import save_config
 
     cfg = load_config(TINY, [*overrides, f"out_dir={tmp_path / 'run'}"])

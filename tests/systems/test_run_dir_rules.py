@@ -1,5 +1,6 @@
 """End to end: a run never destroys or mixes with another run's data, and never commits a non-finite
-update (README, "Runs"). Each refusal happens at startup, before anything is written, and is said once."""
+update (docs/operations.md, "Runs: resume, overwrite and the lock"). Each refusal happens at startup,
+before anything is written, and is said once."""
 
 from __future__ import annotations
 
