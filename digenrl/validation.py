@@ -490,8 +490,7 @@ def check_files(cfg: Config) -> None:
 def check_evaluation(cfg: Config) -> None:
     """Evaluation settings the run can carry out (digenrl/rollout/evaluate.py): enough held-out prompts in
     ``data.eval_prompts`` for ``eval.num_prompts``, suited to the reward (e.g. OCR's expected text); an EMA
-    to evaluate with ``eval.use_ema``; ``wandb`` installed when ``logger.wandb=true``. The ranks' equal
-    shares are the system's check (it knows which ranks evaluate)."""
+    to evaluate with ``eval.use_ema``; ``wandb`` installed when ``logger.wandb=true``."""
     import importlib.util
 
     from digenrl.data.prompts import PromptSet

@@ -14,9 +14,10 @@ reward term and hands the writer rank the metrics (``eval_*`` fields of ``metric
   setting (shift, guidance) is the training sampler's. It runs through the rollout engine every system
   generates with, so evaluation samples what a rollout of the same policy samples.
 * Where: on the ranks that hold the trainer's weights — every rank of a colocated system, the trainer pool
-  of a disaggregated one — each on an equal contiguous share of the prompts (an equal number of forwards,
-  so a sharded trainer's collective forwards line up); the results are gathered on the group's first rank
-  (global rank 0, which writes the metrics). Why there: docs/operations.md, "Reading a run".
+  of a disaggregated one — each on a contiguous share of the prompts, padded to equal sizes (an equal
+  number of forwards, so a sharded trainer's collective forwards line up); the results are gathered on the
+  group's first rank (global rank 0, which writes the metrics). Why there: docs/operations.md, "Reading a
+  run".
 """
 
 from __future__ import annotations
@@ -88,16 +89,6 @@ def evaluated_prompts(cfg: EvalConfig, eval_prompts: tuple[str, ...], source: st
     return list(eval_prompts[: cfg.num_prompts])
 
 
-def check_eval_share(cfg: Config, evaluating_ranks: int) -> None:
-    """Startup check: every evaluating rank gets an equal share (sharded forwards are collective)."""
-    if cfg.eval.every and cfg.eval.num_prompts % evaluating_ranks:
-        raise ConfigError(
-            f"eval.num_prompts={cfg.eval.num_prompts} must be divisible by the {evaluating_ranks} rank(s) "
-            f"that evaluate under system={cfg.system!r} (the ranks holding the trainer's weights), so each "
-            "evaluates an equal share"
-        )
-
-
 def eval_sampler(cfg: Config, bundle: ModelBundle, latent_tokens: int) -> Sampler:
     """The training sampler's settings with ``eval.num_steps`` steps (default: the model's evaluation steps)
     and, unless ``eval.sde``, noise level 0: the deterministic ODE (docs/algorithm.md, "Sampling")."""
@@ -127,8 +118,12 @@ class Evaluator:
         distributed = dist.is_available() and dist.is_initialized()
         self.ranks = dist.get_world_size(group) if distributed else 1
         self.rank = dist.get_rank(group) if distributed else 0
-        per_rank = len(prompts) // self.ranks
-        self.mine = list(range(self.rank * per_rank, (self.rank + 1) * per_rank))
+        # an equal number of samples on every rank (sharded forwards are collective): the last ranks' shares
+        # are padded with repeats of the last prompt, whose results are dropped
+        per_rank = math.ceil(len(prompts) / self.ranks)
+        share = range(self.rank * per_rank, (self.rank + 1) * per_rank)
+        self.mine = [i for i in share if i < len(prompts)]
+        self.padding = per_rank - len(self.mine)
 
     @classmethod
     def build(
@@ -173,9 +168,11 @@ class Evaluator:
         )
 
     def _batches(self) -> Iterator[list[int]]:
-        size = self.cfg.batch_size or len(self.mine) or 1
-        for start in range(0, len(self.mine), size):
-            yield self.mine[start : start + size]
+        """This rank's share in rollout calls of ``eval.batch_size``, padding included."""
+        padded = self.mine + [len(self.prompts) - 1] * self.padding
+        size = self.cfg.batch_size or len(padded)
+        for start in range(0, len(padded), size):
+            yield padded[start : start + size]
 
     @torch.no_grad()
     def run(
@@ -200,10 +197,11 @@ class Evaluator:
                     batch = self.engine.generate(text, ids, iteration=0, policy_version=policy_version)
                 with phases.scoring() if phases is not None else nullcontext():
                     pixels, scores = self.scorer.score_terms(batch.final_latents, text)
-                rewards.extend(scores["reward"].tolist())
+                real = max(0, min(len(ids), len(self.mine) - len(rewards)))  # padding comes last
+                rewards.extend(scores["reward"][:real].tolist())
                 for name, values in scores.items():
-                    terms.setdefault(name, []).extend(values.tolist())
-                images.append(grid_pixels(pixels))
+                    terms.setdefault(name, []).extend(values[:real].tolist())
+                images.append(grid_pixels(pixels[:real]))
         local = (rewards, terms, torch.cat(images) if images else torch.zeros(0, dtype=torch.uint8))
         parts = self._gather(local)
         if parts is None:

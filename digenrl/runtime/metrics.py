@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
+WANDB_DIR = "wandb"  # what ``wandb.init(dir=out_dir)`` creates there
 
 REQUIRED_KEYS = (
     "iteration",

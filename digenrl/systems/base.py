@@ -20,7 +20,7 @@ from typing import ClassVar
 import torch
 
 from digenrl.config import Config, ConfigError, save_config
-from digenrl.rollout.evaluate import EvalPhases, EvalResult, check_eval_share, eval_schedule
+from digenrl.rollout.evaluate import EvalPhases, EvalResult, eval_schedule
 from digenrl.runtime.distributed import DistContext
 from digenrl.runtime.events import agree_clock_origin, merge_chrome_trace
 from digenrl.runtime.fault_injection import inject_fault
@@ -70,7 +70,6 @@ class System:
                 f"algo.prompts_per_iteration={p} must be divisible by the {world_size} ranks of system="
                 f"{cls.name!r}, so every rank generates whole prompt groups"
             )
-        check_eval_share(cfg, world_size)  # every rank trains, so every rank evaluates
 
     def __init__(self, cfg: Config, ctx: DistContext, run: RunStart):
         self.cfg = cfg

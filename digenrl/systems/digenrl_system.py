@@ -48,7 +48,6 @@ from digenrl.config import Config
 from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.gap.consumer import FragmentConsumer, check_gap_config
 from digenrl.gap.fragments import FragmentPlan
-from digenrl.rollout.evaluate import check_eval_share
 from digenrl.systems.base import IterationReport
 from digenrl.systems.components import RankComponents
 from digenrl.systems.digenrl_generators import DigenRLGenerators
@@ -85,7 +84,6 @@ class DigenRL(DigenRLGenerators):
         plan = FragmentPlan(cfg.algo.prompts_per_iteration, cfg.gap.fragment_groups, tsp.num_pipelines)
         resolve_switch(cfg.tcss.switch, plan.num_fragments)  # tcss.* without tcss: validation.KNOB_RULES
         check_gap_config(cfg, len(layout.trainer_ranks))
-        check_eval_share(cfg, len(layout.trainer_ranks))
         check_tag_config(cfg, _trainer_backend(cfg, world_size))
 
     # ------------------------------------------------------------------ set-up

@@ -36,7 +36,6 @@ from digenrl.config import Config, ConfigError
 from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.gap.fragments import FragmentPlan
 from digenrl.gap.stream import FragmentStream
-from digenrl.rollout.evaluate import check_eval_share
 from digenrl.rollout.remote_scoring import ScorerPool, ScoringServer
 from digenrl.rollout.scoring import ScoreResult
 from digenrl.runtime.control_plane import ControlPlane
@@ -119,7 +118,6 @@ class SeparateSystem(System):
                 f"algo.prompts_per_iteration={p} must be divisible by pools.generators={gens} so every "
                 "generator produces whole prompt groups"
             )
-        check_eval_share(cfg, trainers)  # evaluation runs on the trainer pool (digenrl/rollout/evaluate.py)
         per_generator = p // gens * cfg.algo.group_size
         if per_generator < trainers:
             raise ConfigError(
