@@ -91,7 +91,8 @@ def evaluated_prompts(cfg: EvalConfig, eval_prompts: tuple[str, ...], source: st
 
 def eval_sampler(cfg: Config, bundle: ModelBundle, latent_tokens: int) -> Sampler:
     """The training sampler's settings with ``eval.num_steps`` steps (default: the model's evaluation steps)
-    and, unless ``eval.sde``, noise level 0: the deterministic ODE (docs/algorithm.md, "Sampling")."""
+    and, unless ``eval.sde``, noise level 0: the deterministic ODE (docs/algorithm.md, "Flow-SDE step with
+    log-probability")."""
     steps = cfg.eval.num_steps or bundle.spec.default_eval_num_steps
     resolved = dataclasses.replace(cfg, sampler=dataclasses.replace(cfg.sampler, num_steps=steps))
     sampler = Sampler.from_config(resolved, bundle.spec, latent_tokens)

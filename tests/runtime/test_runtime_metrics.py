@@ -215,9 +215,21 @@ def test_wandb_offline_receives_the_metrics_and_the_grid(tmp_path, monkeypatch):
 
 
 def test_wandb_is_neither_imported_nor_opened_unless_asked(tmp_path):
+    """In a fresh process (another test may have imported wandb here): a writer with the default logger
+    settings logs without importing wandb or writing out_dir/wandb."""
+    import subprocess
     import sys
 
-    from digenrl.config import LoggerConfig
-
-    assert open_wandb(LoggerConfig(), tmp_path, "run-x", {}) is None
-    assert "wandb" not in sys.modules and not (tmp_path / "wandb").exists()
+    code = (
+        "import io, sys\n"
+        "from digenrl.config import LoggerConfig\n"
+        "from digenrl.runtime.metrics import MetricsWriter, open_wandb\n"
+        f"out = {str(tmp_path)!r}\n"
+        "run = open_wandb(LoggerConfig(), out, 'run-x', {})\n"
+        "writer = MetricsWriter(out, is_writer=True, stream=io.StringIO(), wandb=run)\n"
+        f"writer.log({_record(0, **EVAL)!r})\n"
+        "writer.close()\n"
+        "assert run is None and 'wandb' not in sys.modules, sorted(m for m in sys.modules if 'wandb' in m)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    assert (tmp_path / "metrics.jsonl").is_file() and not (tmp_path / "wandb").exists()

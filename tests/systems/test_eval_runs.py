@@ -9,8 +9,9 @@ import json
 
 import pytest
 
+from digenrl.config import load_config
 from digenrl.runtime.metrics import read_metrics
-from tests.systems.launcher import run_train
+from tests.systems.launcher import TINY, run_train
 
 #: three held-out prompts: two trainer ranks get unequal shares (one padded)
 EVAL = ["iterations=2", "eval.every=1", "eval.num_prompts=3", "checkpoint_every=0"]
@@ -42,7 +43,8 @@ def colocated(tmp_path_factory):
 
 def test_the_main_job_reports_eval_reward_at_its_first_and_last_iteration_and_leaves_grids(tmp_path):
     """The README's command (digenrl, one trainer + one generator, gloo), shortened to 3 iterations."""
-    proc = run_train(["iterations=3", f"out_dir={tmp_path}"], nproc=2)
+    assert load_config(TINY).eval.every > 0  # the shipped config evaluates
+    proc = run_train(["iterations=3", f"out_dir={tmp_path}"], nproc=2, evaluate=True)
     lines = proc.stdout.splitlines()
     first = next(line for line in lines if line.startswith("[digenrl] iteration 0 "))
     last = next(line for line in lines if line.startswith("[digenrl] iteration 2 "))
