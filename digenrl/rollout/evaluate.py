@@ -164,8 +164,8 @@ class Evaluator:
         sampling = "SDE" if self.cfg.sde else "ODE"
         weights = "EMA weights" if self.cfg.use_ema else "trained weights"
         return (
-            f"eval every {self.cfg.every} iteration(s) + the final policy: {len(self.prompts)} held-out "
-            f"prompt(s), {self.num_steps} {sampling} steps, fixed noise, {weights}"
+            f"eval at iteration 0, every {self.cfg.every} and the final policy: {len(self.prompts)} held-out "
+            f"prompt(s), {self.num_steps} {sampling} steps, fixed noise, {weights}, {self.ranks} rank(s)"
         )
 
     def _batches(self) -> Iterator[list[int]]:

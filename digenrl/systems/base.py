@@ -184,6 +184,8 @@ class System:
                 start_banner(cfg, ctx.world_size, self.describe_pools(), self.describe_mechanisms(), run),
                 flush=True,
             )
+            if self.parts.evaluator is not None:  # rank 0 trains, so it evaluates when eval.every > 0
+                print(f"[digenrl] {self.parts.evaluator.describe()}", flush=True)
         self.before_first_iteration()
         telemetry = GpuTelemetry(self.parts.events) if ctx.device.type == "cuda" else None
         if telemetry is not None:
