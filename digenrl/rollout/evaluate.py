@@ -140,6 +140,8 @@ class Evaluator:
         group: dist.ProcessGroup | None = None,
     ) -> Evaluator:
         sampler = eval_sampler(cfg, bundle, latent_tokens)
+        # one sample per prompt; "first" with one trained step: every step takes the sampler's noise level (0
+        # unless eval.sde) and the engine keeps its smallest record buffers (an evaluation trains nothing)
         engine = RolloutEngine(
             bundle.flow_model,
             bundle.text_encoder,
@@ -147,9 +149,8 @@ class Evaluator:
             latent_shape=latent_shape,
             group_size=1,
             seed=mix_seed(cfg.seed, EVAL_NOISE_KEY),
-            timestep_fraction=1
-            / sampler.num_steps,  # one recorded step: the smallest buffers the engine keeps
-            timestep_selection="first",  # every step stochastic when eval.sde, none otherwise (noise level 0)
+            timestep_fraction=1 / sampler.num_steps,
+            timestep_selection="first",
             fast_window=1,
             device=device,
         )
