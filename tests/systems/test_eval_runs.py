@@ -11,7 +11,7 @@ import pytest
 
 from digenrl.config import load_config
 from digenrl.runtime.metrics import read_metrics
-from tests.systems.launcher import TINY, run_train
+from tests.systems.launcher import RESUME_KEYS, TINY, assert_resumed_exactly, resume_from_copy, run_train
 
 #: three held-out prompts: two trainer ranks get unequal shares (one padded)
 EVAL = ["iterations=2", "eval.every=1", "eval.num_prompts=3", "checkpoint_every=0"]
@@ -90,3 +90,15 @@ def test_every_system_evaluates(colocated, tmp_path, system, nproc, extra):
         read_metrics(colocated)[0]["eval_reward_mean"], abs=1e-6
     )
     assert records[0]["eval_ema"] is ("eval.use_ema=true" in extra)
+
+
+def test_a_resumed_run_evaluates_as_the_uninterrupted_one(tmp_path):
+    """Evaluation draws nothing from the training's random streams and its noise is fixed: a run resumed
+    from iteration 1 logs the evaluations (and trains) bit for bit as the uninterrupted run."""
+    run = ["system=colocated-sync", "profile=cpu-1", "iterations=3", "eval.every=1", "eval.num_prompts=2"]
+    run += ["checkpoint_every=1", "checkpoint_keep=0", "seed=2"]
+    run_train([*run, f"out_dir={tmp_path / 'full'}"])
+    resume_from_copy(tmp_path / "full", tmp_path / "resumed", 1, run)
+    keys = (*RESUME_KEYS, "eval_policy_version", "eval_reward_mean", "eval_reward_std")
+    assert_resumed_exactly(tmp_path / "full", tmp_path / "resumed", keys)
+    assert [r["eval_policy_version"] for r in read_metrics(tmp_path / "resumed")] == [0, 1, 3]
