@@ -102,3 +102,14 @@ def test_a_resumed_run_evaluates_as_the_uninterrupted_one(tmp_path):
     keys = (*RESUME_KEYS, "eval_policy_version", "eval_reward_mean", "eval_reward_std")
     assert_resumed_exactly(tmp_path / "full", tmp_path / "resumed", keys)
     assert [r["eval_policy_version"] for r in read_metrics(tmp_path / "resumed")] == [0, 1, 3]
+
+
+def test_evaluation_leaves_the_training_unchanged(colocated, tmp_path):
+    """The same run without evaluation trains bit for bit the same (evaluation draws only its own noise,
+    touches no gradient or optimizer state)."""
+    run_train(
+        ["system=colocated-sync", "profile=cpu-1", *EVAL[:1], "checkpoint_every=0", f"out_dir={tmp_path}"]
+    )
+    for a, b in zip(read_metrics(colocated), read_metrics(tmp_path), strict=True):
+        assert {k: a[k] for k in RESUME_KEYS} == {k: b[k] for k in RESUME_KEYS}
+        assert "eval_reward_mean" in a and "eval_reward_mean" not in b
