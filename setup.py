@@ -42,5 +42,9 @@ setup(
         # Optional GPU kernels: never needed on CPU; DigenRL falls back to torch SDPA without them.
         "gpu": ["flash-attn>=2.6", "xformers>=0.0.28"],
         "deepspeed": ["deepspeed>=0.19.8"],  # managed_gradient_accumulation=false (trainer/parallel/)
+        # optional loggers (digenrl/runtime/metrics.py): TensorBoard is used whenever installed, Weights &
+        # Biases only with logger.wandb=true (never imported otherwise)
+        "tensorboard": ["tensorboard>=2.14"],
+        "wandb": ["wandb>=0.17"],
     },
 )

@@ -392,6 +392,44 @@ class CheckpointConfig:
 
 
 @dataclass
+class EvalConfig:
+    """Evaluation on held-out prompts (``data.eval_prompts``) during training (docs/operations.md, "Reading a
+    run"; digenrl/rollout/evaluate.py): at the start of every ``every``-th iteration and after the last, with
+    the same initial noise every time, each result in ``metrics.jsonl`` (``eval_*``) and as a captioned grid
+    in ``out_dir/samples/``."""
+
+    # iterations between evaluations (iteration 0, every N-th, and the final policy); 0 = off
+    every: int = field(default=0, metadata=within(0, 10_000_000))
+    # denoising steps; None = the model's evaluation default (FlowGRPO: 40 for SD3, 28 for FLUX, 50 for
+    # Qwen-Image and Wan; docs/algorithm.md, "Rollout settings")
+    num_steps: int | None = field(default=None, metadata=within(2, 1000))
+    # false = the deterministic ODE sampler (noise_level 0, as FlowGRPO evaluates); true = the training SDE
+    sde: bool = False
+    # evaluate the EMA of the weights (needs trainer.ema_decay > 0) instead of the trained weights
+    use_ema: bool = False
+    # the first N prompts of data.eval_prompts, one sample each
+    num_prompts: int = field(default=8, metadata=within(1, 100_000))
+    # samples per rollout call on one rank; 0 = the rank's whole share at once
+    batch_size: int = field(default=0, metadata=_NON_NEGATIVE_COUNT)
+
+
+WANDB_MODES = ("online", "offline")
+
+
+@dataclass
+class LoggerConfig:
+    """Where metrics and sample grids go besides ``metrics.jsonl`` and ``samples/`` (TensorBoard: automatic
+    when installed). Weights & Biases is optional (``pip install -e ".[wandb]"``), never imported unless
+    ``wandb`` is true."""
+
+    wandb: bool = False
+    wandb_project: str = "digenrl"
+    wandb_run_name: str | None = None  # None = the out_dir's name
+    # offline writes out_dir/wandb/ only (``wandb sync`` uploads it later)
+    wandb_mode: str = field(default="online", metadata=among(WANDB_MODES))
+
+
+@dataclass
 class Config:
     """One experiment."""
 
@@ -422,6 +460,8 @@ class Config:
     tsp: TspConfig = field(default_factory=TspConfig)
     tag: TagConfig = field(default_factory=TagConfig)
     tcss: TcssConfig = field(default_factory=TcssConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -578,6 +618,8 @@ _STRING_KEYS = {
     "prompts",
     "eval_prompts",
     "url",
+    "wandb_project",
+    "wandb_run_name",
 }
 
 
@@ -719,6 +761,8 @@ RESUMABLE_KEYS = (
     "checkpoint",  # the section: checkpoint.export_lora
     "trainer.checkpoint_format",
     "runtime.timeout_s",
+    "eval",  # the section: evaluation reads the policy, never changes it
+    "logger",
 )
 """Keys a resumed run may set differently from the checkpoint it continues (docs/operations.md, "Runs: resume,
 overwrite and the lock"): how long the run goes on, where, how often and in which format it saves (the loader

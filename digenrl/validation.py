@@ -176,6 +176,10 @@ KNOB_RULES: tuple[KnobRule, ...] = (
         ("reward.name", "reward.weights"),
         _reward_runs_a_model,
     ),
+    KnobRule(
+        ("eval",), "with eval.every > 0 (evaluation on)", ("eval.every",), lambda cfg: cfg.eval.every > 0
+    ),
+    KnobRule(("logger",), "with logger.wandb=true", ("logger.wandb",), lambda cfg: cfg.logger.wandb),
 )
 """When each knob that only some settings read is read (one row per mechanism; a new knob read only in
 some settings adds a row or joins one; a system-specific section's keys also go through System.knobs)."""
@@ -302,6 +306,7 @@ def validate_config(cfg: Config, world_size: int | None = None) -> None:
         )
     check_model(cfg)
     check_files(cfg)
+    check_evaluation(cfg)
 
     check_knobs(cfg)
     if world_size is not None and world_size > profile.world_size:
@@ -480,6 +485,43 @@ def check_files(cfg: Config) -> None:
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     check_writable_dir("out_dir", cfg.out_dir)
+
+
+def check_evaluation(cfg: Config) -> None:
+    """Evaluation settings the run can carry out (digenrl/rollout/evaluate.py): enough held-out prompts in
+    ``data.eval_prompts`` for ``eval.num_prompts``, suited to the reward (e.g. OCR's expected text); an EMA
+    to evaluate with ``eval.use_ema``; ``wandb`` installed when ``logger.wandb=true``."""
+    import importlib.util
+
+    from digenrl.data.prompts import PromptSet
+    from digenrl.rewards.registry import available_rewards, reward_class
+    from digenrl.rollout.evaluate import evaluated_prompts
+
+    if cfg.logger.wandb and importlib.util.find_spec("wandb") is None:
+        raise ConfigError(
+            'logger.wandb=true but the wandb package is not installed: pip install -e ".[wandb]" (or set '
+            "logger.wandb=false)"
+        )
+    if not cfg.eval.every:
+        return
+    if cfg.eval.use_ema and cfg.trainer.ema_decay <= 0:
+        raise ConfigError(
+            "eval.use_ema=true needs an EMA of the weights: set trainer.ema_decay > 0 (e.g. 0.99), or "
+            "eval.use_ema=false"
+        )
+    try:
+        held_out = PromptSet.load(cfg.data.eval_prompts, "data.eval_prompts")
+        evaluated_prompts(cfg.eval, held_out.prompts, cfg.data.eval_prompts)  # enough of them
+        n = cfg.eval.num_prompts
+        for name in reward_names(cfg):
+            if name in available_rewards():
+                reward_class(name).check_prompts(
+                    list(held_out.prompts[:n]), list(held_out.metadata[:n]), "data.eval_prompts"
+                )
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def check_writable_dir(key: str, directory: str) -> None:

@@ -1,5 +1,9 @@
-"""Reward curves: ``reward_mean`` ± ``reward_std`` per iteration from one or several runs' ``metrics.jsonl``.
+"""Reward curves: ``reward_mean`` ± ``reward_std`` per iteration from one or several runs' ``metrics.jsonl``,
+and beside them, where the run evaluated (``eval.every``), the held-out evaluation reward ``eval_reward_mean``
+(dashed, square markers).
 
+An evaluation of policy θ_v (``eval_policy_version`` v) is drawn at iteration v, where the training reward
+is that of the rollouts θ_v generated; the final policy's evaluation sits one past the last iteration.
 The band is the spread of rewards *within* an iteration's batch (``reward_std`` as the trainer logs it,
 digenrl/runtime/metrics.py), not a confidence interval over seeds. ``x="wall"`` plots against cumulative
 ``wall_s`` instead of the iteration index, which is the fair axis when comparing a faster schedule (or an
@@ -48,6 +52,22 @@ def reward_curve(metrics: Sequence[dict[str, Any]], x: str = "iteration") -> tup
     return xs, means, stds
 
 
+def eval_curve(metrics: Sequence[dict[str, Any]], x: str = "iteration") -> tuple[list[float], list[float]]:
+    """(xs, eval reward means) of one run's evaluations (records with ``eval_reward_mean``; none: empty).
+    ``x="iteration"``: the evaluated policy version; ``"wall"``: the cumulative ``wall_s`` of its record."""
+    if x not in X_AXES:
+        raise ValueError(f"x={x!r}; allowed: {list(X_AXES)}")
+    clock = list(accumulate(float(r.get("wall_s") or 0.0) for r in metrics))
+    xs, means = [], []
+    for record, elapsed in zip(metrics, clock, strict=True):
+        mean = record.get("eval_reward_mean")
+        if mean is None or not math.isfinite(float(mean)):
+            continue
+        xs.append(float(record["eval_policy_version"]) if x == "iteration" else elapsed)
+        means.append(float(mean))
+    return xs, means
+
+
 def reward_name(run: RunLog) -> str | None:
     """``reward.name`` from the run's config.yaml, if it wrote one."""
     reward = run.config.get("reward")
@@ -84,6 +104,17 @@ def plot_learning(
         axes.fill_between(
             xs, low, high, color=line.get_color(), alpha=0.2 if len(loaded) == 1 else 0.1, linewidth=0
         )
+        eval_xs, eval_means = eval_curve(run.metrics, x)
+        if eval_xs:
+            axes.plot(
+                eval_xs,
+                eval_means,
+                linestyle="--",
+                marker="s",
+                markersize=4,
+                color=line.get_color(),
+                label=f"{label} (eval, held-out prompts)",
+            )
     rewards = {reward_name(run) for run in loaded}
     reward = f" ({rewards.pop()})" if len(rewards) == 1 and None not in rewards else ""
     if x == "iteration":

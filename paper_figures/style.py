@@ -42,6 +42,7 @@ PHASE_COLORS = {
     "park": "#e377c2",
     "unpark": "#f7b6d2",
     "checkpoint": "#7f7f7f",
+    "eval": "#bcbd22",  # held-out evaluation (eval.every; digenrl/rollout/evaluate.py)
 }
 IDLE_COLOR = "#bdbdbd"
 

@@ -135,7 +135,7 @@ class ModelSpec:
     default_width: int = 512
     default_frames: int | None = None
     default_num_steps: int = 10
-    default_eval_num_steps: int = 40
+    default_eval_num_steps: int = 40  # eval.num_steps' default (digenrl/rollout/evaluate.py; FlowGRPO's)
     default_guidance_scale: float = 4.5
     guidance_embedded: bool = False
     cfg_renorm: bool = False

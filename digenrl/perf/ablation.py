@@ -88,6 +88,7 @@ def run_variant(
             f"seed={args.seed}",
             f"out_dir={run_dir}",
             "overwrite=true",  # a re-run replaces this script's own run
+            "eval.every=0",  # the config's held-out evaluation is no part of the throughput compared
             *pools,
             *args.overrides,
             *overrides,

@@ -12,6 +12,7 @@ from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.models.vae import LatentDecoder
 from digenrl.rewards.base import RewardFunction
 from digenrl.rewards.nonfinite import check_finite_rewards
+from digenrl.rewards.registry import CompositeReward
 
 
 @dataclass
@@ -64,3 +65,23 @@ class Scorer:
             raw, batch.prompts, batch.prompt_ids.cpu(), self.nonfinite_policy
         )
         return ScoreResult(rewards=torch.where(keep, checked, torch.zeros_like(checked)), keep=keep)
+
+    @torch.no_grad()
+    def score_terms(
+        self, latents: torch.Tensor, prompts: list[str]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Decode ``latents`` and score them term by term, for evaluation: (pixels in [0, 1] on the CPU,
+        ``{"reward": the configured reward, <part name>: the part's unweighted reward, …}``, each ``[B]``
+        float32 on the CPU). A weighted sum (``reward.weights``) reports every part and their weighted sum,
+        computed once per part; a single reward is its own one term. Non-finite values stay as they are
+        (an evaluation drops nothing; the metrics log them as null)."""
+        images = self.decoder.decode(latents)
+        metadata = [self.metadata.get(p, {}) for p in prompts]
+        if not isinstance(self.reward, CompositeReward):
+            return images.cpu(), {"reward": self.reward(images, prompts, metadata).float().cpu()}
+        terms = {
+            name: part.float().cpu()
+            for name, part in self.reward.score_parts(images, prompts, metadata).items()
+        }
+        total = sum(weight * terms[reward.name] for reward, weight in self.reward.parts)
+        return images.cpu(), {"reward": total, **terms}

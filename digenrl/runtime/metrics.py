@@ -1,5 +1,6 @@
 """Per-iteration metrics: ``out_dir/metrics.jsonl`` (rank 0), one progress line per iteration, and the same
-numbers in TensorBoard when it is installed.
+numbers (with the evaluation's sample grid, digenrl/runtime/sample_grid.py) in TensorBoard when it is
+installed and in Weights & Biases when ``logger.wandb=true``.
 
 One line per iteration, always: a resumed run first cuts the file back to the iterations before its
 checkpoint (atomically: a temporary file replaces it), so the iterations a crash made it redo are not
@@ -16,10 +17,13 @@ import sys
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
+from digenrl.config import LoggerConfig
+
 log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
+WANDB_DIR = "wandb"  # what ``wandb.init(dir=out_dir)`` creates there
 
 REQUIRED_KEYS = (
     "iteration",
@@ -38,6 +42,8 @@ class ScalarWriter(Protocol):
     """What :class:`MetricsWriter` needs of a TensorBoard ``SummaryWriter``."""
 
     def add_scalar(self, tag: str, scalar_value: float, global_step: int) -> None: ...
+
+    def add_image(self, tag: str, img_tensor: Any, global_step: int, *, dataformats: str) -> None: ...
 
     def flush(self) -> None: ...
 
@@ -58,12 +64,42 @@ def open_tensorboard(out_dir: str | Path, start_iteration: int = 0) -> ScalarWri
     return SummaryWriter(str(Path(out_dir) / TENSORBOARD_DIR), purge_step=start_iteration or None)
 
 
+class WandbRun(Protocol):
+    """What :class:`MetricsWriter` needs of a ``wandb`` run (``wandb.init``'s result)."""
+
+    def log(self, data: dict[str, Any], step: int) -> None: ...
+
+    def finish(self) -> None: ...
+
+
+def open_wandb(
+    logger: LoggerConfig, out_dir: str | Path, run_id: str | None, config: dict[str, Any]
+) -> WandbRun | None:
+    """A Weights & Biases run when ``logger.wandb=true`` (``wandb`` is imported only then; startup validation
+    has checked it is installed), else None. ``wandb_mode=offline`` writes ``out_dir/wandb/`` without any
+    connection; the run's id is DigenRL's ``run_id``, so a resumed run continues the same W&B run."""
+    if not logger.wandb:
+        return None
+    import wandb
+
+    return wandb.init(
+        project=logger.wandb_project,
+        name=logger.wandb_run_name or Path(out_dir).resolve().name,
+        mode=logger.wandb_mode,
+        dir=str(out_dir),
+        id=run_id,
+        resume="allow",
+        config=config,
+    )
+
+
 class MetricsWriter:
     """Appends one JSON object per iteration; only the writer rank touches the file.
 
     ``start_iteration``: the iteration this process starts at; lines of that iteration and later are cut
     from an existing file (0: the file starts empty). ``run_id`` is added to every record. ``tensorboard``:
-    a writer the records' numbers also go to (:func:`open_tensorboard`), or None.
+    a writer the records' numbers also go to (:func:`open_tensorboard`), or None; ``wandb`` likewise
+    (:func:`open_wandb`). An evaluation's grid goes to both as an image (:meth:`log`'s ``image``).
     """
 
     def __init__(
@@ -75,12 +111,14 @@ class MetricsWriter:
         start_iteration: int = 0,
         run_id: str | None = None,
         tensorboard: ScalarWriter | None = None,
+        wandb: WandbRun | None = None,
     ):
         self.path = Path(out_dir) / METRICS_FILE
         self.is_writer = is_writer
         self.stream = stream if stream is not None else sys.stdout
         self.run_id = run_id
         self.tensorboard = tensorboard if is_writer else None
+        self.wandb = wandb if is_writer else None
         if is_writer:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             kept = (
@@ -90,7 +128,9 @@ class MetricsWriter:
             )
             _replace(self.path, kept)
 
-    def log(self, record: dict[str, Any]) -> None:
+    def log(self, record: dict[str, Any], image: Path | None = None) -> None:
+        """Write ``record`` (an iteration's metrics) everywhere; ``image``: the evaluation's sample grid of
+        this iteration, shown by TensorBoard and W&B under ``eval/samples``."""
         if not self.is_writer:
             return
         missing = [k for k in REQUIRED_KEYS if k not in record]
@@ -100,11 +140,24 @@ class MetricsWriter:
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
         with self.path.open("a") as f:
             f.write(json.dumps(clean) + "\n")
+        numbers = {
+            k: v
+            for k, v in clean.items()
+            if k != "iteration" and isinstance(v, int | float) and not isinstance(v, bool)
+        }
         if self.tensorboard is not None:
-            for key, value in clean.items():
-                if key != "iteration" and isinstance(value, int | float) and not isinstance(value, bool):
-                    self.tensorboard.add_scalar(key, value, record["iteration"])
+            for key, value in numbers.items():
+                self.tensorboard.add_scalar(key, value, record["iteration"])
+            if image is not None:
+                self.tensorboard.add_image(
+                    IMAGE_TAG, _read_png(image), record["iteration"], dataformats="HWC"
+                )
             self.tensorboard.flush()
+        if self.wandb is not None:
+            import wandb
+
+            extra = {IMAGE_TAG: wandb.Image(str(image))} if image is not None else {}
+            self.wandb.log({**numbers, **extra}, step=record["iteration"])
         self.stream.write(progress_line(record) + "\n")
         self.stream.flush()
 
@@ -112,6 +165,22 @@ class MetricsWriter:
         if self.tensorboard is not None:
             self.tensorboard.close()
             self.tensorboard = None
+        if self.wandb is not None:
+            self.wandb.finish()
+            self.wandb = None
+
+
+#: The tag the evaluation's sample grid goes under in TensorBoard and W&B.
+IMAGE_TAG = "eval/samples"
+
+
+def _read_png(path: Path) -> Any:
+    """An image file as an HWC uint8 array (what ``SummaryWriter.add_image`` takes)."""
+    import numpy as np
+    from PIL import Image
+
+    with Image.open(path) as picture:
+        return np.asarray(picture.convert("RGB"))
 
 
 def progress_line(r: dict[str, Any]) -> str:
@@ -126,8 +195,17 @@ def progress_line(r: dict[str, Any]) -> str:
     return (
         f"[digenrl] {it} v{r['policy_version']} reward {r['reward_mean']:+.4f}±{r['reward_std']:.4f} "
         f"loss {r['loss']:+.3e} ratio {r['ratio_mean']:.6f} |Δθ| {r['update_norm']:.3e} "
-        f"{r['samples_per_s']:.2f} samples/s {r['wall_s']:.2f}s{skipped}"
+        f"{r['samples_per_s']:.2f} samples/s {r['wall_s']:.2f}s{skipped}{eval_text(r)}"
     )
+
+
+def eval_text(r: dict[str, Any]) -> str:
+    """`` | eval v<k> <mean>±<std>`` for a record that holds an evaluation (``eval_*``), else ""."""
+    if "eval_reward_mean" not in r:
+        return ""
+    mean, std = r["eval_reward_mean"], r.get("eval_reward_std")
+    shown = "non-finite" if mean is None or not math.isfinite(mean) else f"{mean:+.4f}±{std or 0.0:.4f}"
+    return f" | eval v{r['eval_policy_version']} {shown}"
 
 
 def read_metrics(out_dir: str | Path) -> list[dict[str, Any]]:

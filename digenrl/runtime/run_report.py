@@ -3,7 +3,8 @@
 The start banner says what is about to run (system, model, profile, world, pools, mechanisms, out_dir,
 and the run: new, or resumed at which iteration);
 the closing summary says what happened, from ``metrics.jsonl`` after the per-rank event logs were folded
-in (:func:`digenrl.runtime.metrics.add_event_summary`): reward first → last, steady-state samples/s
+in (:func:`digenrl.runtime.metrics.add_event_summary`): reward first → last, the held-out evaluation's
+reward first → last (``eval.every``), steady-state samples/s
 (the first iteration — compilation, pipeline fill — excluded when there are later ones), each pool's busy
 fraction, and the bubble-free bound — the samples/s a perfect schedule of the same busy device-seconds
 would reach (docs/design.md §5) — plus where the metrics, the trace and the checkpoints are. Iterations
@@ -81,6 +82,12 @@ def closing_summary(records: list[dict[str, Any]], out_dir: str | Path) -> str:
         f"reward {first['reward_mean']:+.4f} -> {last['reward_mean']:+.4f}",
         f"[digenrl] {rate:.2f} samples/s over {_span(steady[0], last)}" + _bound(window, samples),
     ]
+    evals = [r for r in records if "eval_reward_mean" in r]
+    if evals:
+        lines.append(
+            f"[digenrl] eval reward on held-out prompts: {_eval(evals[0])} -> {_eval(evals[-1])} "
+            f"({len(evals)} evaluation(s); sample grids in {Path(out_dir) / 'samples'})"
+        )
     busy = _busy(steady)
     if busy:
         pools = ", ".join(f"{role} {100 * f:.0f}%" for role, f in busy.items())
@@ -100,6 +107,12 @@ def closing_summary(records: list[dict[str, Any]], out_dir: str | Path) -> str:
         f"checkpoints {out / 'checkpoints'}"
     )
     return "\n".join(lines)
+
+
+def _eval(record: dict[str, Any]) -> str:
+    mean = record["eval_reward_mean"]
+    shown = f"{mean:+.4f}" if mean is not None else "non-finite"
+    return f"{shown} (policy v{record['eval_policy_version']})"
 
 
 def _span(first: dict[str, Any], last: dict[str, Any]) -> str:

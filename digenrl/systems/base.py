@@ -13,18 +13,21 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
 
 from digenrl.config import Config, ConfigError, save_config
+from digenrl.rollout.evaluate import EvalPhases, EvalResult, eval_schedule
 from digenrl.runtime.distributed import DistContext
 from digenrl.runtime.events import agree_clock_origin, merge_chrome_trace
 from digenrl.runtime.fault_injection import inject_fault
 from digenrl.runtime.metrics import add_event_summary, read_metrics
 from digenrl.runtime.policy_version import PolicyVersion
 from digenrl.runtime.run_report import closing_summary, start_banner
+from digenrl.runtime.sample_grid import grid_path, write_sample_grid
 from digenrl.runtime.telemetry import GpuTelemetry
 from digenrl.systems.components import RankComponents
 from digenrl.trainer.checkpoint import load_checkpoint, save_checkpoint
@@ -96,6 +99,30 @@ class System:
     def after_run(self) -> None:
         """Hook after the last iteration, before the logs are merged (generators join the last push)."""
 
+    # ------------------------------------------------------------------ evaluation
+    def evaluation_phases(self) -> AbstractContextManager[EvalPhases | None]:
+        """What brings the rollout and the reward onto the device during an evaluation (colocated systems:
+        their residency planner); default: nothing to move."""
+        return nullcontext(None)
+
+    def evaluate(self, iteration: int, *, final: bool) -> EvalResult | None:
+        """The evaluation ``eval_schedule`` puts at the start of ``iteration`` (θ_iteration) or, ``final``,
+        after it (θ_N): on every rank holding the trainer's weights (those with an evaluator),
+        collectively, as an ``eval`` span; the result on rank 0, which writes the grid and the metrics. The
+        iteration's ``wall_s`` does not include it (its ``eval_s`` is its own)."""
+        evaluator, trainer = self.parts.evaluator, self.parts.trainer
+        if evaluator is None or not eval_schedule(self.cfg, iteration, final=final):
+            return None
+        version = self.version.current
+        weights = trainer.ema_weights() if self.cfg.eval.use_ema else None
+        with (
+            self.parts.events.span(
+                "eval", iteration=iteration, policy_version=version, samples=len(evaluator.mine)
+            ),
+            self.evaluation_phases() as phases,
+        ):
+            return evaluator.run(iteration, version, weights=weights, phases=phases)
+
     # ------------------------------------------------------------------ checkpoint
     def checkpoint_payload(self, next_iteration: int) -> tuple[dict, dict | None]:
         """(the writer's payload, this rank's trainer shards in the sharded format or ``None``)."""
@@ -157,6 +184,8 @@ class System:
                 start_banner(cfg, ctx.world_size, self.describe_pools(), self.describe_mechanisms(), run),
                 flush=True,
             )
+            if self.parts.evaluator is not None:  # rank 0 trains, so it evaluates when eval.every > 0
+                print(f"[digenrl] {self.parts.evaluator.describe()}", flush=True)
         self.before_first_iteration()
         telemetry = GpuTelemetry(self.parts.events) if ctx.device.type == "cuda" else None
         if telemetry is not None:
@@ -166,9 +195,11 @@ class System:
             inject_fault(ctx.rank, iteration)
             if ctx.device.type == "cuda":  # peak_mem_gib: this iteration's peak on this rank's GPU
                 torch.cuda.reset_peak_memory_stats(ctx.device)
+            evaluation = self.evaluate(iteration, final=False)
             t0 = time.perf_counter()
             report = self.run_iteration(iteration)
             wall = time.perf_counter() - t0
+            evaluation = self.evaluate(iteration, final=True) or evaluation
             record = {
                 "iteration": iteration,
                 "iterations": cfg.iterations,
@@ -185,7 +216,18 @@ class System:
             }
             if ctx.device.type == "cuda":
                 record["peak_mem_gib"] = torch.cuda.max_memory_allocated(ctx.device) / 2**30
-            self.parts.metrics.log(record)
+            image = None
+            if evaluation is not None:  # rank 0: the evaluation's numbers and its grid
+                record.update(evaluation.metrics)
+                image = write_sample_grid(
+                    grid_path(cfg.out_dir, iteration),
+                    evaluation.images,
+                    evaluation.prompts,
+                    evaluation.rewards,
+                    title=f"iteration {iteration}: policy v{evaluation.policy_version}, "
+                    f"eval reward {evaluation.metrics['eval_reward_mean']:+.4f}",
+                )
+            self.parts.metrics.log(record, image=image)
             records.append(record)
             last = iteration + 1 == cfg.iterations
             if last or (cfg.checkpoint_every and (iteration + 1) % cfg.checkpoint_every == 0):

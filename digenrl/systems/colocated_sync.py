@@ -12,6 +12,7 @@ plain single-GPU FlowGRPO.
 from __future__ import annotations
 
 import time
+from contextlib import AbstractContextManager
 
 import torch
 
@@ -24,6 +25,7 @@ from digenrl.systems.base import IterationReport, System
 from digenrl.systems.components import RankComponents, build_rank_components
 from digenrl.systems.phases import Accumulation, assign_advantages, reward_summary, train_logical_batch
 from digenrl.systems.residency import (
+    EvaluationPhases,
     ResidencyPlanner,
     ResidencyPolicy,
     TransitionRecord,
@@ -95,6 +97,11 @@ class ColocatedSync(System):
             log=lambda message: events.note(message, kind="residency"),
             on_transition=lambda record: residency_span(events, record, self.iteration),
         )
+
+    def evaluation_phases(self) -> AbstractContextManager[EvaluationPhases]:
+        """An evaluation brings the rollout and the reward in chunk by chunk like a rollout; generation goes
+        on right after, so the rollout stays awake."""
+        return self.residency.evaluation(keep_rollout_awake=True, sleep_after=False)
 
     def my_prompt_ids(self, iteration: int) -> tuple[list[str], list[int]]:
         """This rank's contiguous share of the iteration's prompt groups."""

@@ -19,11 +19,12 @@ from digenrl.models import ModelBundle, build_model_bundle
 from digenrl.models.optimize import optimize_flow_model
 from digenrl.rewards.registry import build_configured_reward
 from digenrl.rollout.engine import RolloutEngine
+from digenrl.rollout.evaluate import Evaluator
 from digenrl.rollout.sampler import Sampler
 from digenrl.rollout.scoring import Scorer
 from digenrl.runtime.distributed import DistContext
 from digenrl.runtime.events import EventLogger
-from digenrl.runtime.metrics import MetricsWriter, open_tensorboard
+from digenrl.runtime.metrics import MetricsWriter, open_tensorboard, open_wandb
 from digenrl.trainer.run_dir import RunStart
 from digenrl.trainer.trainer import PolicyTrainer
 
@@ -51,6 +52,7 @@ class RankComponents:
     trainer: PolicyTrainer | None
     events: EventLogger
     metrics: MetricsWriter
+    evaluator: Evaluator | None = None  # on the ranks holding the trainer's weights when eval.every > 0
 
 
 def build_rank_components(
@@ -75,8 +77,13 @@ def build_rank_components(
 
     ``run``: how the run starts in out_dir — a resumed run appends to its event logs and cuts
     ``metrics.jsonl`` back to its checkpoint's iteration (digenrl/trainer/run_dir.py).
+
+    With ``eval.every > 0`` every training rank also gets an :class:`Evaluator` (and so a scorer): evaluation
+    runs where the trainer's weights are, over ``process_group`` (digenrl/rollout/evaluate.py).
     """
+    evaluate = train and cfg.eval.every > 0
     score = generate if score is None else score
+    score = score or evaluate
     bundle = build_model_bundle(
         cfg.model.name,
         pretrained_path=cfg.model.pretrained_path,
@@ -87,7 +94,8 @@ def build_rank_components(
     )
     height, width, frames = resolve_resolution(cfg, bundle)
     latent_shape = bundle.flow_model.latent_shape(height, width, frames)
-    sampler = Sampler.from_config(cfg, bundle.spec, bundle.flow_model.token_count(height, width, frames))
+    latent_tokens = bundle.flow_model.token_count(height, width, frames)
+    sampler = Sampler.from_config(cfg, bundle.spec, latent_tokens)
 
     trainer = None
     if train:
@@ -156,7 +164,20 @@ def build_rank_components(
         start_iteration=run.start_iteration,
         run_id=run.run_id,
         tensorboard=open_tensorboard(out, run.start_iteration) if writer else None,
+        wandb=open_wandb(cfg.logger, out, run.run_id, cfg.to_dict()) if writer else None,
     )
+    evaluator = None
+    if evaluate:
+        evaluator = Evaluator.build(
+            cfg,
+            bundle,
+            latent_shape,
+            latent_tokens,
+            scorer,
+            prompt_sets["data.eval_prompts"].prompts,
+            device=ctx.device,
+            group=process_group,
+        )
     return RankComponents(
         cfg=cfg,
         ctx=ctx,
@@ -169,4 +190,5 @@ def build_rank_components(
         trainer=trainer,
         events=events,
         metrics=metrics,
+        evaluator=evaluator,
     )

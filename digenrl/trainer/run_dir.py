@@ -1,9 +1,10 @@
 """What an ``out_dir`` holds and the rules for starting a run in it, so a run never loses or mixes data.
 
 A run directory holds one run: ``config.yaml``, ``metrics.jsonl``, ``events/``, ``trace.json``,
-``checkpoints/`` and ``tensorboard/`` (:data:`RUN_FILES`). Every run has an identity, a ``run_id`` (uuid4)
-that its checkpoints, ``config.yaml``, ``metrics.jsonl`` and event logs carry. At startup, before anything
-is written, rank 0 decides how this run uses ``out_dir`` (:func:`plan_run_start`):
+``checkpoints/``, ``tensorboard/``, ``samples/`` and ``wandb/`` (:data:`RUN_FILES`). Every run has an
+identity, a ``run_id`` (uuid4) that its checkpoints, ``config.yaml``, ``metrics.jsonl`` and event logs
+carry. At startup, before anything is written, rank 0 decides how this run uses ``out_dir``
+(:func:`plan_run_start`):
 
 * ``resume=false`` into a directory that holds a run → refused, unless ``overwrite=true``, which deletes
   that run's files (and nothing else) first; a new ``run_id``.
@@ -41,9 +42,10 @@ from typing import TYPE_CHECKING
 
 from digenrl.config import RESUMABLE_KEYS, Config, ConfigError, config_differences
 from digenrl.runtime.event_records import EVENTS_SUBDIR
-from digenrl.runtime.metrics import METRICS_FILE, TENSORBOARD_DIR, read_metrics
+from digenrl.runtime.metrics import METRICS_FILE, TENSORBOARD_DIR, WANDB_DIR, read_metrics
 from digenrl.runtime.run_inputs import input_differences, input_fingerprints
 from digenrl.runtime.run_lock import acquire_run_lock, holds_run_lock
+from digenrl.runtime.sample_grid import SAMPLES_DIR
 from digenrl.trainer.checkpoint import (
     CHECKPOINT_DIR,
     LATEST,
@@ -61,7 +63,16 @@ if TYPE_CHECKING:
 
 CONFIG_FILE = "config.yaml"
 TRACE_FILE = "trace.json"
-RUN_FILES = (CONFIG_FILE, METRICS_FILE, TRACE_FILE, EVENTS_SUBDIR, CHECKPOINT_DIR, TENSORBOARD_DIR)
+RUN_FILES = (
+    CONFIG_FILE,
+    METRICS_FILE,
+    TRACE_FILE,
+    EVENTS_SUBDIR,
+    CHECKPOINT_DIR,
+    TENSORBOARD_DIR,
+    SAMPLES_DIR,
+    WANDB_DIR,
+)
 """The files and folders a run writes into ``out_dir``; ``overwrite=true`` deletes exactly these."""
 
 _DECISIONS = itertools.count()
@@ -96,7 +107,11 @@ def existing_run(out_dir: str | Path) -> list[str]:
         found.append(f"{CHECKPOINT_DIR}/ (steps {', '.join(map(str, steps))})")
     elif (out / CHECKPOINT_DIR).is_dir() and any((out / CHECKPOINT_DIR).iterdir()):
         found.append(f"{CHECKPOINT_DIR}/ (incomplete)")
-    found += [name for name in (CONFIG_FILE, TRACE_FILE, TENSORBOARD_DIR) if (out / name).exists()]
+    found += [
+        name
+        for name in (CONFIG_FILE, TRACE_FILE, TENSORBOARD_DIR, SAMPLES_DIR, WANDB_DIR)
+        if (out / name).exists()
+    ]
     return found
 
 

@@ -71,6 +71,8 @@ FREE_FORM = {
     "data.prompts",
     "data.eval_prompts",
     "tcss.switch",  # auto | timing | a fragment index: checked against the plan's fragments (DigenRL.check)
+    "logger.wandb_project",  # Weights & Biases names, free text
+    "logger.wandb_run_name",
 }
 
 DECLARED = list(declared_fields(Config()))

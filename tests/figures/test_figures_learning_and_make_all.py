@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from paper_figures.learning import plot_learning, reward_curve
+from paper_figures.learning import eval_curve, plot_learning, reward_curve
 from paper_figures.logs import load_run
 from paper_figures.make_all import default_timeline_window, display_name, make_all, root_labels
 from paper_figures.make_all import main as make_all_main
@@ -56,6 +56,23 @@ def test_reward_curve_drops_non_finite_rewards():
     assert xs == pytest.approx([walls[0], sum(walls)]) and means == [0.5, 0.7] and stds == [0.1, 0.0]
     with pytest.raises(ValueError, match="'wall_s'"):
         reward_curve([{"iteration": 0, "reward_mean": 1.0, "reward_std": 0.0}])
+
+
+def test_eval_curve_places_each_evaluation_at_its_policy_version(tmp_path, png_ok):
+    records = [
+        {"iteration": 0, "reward_mean": 0.5, "reward_std": 0.1, "wall_s": 1.0, "eval_policy_version": 0}
+        | {"eval_reward_mean": 0.4},
+        {"iteration": 1, "reward_mean": 0.6, "reward_std": 0.1, "wall_s": 2.0},
+        {"iteration": 2, "reward_mean": 0.7, "reward_std": 0.1, "wall_s": 3.0, "eval_policy_version": 3}
+        | {"eval_reward_mean": 0.8},
+    ]
+    assert eval_curve(records) == ([0.0, 3.0], [0.4, 0.8])  # the final policy one past the last iteration
+    assert eval_curve(records, x="wall") == ([1.0, 6.0], [0.4, 0.8])
+    assert eval_curve(records[1:2]) == ([], [])
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    png_ok(plot_learning([run], tmp_path / "l.png", dpi=100), (640, 400))
 
 
 def test_learning_png_for_several_runs(tmp_path, sample_run, png_ok):

@@ -1,5 +1,6 @@
 """metrics.jsonl: one line per iteration (a resume cuts back first), the progress line and the closing
-summary in the metrics' own 0-based numbering, and the optional TensorBoard mirror."""
+summary in the metrics' own 0-based numbering (with the evaluation's numbers), and the optional TensorBoard
+and Weights & Biases mirrors."""
 
 from __future__ import annotations
 
@@ -11,7 +12,14 @@ import logging
 import pytest
 
 from digenrl.runtime.events import EventLogger
-from digenrl.runtime.metrics import MetricsWriter, open_tensorboard, progress_line, read_metrics
+from digenrl.runtime.metrics import (
+    IMAGE_TAG,
+    MetricsWriter,
+    open_tensorboard,
+    open_wandb,
+    progress_line,
+    read_metrics,
+)
 from digenrl.runtime.run_report import closing_summary
 from digenrl.runtime.run_report import main as run_report_main
 
@@ -39,11 +47,15 @@ class FakeSummaryWriter:
 
     def __init__(self) -> None:
         self.scalars: list[tuple[str, float, int]] = []
+        self.images: list[tuple[str, tuple[int, ...], int, str]] = []
         self.flushes = 0
         self.closed = False
 
     def add_scalar(self, tag: str, scalar_value: float, global_step: int) -> None:
         self.scalars.append((tag, scalar_value, global_step))
+
+    def add_image(self, tag: str, img_tensor, global_step: int, *, dataformats: str) -> None:
+        self.images.append((tag, tuple(img_tensor.shape), global_step, dataformats))
 
     def flush(self) -> None:
         self.flushes += 1
@@ -154,3 +166,70 @@ def test_a_malformed_line_inside_the_file_is_an_error(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"iteration": 0}\nnot json\n{"iteration": 1}\n')
     with pytest.raises(ValueError, match=r"metrics\.jsonl:2"):
         read_metrics(tmp_path)
+
+
+EVAL = {"eval_policy_version": 0, "eval_reward_mean": 0.25, "eval_reward_std": 0.125, "eval_samples": 4}
+
+
+def _grid(tmp_path):
+    import torch
+
+    from digenrl.runtime.sample_grid import grid_path, write_sample_grid
+
+    images = torch.zeros(2, 3, 8, 8, dtype=torch.uint8)
+    return write_sample_grid(grid_path(tmp_path, 0), images, ["a", "b"], [0.25, 0.25])
+
+
+def test_an_evaluation_shows_in_the_progress_line_the_summary_and_tensorboard(tmp_path):
+    assert progress_line(_record(0, **EVAL)).endswith(" | eval v0 +0.2500±0.1250")
+    assert " | eval" not in progress_line(_record(1))
+    assert progress_line(_record(2, **{**EVAL, "eval_reward_mean": None})).endswith("eval v0 non-finite")
+    fake = FakeSummaryWriter()
+    writer = MetricsWriter(tmp_path, is_writer=True, stream=io.StringIO(), tensorboard=fake)
+    writer.log(_record(0, **EVAL), image=_grid(tmp_path))
+    writer.log(_record(1))
+    writer.log(_record(2, **{**EVAL, "eval_policy_version": 3, "eval_reward_mean": 0.5}))
+    (tag, shape, step, formats) = fake.images[0]
+    assert len(fake.images) == 1 and (tag, step, formats) == (IMAGE_TAG, 0, "HWC") and shape[2] == 3
+    assert ("eval_reward_mean", 0.25, 0) in fake.scalars
+    with EventLogger(tmp_path, 0, "colocated", 0.0) as events:  # the summary's bound reads the logs
+        events.record_span("optimizer", 0.0, 1.0, iteration=0)
+    summary = closing_summary(read_metrics(tmp_path), tmp_path)
+    assert (
+        "eval reward on held-out prompts: +0.2500 (policy v0) -> +0.5000 (policy v3) (2 evaluation(s)"
+        in summary
+    )
+
+
+@pytest.mark.needs("wandb")
+def test_wandb_offline_receives_the_metrics_and_the_grid(tmp_path, monkeypatch):
+    from digenrl.config import LoggerConfig
+
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run = open_wandb(LoggerConfig(wandb=True, wandb_mode="offline"), tmp_path, "run-w", {"seed": 0})
+    writer = MetricsWriter(tmp_path, is_writer=True, stream=io.StringIO(), wandb=run)
+    writer.log(_record(0, **EVAL), image=_grid(tmp_path))
+    writer.close()
+    assert writer.wandb is None
+    assert any((tmp_path / "wandb").glob("offline-run-*run-w*")), list((tmp_path / "wandb").iterdir())
+
+
+def test_wandb_is_neither_imported_nor_opened_unless_asked(tmp_path):
+    """In a fresh process (another test may have imported wandb here): a writer with the default logger
+    settings logs without importing wandb or writing out_dir/wandb."""
+    import subprocess
+    import sys
+
+    code = (
+        "import io, sys\n"
+        "from digenrl.config import LoggerConfig\n"
+        "from digenrl.runtime.metrics import MetricsWriter, open_wandb\n"
+        f"out = {str(tmp_path)!r}\n"
+        "run = open_wandb(LoggerConfig(), out, 'run-x', {})\n"
+        "writer = MetricsWriter(out, is_writer=True, stream=io.StringIO(), wandb=run)\n"
+        f"writer.log({_record(0, **EVAL)!r})\n"
+        "writer.close()\n"
+        "assert run is None and 'wandb' not in sys.modules, sorted(m for m in sys.modules if 'wandb' in m)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    assert (tmp_path / "metrics.jsonl").is_file() and not (tmp_path / "wandb").exists()

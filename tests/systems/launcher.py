@@ -34,8 +34,20 @@ def train_env() -> dict[str, str]:
     return env
 
 
+def with_eval_default(overrides: list[str], evaluate: bool = False) -> list[str]:
+    """``overrides`` plus ``eval.every=0`` unless they set an ``eval.*`` key or ``evaluate`` keeps the config
+    file's evaluation: the main job evaluates (tiny.yaml), but the tests of other mechanisms run without it,
+    as before, so their timelines (TAG's idle time, GAP's overlap) and the suite's duration stay as they were;
+    tests/systems/test_eval_runs.py tests evaluation in every system."""
+    if evaluate or any(o.startswith("eval.") or o.startswith("eval=") for o in overrides):
+        return list(overrides)
+    return [*overrides, "eval.every=0"]
+
+
 def train_command(overrides: list[str], nproc: int = 0) -> list[str]:
-    """``nproc=0``: a plain single process; otherwise ``torchrun --standalone --nproc_per_node``."""
+    """``nproc=0``: a plain single process; otherwise ``torchrun --standalone --nproc_per_node``. Without
+    evaluation unless the overrides ask (:func:`with_eval_default`)."""
+    overrides = with_eval_default(overrides)
     if nproc:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
     else:
@@ -53,6 +65,7 @@ def run_train(
     timeout_s: float = 240,
     check: bool = True,
     launcher: str = "preloaded",
+    evaluate: bool = False,
 ) -> subprocess.CompletedProcess:
     """Run ``run_train.py`` with ``overrides`` to the end, failing the test if it hangs past ``timeout_s``.
 
@@ -60,7 +73,9 @@ def run_train(
     elastic agent. ``launcher="preloaded"`` forks the processes from a server that imported the heavy
     packages once (tests/systems/preloaded_launch.py); ``"command"`` runs the user's command line in a
     subprocess (``python run_train.py`` / ``torchrun --standalone``): for tests of what torchrun itself
-    prints or does when a rank fails, and of what a user's command prints once."""
+    prints or does when a rank fails, and of what a user's command prints once. ``evaluate``: keep the
+    config file's evaluation (else off unless the overrides set ``eval.*``: :func:`with_eval_default`)."""
+    overrides = with_eval_default(overrides, evaluate)
     if launcher not in LAUNCHERS:
         raise ValueError(f"launcher={launcher!r}; allowed: {', '.join(LAUNCHERS)}")
     if launcher == "preloaded":
