@@ -151,7 +151,8 @@ def check_shared_fit(estimates: list[RankEstimate], free_bytes: float, *, activa
         ""
         if activations_counted
         else (
-            " (activations not counted: runtime.costs_dir holds no measured cost file for this model and device)"
+            " (activations not counted: runtime.costs_dir holds no measured cost file for this model and "
+            "device)"
         )
     )
     ranks = "; ".join(e.describe() for e in estimates)
