@@ -368,6 +368,13 @@ class RuntimeConfig:
     # a real-size model (not tiny-*) on a CPU device is refused at startup with its memory estimate unless
     # this is true (digenrl/validation.py validate_devices)
     allow_large_cpu_model: bool = False
+    # several ranks of one job on one GPU (docs/operations.md, "Shared-device mode"): every rank builds its
+    # models on the GPU, collectives run on gloo, point-to-point transfers stage through pinned host memory.
+    # For testing every CUDA path of the schedules on one GPU; its timings are not a multi-GPU result.
+    share_device: bool = False
+    # shared-device mode's memory check prices each rank's activations from the measured cost file
+    # <costs_dir>/<device>-<model>.json (experiments/results/costs in a checkout); None = not counted
+    costs_dir: str | None = None
 
 
 @dataclass
@@ -620,6 +627,7 @@ _STRING_KEYS = {
     "url",
     "wandb_project",
     "wandb_run_name",
+    "costs_dir",
 }
 
 

@@ -48,13 +48,14 @@ def ranks_to_start(cfg) -> int:
     wanted = cfg.pools.trainers + cfg.pools.generators + cfg.pools.scorers or profile.world_size
     if profile.num_nodes > 1 or wanted == 1:
         return 1
-    if profile.backend == "nccl":
+    if profile.backend == "nccl" and not cfg.runtime.share_device:
         import torch
 
         if torch.cuda.device_count() < wanted:
             raise ConfigError(
                 f"profile={cfg.profile!r} runs {wanted} ranks on GPUs but this machine has "
-                f"{torch.cuda.device_count()}; use torchrun on a machine that has them, or a smaller profile"
+                f"{torch.cuda.device_count()}; use torchrun on a machine that has them, a smaller profile, "
+                "or runtime.share_device=true to test the schedule with several ranks per GPU"
             )
     return wanted
 
@@ -113,7 +114,7 @@ def main(argv: list[str]) -> int:
             return 128 + exc.signum
         return 0
 
-    from digenrl.runtime.distributed import init_distributed, shutdown_distributed
+    from digenrl.runtime.distributed import configured_backend, init_distributed, shutdown_distributed
     from digenrl.runtime.fault_injection import inject_delay
     from digenrl.runtime.profiles import load_profile
     from digenrl.runtime.run_lock import release_run_locks
@@ -122,8 +123,9 @@ def main(argv: list[str]) -> int:
     from digenrl.trainer.run_dir import agree_run_start
 
     # the hardware profile says what the devices are: a CPU profile runs gloo on CPUs even where CUDA exists
-    backend = cfg.runtime.backend or load_profile(cfg.profile).backend
-    ctx = init_distributed(backend, timeout_s=cfg.runtime.timeout_s)
+    share = cfg.runtime.share_device
+    backend = configured_backend(cfg.runtime.backend, load_profile(cfg.profile).backend, share_device=share)
+    ctx = init_distributed(backend, timeout_s=cfg.runtime.timeout_s, share_device=share)
     watchdog = start_watchdog(ctx, cfg.runtime.timeout_s)  # None in a single process
     try:
         try:  # rank 0 decides how the run uses out_dir before anything is written (run_dir.py)

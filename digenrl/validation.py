@@ -127,6 +127,15 @@ def _reward_runs_a_model(cfg: Config) -> bool:
     return any(name not in available_rewards() or reward_needs_weights(name) for name in names)
 
 
+def _gpu_profile(cfg: Config) -> bool:
+    from digenrl.runtime.profiles import load_profile
+
+    try:
+        return load_profile(cfg.profile).backend == "nccl"
+    except (ValueError, OSError):
+        return True  # an unknown profile: its name is reported, not this
+
+
 KNOB_RULES: tuple[KnobRule, ...] = (
     KnobRule(
         ("algo.fast_window",),
@@ -152,6 +161,18 @@ KNOB_RULES: tuple[KnobRule, ...] = (
         ("model.name", "sampler.guidance_scale"),
         _true_cfg,
         _guidance_now,
+    ),
+    KnobRule(
+        ("runtime.costs_dir",),
+        "with runtime.share_device=true (its memory check)",
+        ("runtime.share_device",),
+        lambda cfg: cfg.runtime.share_device,
+    ),
+    KnobRule(
+        ("runtime.share_device",),
+        "with a GPU hardware profile (one whose backend is nccl): CPU profiles run every rank on the CPU",
+        ("profile",),
+        lambda cfg: _gpu_profile(cfg),
     ),
     KnobRule(("tag",), "with tag.enabled=true", ("tag.enabled",), lambda cfg: cfg.tag.enabled),
     KnobRule(("tcss",), "with tcss.enabled=true", ("tcss.enabled",), lambda cfg: cfg.tcss.enabled),
@@ -307,6 +328,11 @@ def validate_config(cfg: Config, world_size: int | None = None) -> None:
     check_model(cfg)
     check_files(cfg)
     check_evaluation(cfg)
+    if cfg.runtime.share_device and cfg.runtime.backend == "nccl":
+        raise ConfigError(
+            "runtime.share_device=true with runtime.backend='nccl': NCCL refuses two ranks on one GPU; "
+            "shared-device mode runs its collectives on gloo (leave runtime.backend unset or set it to gloo)"
+        )
 
     check_knobs(cfg)
     if world_size is not None and world_size > profile.world_size:
@@ -562,22 +588,34 @@ def validate_devices(
     from digenrl.runtime.distributed import planned_device_type
 
     gpus = torch.cuda.device_count() if cuda_devices is None else cuda_devices
-    if cfg.runtime.backend == "nccl":
-        if not distributed:
-            raise ConfigError(
-                "runtime.backend=nccl needs a process group, but this is a single process; launch with "
-                "torchrun (or more than one rank), or leave runtime.backend unset"
-            )
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-        if gpus < local:
-            raise ConfigError(
-                f"runtime.backend=nccl needs one GPU per rank on a node ({local}), this machine has {gpus}; "
-                "use runtime.backend=gloo (CPU) or a machine with GPUs"
-            )
+    if cfg.runtime.backend == "nccl" and not distributed:
+        raise ConfigError(
+            "runtime.backend=nccl needs a process group, but this is a single process; launch with "
+            "torchrun (or more than one rank), or leave runtime.backend unset"
+        )
+    from digenrl.runtime.distributed import configured_backend
     from digenrl.runtime.profiles import load_profile
 
-    backend = cfg.runtime.backend or load_profile(cfg.profile).backend  # as digenrl/launch.py starts it
-    device = planned_device_type(backend, distributed=distributed, cuda_available=gpus > 0)
+    share = cfg.runtime.share_device
+    # as digenrl/launch.py starts it
+    backend = configured_backend(cfg.runtime.backend, load_profile(cfg.profile).backend, share_device=share)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    if share and gpus == 0:
+        raise ConfigError(
+            "runtime.share_device=true puts the ranks on a shared GPU, but this machine has no CUDA device; "
+            "use a CPU profile (e.g. profile=cpu-2) instead"
+        )
+    if distributed and not share and backend == "nccl" and gpus < local:
+        source = "runtime.backend" if cfg.runtime.backend else f"profile={cfg.profile!r}"
+        raise ConfigError(
+            f"{local} ranks on this node would share {gpus} GPU(s), two ranks on one GPU, which NCCL "
+            f"refuses (backend nccl from {source}); "
+            "launch one rank per GPU, set runtime.share_device=true to test the schedule with several ranks "
+            "per GPU, or use runtime.backend=gloo (CPU)"
+        )
+    device = planned_device_type(
+        backend, distributed=distributed, cuda_available=gpus > 0, share_device=share
+    )
     if device == "cpu" and not cfg.model.name.startswith("tiny-") and not cfg.runtime.allow_large_cpu_model:
         where = "runtime.backend=gloo" if distributed and gpus else "no CUDA device"
         raise ConfigError(
@@ -585,6 +623,36 @@ def validate_devices(
             f"{_memory_estimate(cfg)}; a real-size model on a CPU takes hours per iteration. Use GPUs, a "
             "tiny-* model, or set runtime.allow_large_cpu_model=true to run it anyway"
         )
+    if share and gpus > 0 and _checks_memory_here(distributed):
+        check_shared_device_memory(cfg, world_size, free_bytes=_free_gpu_bytes(), gpus=gpus)
+
+
+def check_shared_device_memory(cfg: Config, world_size: int, *, free_bytes: float, gpus: int = 1) -> None:
+    """Shared-device mode: the ranks that share one GPU (round-robin over ``gpus``) must fit together in its
+    ``free_bytes`` (:mod:`digenrl.planning.shared_device`); refused naming every rank and its estimate."""
+    from digenrl.planning.shared_device import check_shared_fit, shared_device_estimates
+
+    estimates, counted = shared_device_estimates(cfg, world_size)
+    for gpu in range(gpus):
+        message = check_shared_fit(estimates[gpu::gpus], free_bytes, activations_counted=counted)
+        if message:
+            raise ConfigError(message if gpus == 1 else f"GPU {gpu}: {message}")
+
+
+def _checks_memory_here(distributed: bool) -> bool:
+    """One process measures the free memory: a single process, or local rank 0 of a torchrun job (not a
+    launcher that is about to start the workers, which would hold a CUDA context of its own)."""
+    if "RANK" in os.environ:
+        return os.environ.get("LOCAL_RANK", "0") == "0"
+    return not distributed
+
+
+def _free_gpu_bytes() -> float:
+    import torch
+
+    from digenrl.runtime.memory import free_device_bytes
+
+    return float(free_device_bytes(torch.device("cuda", 0)))
 
 
 def _memory_estimate(cfg: Config) -> str:

@@ -75,8 +75,7 @@ def model_facts(model: str, frames: int | None = None) -> dict[str, Any]:
     model's default resolution (and ``frames``, default the model's), plus :func:`component_bytes`."""
     import torch
 
-    from digenrl.data.text_condition import TextCondition
-    from digenrl.models.construction import instantiate_diffusers_model
+    from digenrl.costs.flops import model_flops
     from digenrl.models.flow_model import build_flow_model
     from digenrl.models.specs import get_model_spec
     from digenrl.trainer.lora import default_lora_targets
@@ -95,19 +94,8 @@ def model_facts(model: str, frames: int | None = None) -> dict[str, Any]:
         for name, m in flow.transformer.named_modules()
         if isinstance(m, torch.nn.Linear) and any(name == t or name.endswith("." + t) for t in targets)
     )
-    meta = torch.device("meta")
-    cond = TextCondition(
-        torch.empty(1, te.seq_len, te.embed_dim, device=meta, dtype=torch.bfloat16),
-        pooled=None
-        if te.pooled_dim is None
-        else torch.empty(1, te.pooled_dim, device=meta, dtype=torch.bfloat16),
-        mask=torch.ones(1, te.seq_len, device=meta, dtype=torch.bool) if te.uses_mask else None,
-    )
-    x = torch.empty(1, *latent_shape, device=meta, dtype=torch.bfloat16)
-    flops = _count_flops(lambda: flow(x, 0.5, cond))
-    vae = instantiate_diffusers_model(spec.vae_class, spec.vae_config, device=meta, dtype=torch.bfloat16)
-    z = torch.empty(1, *latent_shape, device=meta, dtype=torch.bfloat16)
-    vae_flops = _count_flops(lambda: vae.decode(z))
+    counted = model_flops(model, h, w, frames)  # the project's one FLOP count (digenrl/costs/flops.py)
+    flops, vae_flops = counted["forward"], counted["vae_decode"]
     latent_numel = math.prod(latent_shape)
     return {
         "params": params,
@@ -128,18 +116,6 @@ def model_facts(model: str, frames: int | None = None) -> dict[str, Any]:
         "frames": frames,
         **component_bytes(model),
     }
-
-
-def _count_flops(fn) -> int:
-    import torch
-    from torch.utils.flop_counter import FlopCounterMode
-
-    with torch.no_grad(), FlopCounterMode(display=False) as counter:
-        fn()
-    total = counter.get_total_flops()
-    if total <= 0:
-        raise RuntimeError("no FLOPs counted")
-    return int(total)
 
 
 def _derived(costs: CostModel, step: str, **changes: Any) -> CostModel:

@@ -144,8 +144,9 @@ class FragmentStream:
         tags = {**tags, "iteration": iteration, "fragment": fragment}
         for trainer, shard in zip(self.trainer_ranks, self.shards(batch, fragment), strict=True):
             key = self.key(iteration, fragment, trainer)
-            if trainer == self.plane.rank:
-                self._local[(iteration, fragment)] = (shard, TransferStats(0, 0.0, 0, src=trainer, tags=tags))
+            if trainer == self.plane.rank:  # on the device received shards land on (they are packed together)
+                own = (shard.to(self.device), TransferStats(0, 0.0, 0, src=trainer, tags=tags))
+                self._local[(iteration, fragment)] = own
                 continue
             send = start_send(shard, trainer, plane=self.plane, key=key, tags=tags)
             pending.append(send)

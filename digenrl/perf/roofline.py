@@ -17,7 +17,10 @@ from collections.abc import Callable
 
 import torch
 
+from digenrl.costs.flops import count_flops  # the project's one FLOP count, re-exported for the benchmarks
 from digenrl.data.dtypes import dtype_name
+
+__all__ = ["count_flops"]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -69,16 +72,6 @@ def timed_first_call_s(fn: Callable[[], object], device: torch.device) -> float:
     fn()
     synchronize(device)
     return time.perf_counter() - t0
-
-
-def count_flops(fn: Callable[[], object]) -> int:
-    """FLOPs ``fn`` issues (forward and, if it runs one, backward), by FlopCounterMode."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    counter = FlopCounterMode(display=False)
-    with counter:
-        fn()
-    return int(counter.get_total_flops())
 
 
 def matmul_ceiling(

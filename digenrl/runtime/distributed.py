@@ -15,6 +15,11 @@ environment of the processes it starts.
 
 ``global_sum`` sums a scalar over a process group (metrics, pool-wide checks); ``comm_device`` says where a
 collective's tensors live for a group's backend.
+
+Shared-device mode (``runtime.share_device=true``, docs/operations.md "Shared-device mode"): several ranks
+of one job on the same GPU. NCCL refuses two ranks on one GPU, so the group runs on gloo while every rank
+computes on ``cuda:(LOCAL_RANK mod visible GPUs)``; gloo moves CUDA tensors in collectives but not in
+send/recv, which :mod:`digenrl.runtime.transfer` stages through pinned host memory.
 """
 
 from __future__ import annotations
@@ -55,19 +60,24 @@ class DistContext:
     device: torch.device
     backend: str
     is_distributed: bool
+    share_device: bool = False
 
     def barrier(self, name: str, timeout_s: float) -> None:
         """All ranks meet here; raises ``DistributedTimeoutError`` naming ``name`` after ``timeout_s``."""
         barrier(self, name, timeout_s)
 
 
-def init_distributed(backend: str | None = None, timeout_s: float = 300.0) -> DistContext:
+def init_distributed(
+    backend: str | None = None, timeout_s: float = 300.0, *, share_device: bool = False
+) -> DistContext:
     """Initialise the default process group from torchrun's environment, or return a single-process context.
 
     Args:
         backend: "gloo" or "nccl"; None picks nccl when CUDA is available, gloo otherwise. gloo means CPU
             devices (the CPU hardware profiles), also in a single process on a machine with GPUs.
         timeout_s: the process group's collective timeout (also the store's).
+        share_device: shared-device mode (module docstring): gloo, and every rank on a GPU, several ranks
+            per GPU when there are more ranks than GPUs. Needs CUDA and refuses backend="nccl".
 
     If a default process group already exists (e.g. a test initialised one on a ``FileStore``), it is
     reused and described, not re-created. NVLink multicast is switched off first
@@ -80,17 +90,23 @@ def init_distributed(backend: str | None = None, timeout_s: float = 300.0) -> Di
     if not isinstance(timeout_s, int | float) or isinstance(timeout_s, bool) or timeout_s <= 0:
         raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
 
+    if share_device:
+        if backend == "nccl":
+            raise ValueError("share_device needs the gloo backend: NCCL refuses two ranks on one GPU")
+        if not torch.cuda.is_available():
+            raise ValueError("share_device puts ranks on a shared GPU, but CUDA is not available")
+        backend = "gloo"
     if dist.is_available() and dist.is_initialized():
-        return _context_of_initialised_group()
+        return _context_of_initialised_group(share_device)
 
     present = [name for name in TORCHRUN_ENV_VARS if name in os.environ]
     if not present:
         # gloo asked for (a CPU hardware profile): the CPU, even where CUDA exists
-        on_gpu = torch.cuda.is_available() and backend != "gloo"
+        on_gpu = torch.cuda.is_available() and (backend != "gloo" or share_device)
         device = torch.device("cuda", 0) if on_gpu else torch.device("cpu")
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        return DistContext(0, 1, 0, device, backend or "none", is_distributed=False)
+        return DistContext(0, 1, 0, device, backend or "none", False, share_device)
     if len(present) != len(TORCHRUN_ENV_VARS):
         missing = [name for name in TORCHRUN_ENV_VARS if name not in os.environ]
         raise ValueError(
@@ -109,7 +125,15 @@ def init_distributed(backend: str | None = None, timeout_s: float = 300.0) -> Di
         torch.cuda.set_device(device)
         kwargs["device_id"] = device  # binds the group to this GPU and lets NCCL initialise eagerly
     dist.init_process_group(**kwargs)
-    return _context_of_initialised_group()
+    return _context_of_initialised_group(share_device)
+
+
+def configured_backend(runtime_backend: str | None, profile_backend: str, *, share_device: bool) -> str:
+    """The backend a run's ranks start with: ``runtime.backend`` when set, else gloo in shared-device mode
+    (NCCL refuses two ranks on one GPU), else the hardware profile's."""
+    if runtime_backend is not None:
+        return runtime_backend
+    return "gloo" if share_device else profile_backend
 
 
 def resolve_backend(backend: str | None, *, cuda_available: bool) -> str:
@@ -118,11 +142,15 @@ def resolve_backend(backend: str | None, *, cuda_available: bool) -> str:
     return backend or ("nccl" if cuda_available else "gloo")
 
 
-def planned_device_type(backend: str | None, *, distributed: bool, cuda_available: bool) -> str:
+def planned_device_type(
+    backend: str | None, *, distributed: bool, cuda_available: bool, share_device: bool = False
+) -> str:
     """The device type :func:`init_distributed` will give this process: a single process takes the GPU
     when there is one unless gloo was asked for (a CPU hardware profile); a rank of a process group is on a
-    GPU exactly when its backend is nccl (gloo ranks compute on the CPU). Start-up validation asks this
-    before any process group exists."""
+    GPU exactly when its backend is nccl (gloo ranks compute on the CPU) or in shared-device mode. Start-up
+    validation asks this before any process group exists."""
+    if share_device:
+        return "cuda" if cuda_available else "cpu"
     if not distributed:
         return "cuda" if cuda_available and backend != "gloo" else "cpu"
     return "cuda" if resolve_backend(backend, cuda_available=cuda_available) == "nccl" else "cpu"
@@ -203,16 +231,19 @@ def _barrier_plane(ctx: DistContext) -> ControlPlane:
     return _store_barrier_plane
 
 
-def _context_of_initialised_group() -> DistContext:
+def _context_of_initialised_group(share_device: bool = False) -> DistContext:
     rank = dist.get_rank()
     backend = str(dist.get_backend())
     local_rank = _local_rank(rank, cuda=backend == "nccl")
     if backend == "nccl":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
+    elif share_device:  # several ranks per GPU: round-robin over the visible GPUs
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    return DistContext(rank, dist.get_world_size(), local_rank, device, backend, is_distributed=True)
+    return DistContext(rank, dist.get_world_size(), local_rank, device, backend, True, share_device)
 
 
 def _local_rank(rank: int, *, cuda: bool) -> int:

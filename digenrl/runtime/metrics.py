@@ -243,7 +243,8 @@ def add_event_summary(out_dir: str | Path) -> None:
 
 def with_event_summary(records: list[dict[str, Any]], out_dir: str | Path) -> list[dict[str, Any]]:
     """``records`` with, per iteration, the busy fraction of each pool (role), the seconds each role spent
-    per phase and the bubble-free bound, from ``summarize_events`` over ``out_dir``'s event logs."""
+    per phase and the bubble-free bound, from ``summarize_events`` over ``out_dir``'s event logs; with the
+    run's model FLOPs and ceiling in the record, each loop phase's fraction of its bound too."""
     from digenrl.runtime.event_summary import summarize_events
 
     summary = summarize_events(out_dir)
@@ -257,5 +258,32 @@ def with_event_summary(records: list[dict[str, Any]], out_dir: str | Path) -> li
                 "phase_seconds": per_iteration["phase_seconds"],
                 "bubble_free_bound_s": per_iteration["bubble_free_bound_s"],
             }
+            if record.get("flops") and record.get("ceiling_tflops"):
+                record["fraction_of_bound_by_phase"] = fractions_by_phase(
+                    record["flops"], record["phase_seconds"], record["ceiling_tflops"]
+                )
         out.append(record)
+    return out
+
+
+#: The loop phases whose model FLOPs and fraction of the bound a run reports (digenrl/costs/flops.py), and
+#: the event-log phases each one sums.
+LOOP_PHASES: dict[str, tuple[str, ...]] = {
+    "rollout": ("generate",),
+    "score": ("score",),
+    "train": ("train",),
+    "optimizer": ("optimizer",),
+    "sync": ("sync",),
+}
+
+
+def fractions_by_phase(
+    flops: dict[str, float], phase_seconds: dict[str, dict[str, float]], ceiling_tflops: float
+) -> dict[str, float | None]:
+    """Per loop phase: its model FLOPs / (the device-seconds of its spans, summed over roles and ranks, x the
+    ceiling in TFLOP/s); None for a phase that took no time."""
+    out: dict[str, float | None] = {}
+    for phase, spans in LOOP_PHASES.items():
+        seconds = sum(by.get(s, 0.0) for by in phase_seconds.values() for s in spans)
+        out[phase] = flops.get(phase, 0.0) / (seconds * ceiling_tflops * 1e12) if seconds > 0 else None
     return out

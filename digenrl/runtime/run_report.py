@@ -1,14 +1,15 @@
 """What a user reads at the start and at the end of a run (rank 0 prints both).
 
 The start banner says what is about to run (system, model, profile, world, pools, mechanisms, out_dir,
-and the run: new, or resumed at which iteration);
+shared-device mode and what it is for, and the run: new, or resumed at which iteration);
 the closing summary says what happened, from ``metrics.jsonl`` after the per-rank event logs were folded
 in (:func:`digenrl.runtime.metrics.add_event_summary`): reward first → last, the held-out evaluation's
 reward first → last (``eval.every``), steady-state samples/s
 (the first iteration — compilation, pipeline fill — excluded when there are later ones), each pool's busy
-fraction, and the bubble-free bound — the samples/s a perfect schedule of the same busy device-seconds
-would reach (docs/design.md §5) — plus where the metrics, the trace and the checkpoints are. Iterations
-are named as in ``metrics.jsonl`` (0-based), like the progress lines.
+fraction, the model FLOPs per iteration against the matmul ceiling (overall and per phase,
+digenrl/costs/flops.py), and the bubble-free bound — the samples/s a perfect schedule of the same busy
+device-seconds would reach (docs/design.md §5) — plus where the metrics, the trace and the checkpoints
+are. Iterations are named as in ``metrics.jsonl`` (0-based), like the progress lines.
 
 For a run that crashed (it never reached its closing summary, and its ``trace.json`` is missing or
 stale), ``python -m digenrl.runtime.run_report OUT_DIR`` rebuilds ``trace.json`` from the event logs the
@@ -52,6 +53,12 @@ def start_banner(
     ]
     if mechanisms:
         lines.insert(1, f"[digenrl] {mechanisms}")
+    if cfg.runtime.share_device:
+        lines.append(
+            f"[digenrl] shared-device mode (runtime.share_device=true): {world_size} rank(s) share the GPU, "
+            "collectives on gloo, point-to-point transfers through pinned host memory. It is for testing "
+            "every CUDA path of the schedule on one GPU; its timings are not a multi-GPU result"
+        )
     if run is not None:
         if run.note:
             lines.append(f"[digenrl] {run.note}")
@@ -98,6 +105,9 @@ def closing_summary(records: list[dict[str, Any]], out_dir: str | Path) -> str:
             f"[digenrl] non-finite updates skipped (trainer.nonfinite=skip) at iterations "
             f"{', '.join(map(str, skipped))}"
         )
+    bound = _loop_bound(steady)
+    if bound:
+        lines.append(bound)
     stale = [r.get("stale_fraction") for r in steady if r.get("stale_fraction") is not None]
     if stale and max(stale) > 0:
         lines.append(f"[digenrl] one-version-stale samples (TCSS): {100 * statistics.mean(stale):.0f}%")
@@ -126,6 +136,38 @@ def _bound(window: dict[str, float], samples: int) -> str:
     bound = samples / window["bubble_free_bound_s"]
     achieved = window["bubble_free_bound_s"] / window["window_s"]
     return f" (bubble-free bound {bound:.2f} samples/s; the run reached {100 * achieved:.0f}% of it)"
+
+
+def _loop_bound(steady: list[dict[str, Any]]) -> str:
+    """Model FLOPs per iteration by phase, the matmul ceiling and the loop's fraction of it, overall
+    (wall-weighted over the steady iterations) and per phase (digenrl/costs/flops.py); "" for records
+    without FLOPs (a run from before they were counted)."""
+    with_flops = [r for r in steady if r.get("flops")]
+    if not with_flops:
+        return ""
+    tflop = {k: statistics.mean(r["flops"][k] for r in with_flops) / 1e12 for k in with_flops[-1]["flops"]}
+    phases = ", ".join(f"{k} {v:.3g}" for k, v in tflop.items() if k != "total")
+    head = f"[digenrl] model FLOPs per iteration {tflop['total']:.4g} TFLOP ({phases})"
+    last = with_flops[-1]
+    if last.get("ceiling_tflops") is None:
+        return f"{head}; no fraction of the bound: {last.get('bound_note', 'no ceiling')}"
+    timed = [r for r in with_flops if r.get("fraction_of_bound") is not None]
+    wall = sum(r["wall_s"] for r in timed)
+    overall = sum(r["fraction_of_bound"] * r["wall_s"] for r in timed) / wall if wall > 0 else 0.0
+    per_phase = []
+    for phase in ("rollout", "score", "train", "optimizer", "sync"):
+        values = [
+            r["fraction_of_bound_by_phase"][phase]
+            for r in with_flops
+            if (r.get("fraction_of_bound_by_phase") or {}).get(phase) is not None
+        ]
+        if values:
+            per_phase.append(f"{phase} {100 * statistics.mean(values):.0f}%")
+    phase_text = f" (per phase: {', '.join(per_phase)})" if per_phase else ""
+    return (
+        f"{head}; matmul ceiling {last['ceiling_tflops']:g} TFLOP/s ({last.get('ceiling_source', '')}); "
+        f"the loop ran at {100 * overall:.0f}% of its bound{phase_text}"
+    )
 
 
 def _busy(steady: list[dict[str, Any]]) -> dict[str, float]:

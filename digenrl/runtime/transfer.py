@@ -10,8 +10,12 @@ empty tensors are not sent at all.
 
 Backends: gloo moves CPU tensors, NCCL CUDA tensors only. :func:`send_trajectories` moves the batch to the
 group's device (CPU for gloo, the current CUDA device for NCCL; a no-op if it is already there) and
-:func:`recv_trajectories` allocates on ``device``, which must be CUDA with NCCL. Once the metadata has
-arrived, the tensor receives are bounded by the process group's timeout (gloo raises; NCCL aborts unless
+:func:`recv_trajectories` delivers on ``device``, which must be CUDA with NCCL. Under gloo both sides stage
+through host memory (:func:`stage_to_host`, :func:`host_buffers`), pinned when the batch lives on a GPU:
+gloo's send/recv of a CUDA tensor fails ("writev ... Bad address"), so in shared-device mode
+(docs/operations.md, "Shared-device mode") a GPU fragment crosses as GPU → pinned host → gloo → pinned host
+→ GPU. CPU runs take the same path with ordinary host memory. Once the metadata has arrived, the tensor
+receives are bounded by the process group's timeout (gloo raises; NCCL aborts unless
 ``TORCH_NCCL_BLOCKING_WAIT=1``).
 
 Blocking and buffered sends: :func:`send_trajectories` returns when the receiver has taken every tensor
@@ -219,7 +223,7 @@ def start_send(
     _check_rank("dst", dst)
     device = _comm_device(group)
     meta, tensors = batch_to_tensors(batch)
-    tensors = [t.to(device) for t in tensors]
+    tensors = stage_to_host(tensors) if device.type == "cpu" else [t.to(device) for t in tensors]
     meta["sequence"] = plane.ticket(f"p2p-send/{plane.rank}->{dst}")
     meta["src"] = plane.rank
     meta["tags"] = dict(tags or {})
@@ -338,13 +342,17 @@ def recv_trajectories(
             f"rank {sender} but is received as #{expected}; receives from one sender must follow its send "
             "order"
         )
-    tensors = [
-        torch.empty(entry["shape"], dtype=_dtype(entry["dtype"], entry["name"]), device=device)
-        for entry in meta["fields"]
-    ]
+    specs = [(entry["shape"], _dtype(entry["dtype"], entry["name"])) for entry in meta["fields"]]
+    staged = _comm_device(group).type == "cpu"  # gloo: receive on the host, then move (module docstring)
+    if staged:
+        tensors = host_buffers(specs, pin=device.type == "cuda")
+    else:
+        tensors = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in specs]
     start = _now(device)
     ops = [dist.P2POp(dist.irecv, _as_bytes(t), sender, group) for t in tensors if t.numel() > 0]
     _wait(ops)
+    if staged and device.type != "cpu":
+        tensors = [t.to(device, non_blocking=True) for t in tensors]
     seconds = _now(device) - start
     plane.delete(key)
     plane.publish(taken_key(key), b"1")  # tells a buffered sender its bytes are across (PendingSend.done)
@@ -353,6 +361,34 @@ def recv_trajectories(
         sum(_nbytes(t) for t in tensors), seconds, len(ops), wait_seconds, sender, dict(meta.get("tags", {}))
     )
     return batch, stats
+
+
+def stage_to_host(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Host copies of ``tensors`` for a backend that moves host memory only (gloo's send/recv).
+
+    GPU tensors are copied into pinned buffers asynchronously and the copies are waited for once (pinned
+    memory lets the copy engine run at full speed and is what ``non_blocking`` needs to be safe); host
+    tensors are returned as they are.
+    """
+    out = []
+    on_gpu = False
+    for t in tensors:
+        if t.device.type == "cpu":
+            out.append(t)
+            continue
+        buffer = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        buffer.copy_(t, non_blocking=True)
+        out.append(buffer)
+        on_gpu = True
+    if on_gpu:
+        torch.cuda.synchronize()
+    return out
+
+
+def host_buffers(specs: list[tuple[list[int], torch.dtype]], *, pin: bool) -> list[torch.Tensor]:
+    """Empty host tensors of the given shapes and dtypes to receive into; ``pin`` when they go on to a GPU
+    (pinned buffers make the host → GPU copy asynchronous and full speed)."""
+    return [torch.empty(shape, dtype=dtype, pin_memory=pin) for shape, dtype in specs]
 
 
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,10 @@ all generators). Every sync runs, on every member of the sync group, the same se
    casts to them (e.g. FSDP2's fp32 master weights → the bf16 weights a generator runs with).
 2. **Data plane** — tensors, in sorted-name order, are packed into flat buffers of one dtype and at most
    ``sync.bucket_mb`` MB (a larger tensor travels alone), ``dist.broadcast`` from the source, and unpacked
-   with ``copy_`` into the generator's parameters.
+   with ``copy_`` into the generator's parameters. Under gloo the buckets live in host memory (pinned when
+   the ranks compute on a GPU, as in shared-device mode, docs/operations.md "Shared-device mode"): the
+   source copies its GPU tensors in, the generators copy the staged tensors onto their GPU when the policy
+   is applied.
 3. **Checksum** (``sync.verify_checksum``) — every generator checksums its parameters *after* the copy, the
    source checksums the buffers it sent, one ``all_gather`` of the per-tensor checksums compares them; a
    mismatch raises :class:`WeightSyncError` on every member, naming the generator rank, the version and
@@ -325,11 +328,14 @@ class WeightSync:
         self.after_receive_hook: Callable[[list[tuple[str, torch.Tensor]]], None] | None = None
         self._wire_dtypes: list[torch.dtype] | None = None
         self._sync_ranks: list[int] = []
+        self._pin = False
         if self.rank in layout.sync_ranks:
             if groups.sync_group is None:
                 raise ValueError(f"rank {self.rank} is in the sync group but groups.sync_group is None")
             self._sync_ranks = list(dist.get_process_group_ranks(groups.sync_group))
             self._comm_device = self._device_for(groups.sync_group)
+            # gloo on a GPU rank (shared-device mode): the buckets stage through pinned host memory
+            self._pin = self.device.type == "cuda" and self._comm_device.type == "cpu"
 
     # ------------------------------------------------------------------ control plane
     def pending_version(self) -> int | None:
@@ -370,7 +376,10 @@ class WeightSync:
         buckets = plan_buckets(specs, self.bucket_bytes)
         for bucket in buckets:
             flat = torch.empty(
-                sum(specs[i].numel for i in bucket), dtype=specs[bucket[0]].dtype, device=self._comm_device
+                sum(specs[i].numel for i in bucket),
+                dtype=specs[bucket[0]].dtype,
+                device=self._comm_device,
+                pin_memory=self._pin,
             )
             views = self._views(flat, [specs[i] for i in bucket])
             for i, view in zip(bucket, views, strict=True):
@@ -408,7 +417,10 @@ class WeightSync:
         staged: list[tuple[str, torch.Tensor]] = []
         for bucket in buckets:
             flat = torch.empty(
-                sum(specs[i].numel for i in bucket), dtype=specs[bucket[0]].dtype, device=self._comm_device
+                sum(specs[i].numel for i in bucket),
+                dtype=specs[bucket[0]].dtype,
+                device=self._comm_device,
+                pin_memory=self._pin,
             )
             dist.broadcast(flat, src=self.source, group=self.groups.sync_group)
             views = self._views(flat, [specs[i] for i in bucket])

@@ -167,6 +167,36 @@ class System:
         )
 
     # ------------------------------------------------------------------ the loop
+    def loop_bound(self, report: IterationReport, wall_s: float) -> dict:
+        """The iteration's model FLOPs by phase, the matmul ceiling and the loop's fraction of it
+        (digenrl/costs/flops.py); without a measured ceiling, the reason instead of a fraction."""
+        from digenrl.costs.flops import iteration_flops, loop_ceiling, model_flops
+        from digenrl.runtime.profiles import load_profile
+        from digenrl.systems.components import resolve_resolution
+
+        cfg, ctx, parts = self.cfg, self.ctx, self.parts
+        counts = model_flops(cfg.model.name, *resolve_resolution(cfg, parts.bundle))
+        flops = iteration_flops(
+            counts,
+            samples=report.samples,
+            train_units=float(report.train.get("units", 0.0)),
+            num_steps=parts.sampler.num_steps,
+            true_cfg=parts.sampler.true_cfg,
+            cfg_grad=cfg.algo.cfg_grad,
+        )
+        ceiling, source = loop_ceiling(load_profile(cfg.profile), ctx.device.type)
+        out: dict = {"flops": flops}
+        if ceiling is None:
+            return out | {"bound_note": source}
+        # the GPUs the loop occupies: one per rank, or the shared ones (runtime.share_device)
+        gpus = min(ctx.world_size, torch.cuda.device_count()) if ctx.share_device else ctx.world_size
+        bound_s = flops["total"] / (ceiling * 1e12 * gpus)
+        return out | {
+            "ceiling_tflops": ceiling,
+            "ceiling_source": source,
+            "fraction_of_bound": bound_s / wall_s if wall_s > 0 else None,
+        }
+
     def run(self) -> list[dict]:
         cfg, ctx, run = self.cfg, self.ctx, self.run_start
         start = 0
@@ -214,8 +244,12 @@ class System:
                 "wall_s": wall,
                 **{f"{phase}_s": s for phase, s in report.phase_s.items()},
             }
+            if ctx.rank == 0:  # metrics.jsonl is rank 0's
+                record |= self.loop_bound(report, wall)
             if ctx.device.type == "cuda":
                 record["peak_mem_gib"] = torch.cuda.max_memory_allocated(ctx.device) / 2**30
+                # every rank's own peak (metrics.jsonl is rank 0's): what a shared-device run sums
+                self.parts.events.counter("memory", {"peak_gib": record["peak_mem_gib"]})
             image = None
             if evaluation is not None:  # rank 0: the evaluation's numbers and its grid
                 record.update(evaluation.metrics)

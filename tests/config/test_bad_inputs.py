@@ -70,6 +70,7 @@ FREE_FORM = {
     "reward.url",
     "data.prompts",
     "data.eval_prompts",
+    "runtime.costs_dir",
     "tcss.switch",  # auto | timing | a fragment index: checked against the plan's fragments (DigenRL.check)
     "logger.wandb_project",  # Weights & Biases names, free text
     "logger.wandb_run_name",

@@ -65,6 +65,12 @@ def test_outputs_metrics_config_events_trace_and_checkpoint(two_ranks):
     for record in read_metrics(out):
         assert set(REQUIRED_KEYS) <= set(record)
         assert abs(record["ratio_mean"] - 1.0) < 1e-3  # on-policy, one update per batch
+        # model FLOPs by phase on every run; on a CPU no fraction of the bound, and the reason
+        assert record["flops"]["total"] == pytest.approx(
+            sum(v for k, v in record["flops"].items() if k != "total")
+        )
+        assert record["flops"]["rollout"] > 0 and record["flops"]["train"] > 0
+        assert "fraction_of_bound" not in record and "measured matmul ceiling" in record["bound_note"]
     assert (out / "config.yaml").is_file()
     assert sorted(p.name for p in (out / "events").glob("rank*.jsonl")) == ["rank0.jsonl", "rank1.jsonl"]
     trace = json.loads((out / "trace.json").read_text())

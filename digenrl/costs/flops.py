@@ -1,0 +1,112 @@
+"""The project's one FLOP count: model FLOPs of a run's iteration, per phase, against a matmul ceiling.
+
+Counting: ``torch.utils.flop_counter.FlopCounterMode`` (matmuls, convolutions, SDPA), :func:`count_flops`,
+which the benchmarks (``digenrl/perf/roofline.py``), the cost extrapolation
+(``digenrl/costs/extrapolation.py``) and the runs use alike. A run's model counts, once per (model,
+resolution): one transformer forward of one sample (``forward``) and one VAE decode of one sample
+(``vae_decode``), on the ``meta`` device (shapes only, no memory, no time on the GPU).
+
+An iteration's model FLOPs (:func:`iteration_flops`), by phase, in the model-FLOPs convention (PaLM,
+Chowdhery et al. 2022, appendix B: a backward costs two forwards; recomputation, optimiser and elementwise
+work are not model FLOPs):
+
+* rollout: samples x ``sampler.num_steps`` forwards, twice with true CFG (the unconditional pass);
+* score: samples x one VAE decode (the reward model is not counted: each reward is its own model);
+* train: per trained unit (one sample at one trained step) a forward and its backward, 3 forwards, plus,
+  with true CFG, the unconditional pass: one no-graph forward (``algo.cfg_grad=cond``) or a second 3
+  (``both``);
+* optimizer, sync: 0 (no matmul work; their seconds still count against the loop).
+
+The loop's fraction of its bound = model FLOPs / (seconds x ceiling): per iteration over ``wall_s`` and the
+GPUs the run occupies, per phase over the device-seconds its spans took (``phase_seconds``, summed over
+ranks; :func:`digenrl.runtime.metrics.fractions_by_phase`). The ceiling is the profile's measured bf16
+matmul rate (``gpu_types.<type>.measured_bf16_tflops``: an 8192³ ``torch.matmul``, as
+:func:`digenrl.perf.roofline.matmul_ceiling` measures it); a device without a measured ceiling (every CPU
+profile: their numbers are planning placeholders) gets FLOPs but no fraction, with the reason
+(:func:`loop_ceiling`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import cache
+from typing import Any
+
+
+def count_flops(fn: Callable[[], object], *, no_grad: bool = False) -> int:
+    """FLOPs ``fn`` issues (forward and, if it runs one, backward), by ``FlopCounterMode``."""
+    import contextlib
+
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad() if no_grad else contextlib.nullcontext(), counter:
+        fn()
+    return int(counter.get_total_flops())
+
+
+@cache
+def model_flops(model: str, height: int, width: int, frames: int | None = None) -> dict[str, int]:
+    """FLOPs of one transformer forward and one VAE decode of one sample of ``model`` at that size (meta)."""
+    import torch
+
+    from digenrl.data.text_condition import TextCondition
+    from digenrl.models.construction import instantiate_diffusers_model
+    from digenrl.models.flow_model import build_flow_model
+    from digenrl.models.specs import get_model_spec
+
+    spec = get_model_spec(model)
+    meta, dtype = torch.device("meta"), torch.bfloat16
+    flow = build_flow_model(spec, device=meta, dtype=dtype)
+    latent_shape = flow.latent_shape(height, width, frames)
+    te = spec.text_encoder
+    cond = TextCondition(
+        torch.empty(1, te.seq_len, te.embed_dim, device=meta, dtype=dtype),
+        pooled=None if te.pooled_dim is None else torch.empty(1, te.pooled_dim, device=meta, dtype=dtype),
+        mask=torch.ones(1, te.seq_len, device=meta, dtype=torch.bool) if te.uses_mask else None,
+    )
+    x = torch.empty(1, *latent_shape, device=meta, dtype=dtype)
+    forward = count_flops(lambda: flow(x, 0.5, cond), no_grad=True)
+    vae = instantiate_diffusers_model(spec.vae_class, spec.vae_config, device=meta, dtype=dtype)
+    decode = count_flops(lambda: vae.decode(x), no_grad=True)
+    if forward <= 0:
+        raise RuntimeError(f"no FLOPs counted for a forward of {model}")
+    return {"forward": forward, "vae_decode": decode}
+
+
+def iteration_flops(
+    counts: dict[str, int], *, samples: int, train_units: float, num_steps: int, true_cfg: bool, cfg_grad: str
+) -> dict[str, float]:
+    """Model FLOPs of one iteration by phase (module docstring) and their ``total``."""
+    forward = counts["forward"]
+    rollout = samples * num_steps * forward * (2 if true_cfg else 1)
+    unit = 3 * forward
+    if true_cfg:
+        unit += 3 * forward if cfg_grad == "both" else forward
+    out = {
+        "rollout": float(rollout),
+        "score": float(samples * counts["vae_decode"]),
+        "train": float(train_units * unit),
+        "optimizer": 0.0,
+        "sync": 0.0,
+    }
+    out["total"] = sum(out.values())
+    return out
+
+
+def loop_ceiling(profile: Any, device_type: str) -> tuple[float | None, str]:
+    """(ceiling in TFLOP/s or None, where it comes from / why there is none) for a run on ``device_type``
+    with hardware profile ``profile``."""
+    gpu = profile.device_type(0)
+    if device_type != "cuda":
+        return None, (
+            f"the run computes on a {device_type} device, which has no measured matmul ceiling (the CPU "
+            "profiles' numbers are planning placeholders)"
+        )
+    if gpu.measured_bf16_tflops is None:
+        return None, (
+            f"profile {profile.name} has no measured matmul ceiling for {gpu.name} "
+            "(gpu_types.<type>.measured_bf16_tflops)"
+        )
+    return float(gpu.measured_bf16_tflops), f"profile {profile.name}, {gpu.name} measured bf16 matmul"

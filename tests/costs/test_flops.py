@@ -1,0 +1,82 @@
+"""The project's one FLOP count (digenrl/costs/flops.py): an iteration's model FLOPs by phase, the matmul
+ceiling a run compares them with (or why there is none), the per-phase fractions folded into the metrics
+and the closing summary's line."""
+
+from __future__ import annotations
+
+import pytest
+
+from digenrl.costs.flops import count_flops, iteration_flops, loop_ceiling, model_flops
+from digenrl.perf import roofline
+from digenrl.runtime.events import EventLogger
+from digenrl.runtime.metrics import fractions_by_phase
+from digenrl.runtime.profiles import load_profile
+from digenrl.runtime.run_report import closing_summary
+
+
+def test_benchmarks_and_runs_share_one_counter():
+    assert roofline.count_flops is count_flops
+    counts = model_flops("tiny-sd3", 64, 64)
+    assert counts["forward"] > 0 and counts["vae_decode"] > 0
+    assert model_flops("tiny-sd3", 128, 128)["forward"] > counts["forward"]  # more tokens, more work
+
+
+@pytest.mark.parametrize(
+    ("true_cfg", "cfg_grad", "unit_forwards"), [(False, "cond", 3), (True, "cond", 4), (True, "both", 6)]
+)
+def test_an_iteration_counts_rollout_score_and_train_by_the_model_flops_convention(
+    true_cfg, cfg_grad, unit_forwards
+):
+    counts = {"forward": 10, "vae_decode": 7}
+    flops = iteration_flops(
+        counts, samples=8, train_units=40, num_steps=6, true_cfg=true_cfg, cfg_grad=cfg_grad
+    )
+    assert flops["rollout"] == 8 * 6 * 10 * (2 if true_cfg else 1)
+    assert flops["score"] == 8 * 7
+    assert flops["train"] == 40 * unit_forwards * 10  # a backward is two forwards
+    assert flops["optimizer"] == flops["sync"] == 0
+    assert flops["total"] == flops["rollout"] + flops["score"] + flops["train"]
+
+
+def test_the_ceiling_is_the_profiles_measured_matmul_rate_on_a_gpu_and_absent_on_a_cpu():
+    assert loop_ceiling(load_profile("h200-8"), "cuda")[0] == 790.0
+    none, why = loop_ceiling(load_profile("h200-8"), "cpu")
+    assert none is None and "cpu device" in why
+    none, why = loop_ceiling(load_profile("cpu-2"), "cuda")
+    assert none is None and "measured_bf16_tflops" in why
+
+
+def test_per_phase_fractions_and_the_closing_summary_line(tmp_path):
+    flops = {
+        "rollout": 790e12,
+        "score": 0.0,
+        "train": 395e12,
+        "optimizer": 0.0,
+        "sync": 0.0,
+        "total": 1185e12,
+    }
+    phase_seconds = {"trainer": {"train": 1.0, "optimizer": 0.5}, "generator": {"generate": 2.0}}
+    fractions = fractions_by_phase(flops, phase_seconds, 790.0)
+    assert fractions == {"rollout": 0.5, "score": None, "train": 0.5, "optimizer": 0.0, "sync": None}
+    record = {
+        "iteration": 0,
+        "reward_mean": 0.0,
+        "samples": 8,
+        "wall_s": 3.0,
+        "flops": flops,
+        "ceiling_tflops": 790.0,
+        "ceiling_source": "profile h200-8",
+        "fraction_of_bound": 0.5,
+        "fraction_of_bound_by_phase": fractions,
+    }
+    with EventLogger(tmp_path, 0, "colocated", 0.0) as events:  # the summary's bubble bound reads the logs
+        events.record_span("optimizer", 0.0, 1.0, iteration=0)
+    summary = closing_summary([record], tmp_path)
+    assert (
+        "model FLOPs per iteration 1185 TFLOP (rollout 790, score 0, train 395, optimizer 0, sync 0)"
+        in summary
+    )
+    assert "matmul ceiling 790 TFLOP/s (profile h200-8)" in summary
+    assert "the loop ran at 50% of its bound (per phase: rollout 50%, train 50%, optimizer 0%)" in summary
+    cpu = {**record, "ceiling_tflops": None, "bound_note": "no ceiling on a cpu device"}
+    assert "no fraction of the bound: no ceiling on a cpu device" in closing_summary([cpu], tmp_path)
