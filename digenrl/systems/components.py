@@ -111,13 +111,16 @@ def build_rank_components(
         )
     compile_, autocast = cfg.model.optimised(ctx.device.type)
     if (compile_ or autocast or trainer is None) and (generate or train):
-        # model.attention_backend / model.compile (digenrl/models/optimize.py); a trainer has already chosen
-        # the attention backend for backward in PolicyTrainer.__init__
+        # model.attention_backend / model.compile (digenrl/models/optimize.py). needs_backward on every rank,
+        # generating ranks too: the rollout must run the kernels the trainer's forward runs, so its log-probs
+        # are the trainer's (on-policy ratio 1) and a generator rank generates what a colocated rank does. On
+        # one H200 a generator rank that kept cuDNN's SDPA forward (which the trainer's choice disables)
+        # gave ratio 0.999984 and other trajectories from iteration 0 (experiments/results/gpu/shared/).
         optimize_flow_model(
             bundle.flow_model,
             compile=compile_,
             attention_backend=cfg.model.attention_backend,
-            needs_backward=trainer is not None,
+            needs_backward=True,
             autocast=autocast,
         )
     engine = scorer = None

@@ -14,7 +14,8 @@
 #     PART=2 bash experiments/gpu/h200_shared_systems.sh   # digenrl TSP, digenrl TCSS, digenrl + VLM-judge scorer
 #     PART=all ...                                         # both (needs more than one device call's 10 min)
 #   ONLY="digenrl-tsp equivalence ..." runs just those (a second call re-running what failed);
-#   SCORER_EXTRA="model.compile=false" adds overrides to the scorer run (a short call on a cold compile cache)
+#   SCORER_EXTRA="model.compile=false" adds overrides to the scorer run (a short call on a cold compile cache);
+#   EXTRA="..." adds overrides to every run (e.g. the equivalence pair on the eager path)
 #   CPU dry run of the same commands with the tiny model (profile cpu-4, no sharing): DRY=1 PART=all bash ...
 #
 # Results under $OUT: log.txt, summary.md, results.tgz (each run's config.yaml, metrics.jsonl, events/, trace.json;
@@ -43,6 +44,8 @@ else
     JUDGE=vlm-judge
     ONE=h200-1  # one rank: a one-GPU profile (a colocated run starts one rank per device of its profile)
 fi
+
+COMMON="$COMMON ${EXTRA:-}"  # EXTRA="model.compile=false ...": overrides for every run of this call
 
 PART1="colocated-sync separate-sync separate-async digenrl-gap-tag equivalence"
 PART2="digenrl-tsp digenrl-tcss digenrl-scorer-vlm gpu-test"
