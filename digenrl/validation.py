@@ -31,6 +31,7 @@ is built; the declared values and knob rules are checked first and import nothin
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from collections.abc import Callable
@@ -39,6 +40,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from digenrl.config import COMMAND_LINE, Config, ConfigError, Range, declared_fields, explicit_keys
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from digenrl.runtime.profiles import HardwareProfile
@@ -515,8 +518,8 @@ def check_files(cfg: Config) -> None:
 
 def check_evaluation(cfg: Config) -> None:
     """Evaluation settings the run can carry out (digenrl/rollout/evaluate.py): enough held-out prompts in
-    ``data.eval_prompts`` for ``eval.num_prompts``, suited to the reward (e.g. OCR's expected text); an EMA
-    to evaluate with ``eval.use_ema``; ``wandb`` installed when ``logger.wandb=true``."""
+    ``data.eval_prompts`` for ``eval.num_prompts`` (a prompt the reward cannot read, e.g. no text for OCR,
+    is a warning); an EMA to evaluate with ``eval.use_ema``; ``wandb`` installed when ``logger.wandb=true``."""
     import importlib.util
 
     from digenrl.data.prompts import PromptSet
@@ -538,16 +541,21 @@ def check_evaluation(cfg: Config) -> None:
     try:
         held_out = PromptSet.load(cfg.data.eval_prompts, "data.eval_prompts")
         evaluated_prompts(cfg.eval, held_out.prompts, cfg.data.eval_prompts)  # enough of them
-        n = cfg.eval.num_prompts
-        for name in reward_names(cfg):
-            if name in available_rewards():
-                reward_class(name).check_prompts(
-                    list(held_out.prompts[:n]), list(held_out.metadata[:n]), "data.eval_prompts"
-                )
     except ConfigError:
         raise
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    # a held-out prompt a reward cannot read (OCR: no text asked for) is scored on its whole text, with a
+    # warning (docs/rewards.md); only the training prompts are refused
+    n = cfg.eval.num_prompts
+    for name in reward_names(cfg):
+        if name in available_rewards():
+            try:
+                reward_class(name).check_prompts(
+                    list(held_out.prompts[:n]), list(held_out.metadata[:n]), "data.eval_prompts"
+                )
+            except ValueError as exc:
+                log.warning("%s (the evaluation scores it against its whole text)", exc)
 
 
 def check_writable_dir(key: str, directory: str) -> None:
