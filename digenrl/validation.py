@@ -519,7 +519,8 @@ def check_files(cfg: Config) -> None:
 def check_evaluation(cfg: Config) -> None:
     """Evaluation settings the run can carry out (digenrl/rollout/evaluate.py): enough held-out prompts in
     ``data.eval_prompts`` for ``eval.num_prompts`` (a prompt the reward cannot read, e.g. no text for OCR,
-    is a warning); an EMA to evaluate with ``eval.use_ema``; ``wandb`` installed when ``logger.wandb=true``."""
+    is a warning); an EMA to evaluate with ``eval.use_ema``; ``wandb`` installed
+    when ``logger.wandb=true``."""
     import importlib.util
 
     from digenrl.data.prompts import PromptSet
