@@ -208,7 +208,11 @@ class SchedulePlan:
                     f"tsp_stages ({self.tsp_stages}) must be <= num_steps ({workload.num_steps}): "
                     "every stage owns at least one step"
                 )
-            self.fragment_plan(workload)  # equal fragments that divide the batch (ValueError)
+            if self.fragment_plan(workload).splits_groups and self.transport_mode == "rendezvous":
+                raise ValueError(
+                    "fragments that split a group need buffered sends (the runtime's): a trainer holding a "
+                    "fragment waits for the rest of its groups' rewards, which a rendezvous send would block"
+                )
             if self.tag and self.fragment_assignment != "dynamic":
                 raise ValueError(
                     "TAG needs fragment_assignment='dynamic' (helpers claim from the shared queue)"

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from digenrl.config import SYSTEMS
 from digenrl.costs.device_costs import DeviceCosts
 from digenrl.gap.fragments import FragmentPlan
@@ -122,3 +124,15 @@ def test_a_helper_fragment_is_a_generate_span_marked_helper_in_both():
     helpers = [s for s in result.spans if s["phase"] == "generate" and s["extra"].get("helper")]
     assert helpers and {result.log.roles[s["rank"]] for s in helpers} == {"trainer"}
     assert {s["phase"] for s in result.spans} >= {"generate", "score", "train", "optimizer", "tag_switch"}
+
+
+def test_split_groups_need_the_runtimes_buffered_sends():
+    """A trainer holding a split group's fragment waits for the rest of its rewards; with rendezvous sends
+    the producer would wait for that trainer to receive the next fragment first."""
+    w = Workload(prompts_per_iteration=2, group_size=4, num_steps=4, train_steps=3, cfg=False)
+    plan = SchedulePlan("digenrl", trainers=2, generators=1, fragment_samples=2)
+    plan.check(3, w)
+    with pytest.raises(ValueError, match="split a group need buffered sends"):
+        plan.with_(transport="rendezvous").check(3, w)
+    with pytest.raises(ValueError, match=r"gap\.fragment_samples=3 does not divide"):
+        plan.with_(fragment_samples=3).check(3, w)
