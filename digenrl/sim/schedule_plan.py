@@ -208,6 +208,12 @@ class SchedulePlan:
                     f"tsp_stages ({self.tsp_stages}) must be <= num_steps ({workload.num_steps}): "
                     "every stage owns at least one step"
                 )
+            samples = self.fragment_size(workload)
+            if workload.trainer_mode == "full" and self.trainers > 1 and samples < self.trainers:
+                raise ValueError(
+                    f"a fragment of {samples} samples has fewer than {self.trainers} sharded (FSDP2) trainers"
+                    " (each trains every fragment as a collective and needs a unit of it: runtime check)"
+                )
             if self.fragment_plan(workload).splits_groups and self.transport_mode == "rendezvous":
                 raise ValueError(
                     "fragments that split a group need buffered sends (the runtime's): a trainer holding a "

@@ -96,7 +96,9 @@ class DigenRL(DigenRLGenerators):
             sample_size=cfg.gap.fragment_samples,
         )
         resolve_switch(cfg.tcss.switch, plan.num_fragments)  # tcss.* without tcss: validation.KNOB_RULES
-        check_gap_config(cfg, len(layout.trainer_ranks))
+        check_gap_config(
+            cfg, len(layout.trainer_ranks), lockstep=_trainer_backend(cfg, world_size) == "fsdp2"
+        )
         check_tag_config(cfg, _trainer_backend(cfg, world_size))
 
     # ------------------------------------------------------------------ set-up

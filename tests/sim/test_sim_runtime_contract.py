@@ -136,3 +136,9 @@ def test_split_groups_need_the_runtimes_buffered_sends():
         plan.with_(transport="rendezvous").check(3, w)
     with pytest.raises(ValueError, match=r"gap\.fragment_samples=3 does not divide"):
         plan.with_(fragment_samples=3).check(3, w)
+    # sharded (FSDP2) trainers need a unit of every fragment, as the runtime's check_gap_config says
+    full = Workload(
+        prompts_per_iteration=2, group_size=4, num_steps=4, train_steps=3, cfg=False, trainer_mode="full"
+    )
+    with pytest.raises(ValueError, match="fewer than 3 sharded"):
+        plan.with_(trainers=3).check(4, full)
