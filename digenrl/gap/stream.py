@@ -22,7 +22,7 @@ fragment reaches the trainers:
 * **versions held** — every generator rank counts itself on the store when it receives θ_v
   (:meth:`announce_held`), so a TAG helper can tell whether the generators hold the version it would
   generate with (:meth:`generators_hold`, :mod:`digenrl.gap.helper_share`); :meth:`unclaimed` says how
-  many fragments of an iteration nobody has claimed yet.
+  many fragments of an iteration nobody has claimed yet, :meth:`generator_claims` which the pipelines took.
 * **readiness** — :meth:`ready` tells a trainer, without blocking, whether fragment f's shard has
   arrived (its metadata is on the store), so it can decide between training and helping.
 * **rewards of split groups** — with fragments smaller than a group (``gap.fragment_samples``) a producer
@@ -152,6 +152,15 @@ class FragmentStream:
         )
         rest = self.num_fragments - head_only - self.plane.peek_ticket(f"claims/it{iteration}")
         return prefix + max(0, rest)
+
+    def generator_claims(self, iteration: int, head_only: int = 0) -> list[int]:
+        """The fragments of ``iteration`` claimed from the head so far — the generator pipelines' (never
+        blocks; ``head_only`` as in :meth:`claim`)."""
+        if not self.dynamic:
+            raise ValueError("round-robin assignment has no shared queue to count")
+        prefix = min(head_only, self.plane.peek_ticket(f"claims/it{iteration}/prefix")) if head_only else 0
+        head = min(self.plane.peek_ticket(f"claims/it{iteration}/head"), self.num_fragments - head_only)
+        return [*range(prefix), *range(head_only, head_only + head)]
 
     def cut(self, batch: TrajectoryBatch, fragment: int) -> TrajectoryBatch:
         """A rollout started for ``fragment``'s whole groups (:meth:`FragmentPlan.prompt_ids`), cut to the

@@ -175,7 +175,7 @@ class DigenRL(DigenRLGenerators):
         patience = time.perf_counter() + cfg.runtime.timeout_s  # then receive()'s own timeout applies
         while (f := fragments.next()) is not None:
             if not fragments.ready(f):
-                if (made := self.tag.help()) is not None:
+                if (made := self.tag.help(fragments.pending)) is not None:
                     self.finish_fragment(made)  # scored and shipped like a last stage's
                     continue
                 if self.tag.waiting and time.perf_counter() < patience:  # generators lack θ_k yet

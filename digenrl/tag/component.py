@@ -22,6 +22,7 @@ writes anyway (:meth:`~digenrl.runtime.events.EventLogger.subscribe`, :meth:`Tag
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import torch
@@ -107,6 +108,7 @@ class Tag:
     prompts_per_iteration: int = 0
     generators: int = 0  # generator ranks (all must hold θ_k before a helper claims)
     pipelines: int = 1  # D: fragments the generator pool works on at once
+    stages: int = 1  # S: stages per pipeline (a pipeline holds up to S fragments in flight)
     stream: FragmentStream | None = None
     # the iteration under way (set by begin)
     iteration: int = field(default=-1, init=False)
@@ -162,6 +164,7 @@ class Tag:
             prompts_per_iteration=cfg.algo.prompts_per_iteration,
             generators=len(generator_ranks),
             pipelines=max(1, len(generator_ranks) // cfg.tsp.stages),
+            stages=cfg.tsp.stages,
             stream=stream,
         )
 
@@ -187,9 +190,11 @@ class Tag:
         if self.helper.joint and self.decision.budget != 0:
             self.helper.enter(iteration, version)  # collective: every trainer rank gathers, here
 
-    def help(self) -> InFlight | None:
+    def help(self, pending: Collection[int] = ()) -> InFlight | None:
         """Generate one fragment from the tail, within the budget; None when this rank may not (or nothing
-        is left). Ask only when the next fragment to train is not ready: a ready training unit wins."""
+        is left). Ask only when the next fragment to train is not ready: a ready training unit wins.
+        ``pending``: the fragments this rank has not received yet (those the pipelines claimed among them
+        are in flight on the generators: :func:`~digenrl.gap.helper_share.helper_may_claim`)."""
         self.waiting = False
         if not self.on or (self.decision.budget is not None and self.helped >= self.decision.budget):
             return None
@@ -199,7 +204,10 @@ class Tag:
         if not self.stream.generators_hold(self.version, self.generators):
             self.waiting = remaining > 0  # ask again once they do
             return None
-        if not helper_may_claim(remaining, self.pipelines, *self.policy.fragment_seconds()):
+        claimed = self.stream.generator_claims(self.iteration, self.head_only)
+        in_flight = min(sum(f in pending for f in claimed), self.pipelines * self.stages)
+        generator_s, helper_s = self.policy.fragment_seconds()
+        if not helper_may_claim(remaining, self.pipelines, generator_s, helper_s, in_flight):
             return None  # the generators reach every fragment left before this rank would finish it
         made = self.helper.try_help(
             self.iteration, self.version, self.iteration_prompts, head_only=self.head_only

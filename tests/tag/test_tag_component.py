@@ -166,6 +166,8 @@ def test_helper_may_claim_rules():
         3, 2, None, None
     )  # unmeasured: backlog
     assert helper_may_claim(3, 2, 1.0, 1.9) and not helper_may_claim(3, 2, 1.0, 2.0)  # 2 rounds x 1 s
+    # a pipeline busy with a fragment in flight starts the queue's next one only after it
+    assert not helper_may_claim(2, 2, 1.0, 1.5) and helper_may_claim(2, 2, 1.0, 1.5, in_flight=2)
     with pytest.raises(ValueError, match="pipelines must be >= 1"):
         helper_may_claim(1, 0, None, None)
 

@@ -41,10 +41,10 @@ TAG — a trainer rank whose next fragment is not ready takes a fragment nobody 
 the longest pipeline queue: the fragment the generator pool would reach last; with TCSS's planned switch
 only fragments at or above it, the ones bound to θ_k), within the generators' share as the runtime
 (:mod:`digenrl.gap.helper_share`): not before the generator pool holds θ_k (until then it waits for
-either), and only if the pool, at one fragment per pipeline every ``generator_fragment_s``, would reach
-it later than the helper finishes it. It generates it whole on its own GPU with θ_k,
-paying a switch into and back out of generating priced by what it moves (:mod:`digenrl.sim.residency`:
-a device synchronisation; the pending gradients only with ``park_grads``).
+either), and only if the pool, at one fragment per pipeline every ``generator_fragment_s`` after the
+ones in flight, would reach it later than the helper finishes it. It generates it whole on its own GPU
+with θ_k, paying a switch into and back out of generating priced by what it moves
+(:mod:`digenrl.sim.residency`: a device synchronisation; the pending gradients only with ``park_grads``).
 A ready fragment always wins at the next decision point (fragments are not pre-empted mid-way). The
 shards of a helper-made fragment are sent buffered (two helpers sending to each other with rendezvous
 sends would deadlock). Each trainer rank takes at most ``tag_budget`` fragments per iteration; the
@@ -124,6 +124,7 @@ class _Run:
         # split groups: fragment f trains once every fragment sharing a group with it has been scored (its
         # rewards reach the trainers in a few bytes on the control plane, priced as free)
         self.scored: set[tuple[int, int]] = set()
+        self.pipelines: list[_Pipeline] = []  # filled by run_digenrl
         self.queues = [self._queues() for _ in range(w.iterations)]
         self.weights = GeneratorWeights(cluster, self.trainers[0], self.generators, self.trainers)
         self.ready_changed = {t: cluster.condition(f"trainer {t} inbox") for t in self.trainers}
@@ -212,6 +213,7 @@ def run_digenrl(cluster: SimCluster, plan: SchedulePlan) -> dict[str, object]:
     distinct: dict[str, int] = {}
     for d in range(plan.pipelines):
         pipeline = _Pipeline(run, d, run.layout.pipeline_ranks(d), nominal)
+        run.pipelines.append(pipeline)
         text = pipeline.plan.describe()
         distinct[text] = distinct.get(text, 0) + 1
         for s in range(stages):
@@ -440,9 +442,9 @@ def _steal(run: _Run, rank: int, k: int) -> int | None:
     if run.weights.version < k:
         return None
     remaining = sum(len(q) for q in queues)
-    if not helper_may_claim(
-        remaining, run.layout.num_pipelines, run.generator_fragment_s, run.helper_s(rank)
-    ):
+    in_flight = sum(p.inflight for p in run.pipelines)
+    pipelines, generator_s, helper_s = run.layout.num_pipelines, run.generator_fragment_s, run.helper_s(rank)
+    if not helper_may_claim(remaining, pipelines, generator_s, helper_s, in_flight):
         return None
     longest = max(range(len(queues)), key=lambda p: (len(queues[p]), p))
     queue = queues[longest]
