@@ -303,10 +303,23 @@ def why_not_digenrl(result: PlannerResult, mech: PlanScore | None) -> str:
         )
         if fraction >= BOUND_NOTE_FRACTION:
             return ""
+        busy = best.busy_fraction
+        trainer, generator = busy.get("trainer", 0.0), busy.get("generator", 0.0)
+        if trainer >= generator:
+            why = (
+                f"the trainer pool sets the pace (busy {100 * trainer:.0f}%) and training cannot move to "
+                f"the generators (only generation moves, by TAG), so they idle {100 * (1 - generator):.0f}% "
+                "of the time"
+            )
+        else:
+            why = (
+                f"the generator pool sets the pace (busy {100 * generator:.0f}%) and the trainers idle "
+                f"{100 * (1 - trainer):.0f}% of the time waiting for fragments beyond what TAG's helper "
+                "work fills"
+            )
         return (
-            f"{100 * fraction:.0f}% of its bubble-free bound ({_bubbles(best)}): the idle pool waits for "
-            "the other within each iteration (on-policy, the generators for θ_k+1 while the last fragments "
-            "train; the trainers for the first fragment), which no plan the planner searched removes"
+            f"{100 * fraction:.0f}% of its bubble-free bound, which spreads the busy seconds over every GPU: "
+            f"{why}; no plan the planner searched does better"
         )
     if mech is None:
         return f"the {best.plan.system} point of DigenRL's plan space wins: no plan of its mechanisms fits"
