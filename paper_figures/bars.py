@@ -106,7 +106,10 @@ def draw_bars(
             label.set_rotation_mode("anchor")
     axes.tick_params(axis="y", labelsize=fontsize)
     axes.set_xlim(min(*xs, *tick_xs) - 0.6, max(*xs, *tick_xs) + 0.6)
-    axes.set_ylim(0, top * 1.16 if top > 0 else 1.0)
+    upper = top * 1.16 if top > 0 else 1.0
+    axes.set_ylim(0, upper)
+    # no tick label at the very top edge: in a grid it would touch the bottom label of the panel above
+    axes.set_yticks([t for t in axes.get_yticks() if 0 <= t <= 0.97 * upper])
     if ylabel:
         axes.set_ylabel(ylabel, fontsize=fontsize + 1)
     axes.set_title(title, fontsize=fontsize + 1)

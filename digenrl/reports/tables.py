@@ -289,11 +289,38 @@ def _bubbles(score: PlanScore) -> str:
     return ", ".join(f"{role} busy {100 * f:.0f}%" for role, f in sorted(score.busy_fraction.items()))
 
 
+#: a ``digenrl`` row below this fraction of its bubble-free bound says in its note where the bubble is
+BOUND_NOTE_FRACTION = 0.9
+
+
 def why_not_digenrl(result: PlannerResult, mech: PlanScore | None) -> str:
-    """One sentence when the best plan is a baseline point of DigenRL's plan space ('' otherwise)."""
+    """One sentence when the best plan is a baseline point of DigenRL's plan space, or when the best plan
+    stays below :data:`BOUND_NOTE_FRACTION` of its bubble-free bound ('' otherwise)."""
     best = result.best
     if best.plan.system == "digenrl":
-        return ""
+        fraction = (
+            best.samples_per_s / best.bubble_free_samples_per_s if best.bubble_free_samples_per_s else 1
+        )
+        if fraction >= BOUND_NOTE_FRACTION:
+            return ""
+        busy = best.busy_fraction
+        trainer, generator = busy.get("trainer", 0.0), busy.get("generator", 0.0)
+        if trainer >= generator:
+            why = (
+                f"the trainer pool sets the pace (busy {100 * trainer:.0f}%) and training cannot move to "
+                f"the generators (only generation moves, by TAG), so they idle {100 * (1 - generator):.0f}% "
+                "of the time"
+            )
+        else:
+            why = (
+                f"the generator pool sets the pace (busy {100 * generator:.0f}%) and the trainers idle "
+                f"{100 * (1 - trainer):.0f}% of the time waiting for fragments beyond what TAG's helper "
+                "work fills"
+            )
+        return (
+            f"{100 * fraction:.0f}% of its bubble-free bound, which spreads the busy seconds over every GPU: "
+            f"{why}; no plan the planner searched does better"
+        )
     if mech is None:
         return f"the {best.plan.system} point of DigenRL's plan space wins: no plan of its mechanisms fits"
     return (

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from digenrl.config import SYSTEMS
 from digenrl.costs.device_costs import DeviceCosts
 from digenrl.gap.fragments import FragmentPlan
@@ -31,8 +33,9 @@ def test_both_map_fragments_to_the_same_pipelines_and_stages():
         stages = rng.choice([1, 2])
         pipelines = rng.randint(1, 3)
         groups, fragments = rng.randint(1, 2), rng.randint(1, 6)
-        # every trainer needs a unit of every fragment (2 samples per group): the runtime's check
-        trainers = rng.randint(1, min(8 - stages * pipelines, 2 * groups))
+        # a fragment need not hold a unit for every trainer, and may hold half a group (1 of 2 samples)
+        trainers = rng.randint(1, 8 - stages * pipelines)
+        split = rng.random() < 0.5
         generators = stages * pipelines
         w = Workload(
             prompts_per_iteration=groups * fragments,
@@ -46,12 +49,20 @@ def test_both_map_fragments_to_the_same_pipelines_and_stages():
             "digenrl",
             trainers=trainers,
             generators=generators,
-            fragment_groups=groups,
+            fragment_groups=1 if split else groups,
+            fragment_samples=1 if split else 0,
             tsp_stages=stages,
             fragment_assignment="round-robin",
         )
         result = simulate(H200_8, toy_costs(step=rng.uniform(0.01, 0.1)), w, plan)
-        runtime_plan = FragmentPlan(w.prompts_per_iteration, groups, pipelines, "round-robin")
+        runtime_plan = FragmentPlan(
+            w.prompts_per_iteration,
+            1 if split else groups,
+            pipelines,
+            "round-robin",
+            group_size=2,
+            sample_size=1 if split else 0,
+        )
         layout = TspLayout(tuple(range(trainers, trainers + generators)), stages)
         assert plan.fragment_plan(w) == runtime_plan
         for span in result.spans:
@@ -59,6 +70,14 @@ def test_both_map_fragments_to_the_same_pipelines_and_stages():
                 continue
             pipeline = runtime_plan.pipeline_of(span["fragment"])
             assert span["rank"] == layout.rank_of(pipeline, span["extra"]["stage"]), span
+        # the runtime's group completion (FragmentStream.rewards_ready): a fragment trains only after every
+        # fragment sharing a group with it was scored
+        scored = {(s["iteration"], s["fragment"]): s["t_end"] for s in result.spans if s["phase"] == "score"}
+        for span in result.spans:
+            if span["phase"] == "train" and span.get("fragment") is not None:
+                k, f = span["iteration"], span["fragment"]
+                waits = runtime_plan.fragments_of_groups(f)
+                assert all(scored[(k, g)] <= span["t_start"] + 1e-9 for g in waits), span
 
 
 def test_both_balance_stages_alike_and_cut_the_same_unit_shards():
@@ -89,7 +108,7 @@ def test_both_balance_stages_alike_and_cut_the_same_unit_shards():
         w = Workload(
             prompts_per_iteration=fragments * groups, group_size=2, num_steps=8, train_steps=k, cfg=False
         )
-        expected = unit_shares([groups] * fragments, w, trainers)
+        expected = unit_shares([groups * 2] * fragments, w, trainers)  # sizes in samples
         for f in range(fragments):
             batch = _synthetic(groups * 2, k, 8, shared_steps=True)
             shards = shard_units(batch, trainers, offset=f * batch.num_units)
@@ -105,3 +124,21 @@ def test_a_helper_fragment_is_a_generate_span_marked_helper_in_both():
     helpers = [s for s in result.spans if s["phase"] == "generate" and s["extra"].get("helper")]
     assert helpers and {result.log.roles[s["rank"]] for s in helpers} == {"trainer"}
     assert {s["phase"] for s in result.spans} >= {"generate", "score", "train", "optimizer", "tag_switch"}
+
+
+def test_split_groups_need_the_runtimes_buffered_sends():
+    """A trainer holding a split group's fragment waits for the rest of its rewards; with rendezvous sends
+    the producer would wait for that trainer to receive the next fragment first."""
+    w = Workload(prompts_per_iteration=2, group_size=4, num_steps=4, train_steps=3, cfg=False)
+    plan = SchedulePlan("digenrl", trainers=2, generators=1, fragment_samples=2)
+    plan.check(3, w)
+    with pytest.raises(ValueError, match="split a group need buffered sends"):
+        plan.with_(transport="rendezvous").check(3, w)
+    with pytest.raises(ValueError, match=r"gap\.fragment_samples=3 does not divide"):
+        plan.with_(fragment_samples=3).check(3, w)
+    # sharded (FSDP2) trainers need a unit of every fragment, as the runtime's check_gap_config says
+    full = Workload(
+        prompts_per_iteration=2, group_size=4, num_steps=4, train_steps=3, cfg=False, trainer_mode="full"
+    )
+    with pytest.raises(ValueError, match="fewer than 3 sharded"):
+        plan.with_(trainers=3).check(4, full)

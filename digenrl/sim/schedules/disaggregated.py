@@ -6,7 +6,8 @@ and shares the runtime's plans: the fragments and their assignment are the runti
 TspLayout`, the stage boundaries its :func:`~digenrl.tsp.stage_plan.plan_stages`, the unit shards its
 :func:`~digenrl.gap.unit_sharding.shard_sizes`.
 
-Fragments — F whole prompt groups. Which pipeline produces fragment f: ``dynamic`` (the runtime default:
+Fragments — F whole prompt groups, or S samples (``fragment_samples``; smaller than a group, a group's
+samples lie in several fragments). Which pipeline produces fragment f: ``dynamic`` (the runtime default:
 a shared ticket queue, whichever pipeline is free takes the next fragment — better on heterogeneous
 pools) or ``round-robin`` (f mod D). Each pipeline works through its queue in order.
 
@@ -38,9 +39,12 @@ After the last fragment: the carried units, all-reduce, optimizer step, and the 
 
 TAG — a trainer rank whose next fragment is not ready takes a fragment nobody has started (the tail of
 the longest pipeline queue: the fragment the generator pool would reach last; with TCSS's planned switch
-only fragments at or above it, the ones bound to θ_k) and generates it whole on its own GPU with θ_k,
-paying a switch into and back out of generating priced by what it moves (:mod:`digenrl.sim.residency`:
-a device synchronisation; the pending gradients only with ``park_grads``).
+only fragments at or above it, the ones bound to θ_k), within the generators' share as the runtime
+(:mod:`digenrl.gap.helper_share`): not before the generator pool holds θ_k (until then it waits for
+either), and only if the pool, at one fragment per pipeline every ``generator_fragment_s`` after the
+ones in flight, would reach it later than the helper finishes it. It generates it whole on its own GPU
+with θ_k, paying a switch into and back out of generating priced by what it moves
+(:mod:`digenrl.sim.residency`: a device synchronisation; the pending gradients only with ``park_grads``).
 A ready fragment always wins at the next decision point (fragments are not pre-empted mid-way). The
 shards of a helper-made fragment are sent buffered (two helpers sending to each other with rendezvous
 sends would deadlock). Each trainer rank takes at most ``tag_budget`` fragments per iteration; the
@@ -49,10 +53,13 @@ simulator picks the budget (0 included) with the best predicted throughput when 
 
 from __future__ import annotations
 
+import statistics
 from collections import deque
 from dataclasses import dataclass
+from functools import cached_property
 
 from digenrl.async_policy.tcss import StalenessBound
+from digenrl.gap.helper_share import helper_may_claim
 from digenrl.gap.unit_sharding import shard_sizes
 from digenrl.sim.channel import Channel
 from digenrl.sim.cluster import SimCluster
@@ -72,7 +79,7 @@ _STOP = None
 class _Fragment:
     iteration: int
     index: int
-    groups: int
+    samples: int
     version: int
 
     def tags(self) -> dict[str, int]:
@@ -84,8 +91,8 @@ def unit_shares(sizes: list[int], workload: Workload, trainers: int) -> list[lis
     (:func:`digenrl.gap.unit_sharding.shard_sizes`): balanced to ±1 per fragment, the larger shares
     rotating over the ranks from fragment to fragment, so every rank trains its 1/trainers of the batch."""
     shares, offset = [], 0
-    for groups in sizes:
-        units = groups * workload.group_size * workload.train_steps
+    for samples in sizes:
+        units = samples * workload.train_steps
         shares.append(shard_sizes(units, trainers, offset))
         offset += units
     return shares
@@ -113,10 +120,15 @@ class _Run:
         self.generators = plan.generator_ranks(world)
         self.fragments = plan.fragment_plan(w)  # the runtime's FragmentPlan
         self.layout = TspLayout(self.generators, plan.tsp_stages)  # the runtime's rank placement
-        self.sizes = [self.fragments.fragment_groups] * self.fragments.num_fragments
+        self.sizes = [plan.fragment_size(w)] * self.fragments.num_fragments
+        # split groups: fragment f trains once every fragment sharing a group with it has been scored (its
+        # rewards reach the trainers in a few bytes on the control plane, priced as free)
+        self.scored: set[tuple[int, int]] = set()
+        self.pipelines: list[_Pipeline] = []  # filled by run_digenrl
         self.queues = [self._queues() for _ in range(w.iterations)]
         self.weights = GeneratorWeights(cluster, self.trainers[0], self.generators, self.trainers)
         self.ready_changed = {t: cluster.condition(f"trainer {t} inbox") for t in self.trainers}
+        self.weights.listeners += self.ready_changed.values()
         self.shares = unit_shares(self.sizes, w, len(self.trainers))
         self._inbound: dict[tuple[int, int, int], Channel] = {}
         # the runtime's rule for which version a fragment is generated with (no checkpoints simulated)
@@ -135,6 +147,40 @@ class _Run:
         if self.fragments.assignment == "dynamic":
             return [deque(range(self.fragments.num_fragments))]
         return [deque(self.fragments.fragments_of(p)) for p in range(self.layout.num_pipelines)]
+
+    @cached_property
+    def generator_fragment_s(self) -> float:
+        """Seconds between two fragments of a pipeline (median over the pipelines): its slowest stage's
+        share of the steps plus the scoring, by the cost model (the runtime measures the same)."""
+        w, size = self.cluster.workload, self.sizes[0] if self.sizes else 0
+        periods = []
+        for d in range(self.layout.num_pipelines):
+            ranks = self.layout.pipeline_ranks(d)
+            steps = max(w.generation_s(self.cluster.cost(r), size) for r in ranks) / len(ranks)
+            periods.append(steps + self.cluster.cost(ranks[-1]).score_s(size))
+        return statistics.median(periods)
+
+    def helper_s(self, rank: int) -> float:
+        """Seconds for trainer ``rank`` to generate and score one fragment itself."""
+        w, cost, size = self.cluster.workload, self.cluster.cost(rank), self.sizes[0]
+        return w.generation_s(cost, size) + cost.score_s(size)
+
+    def mark_scored(self, frag: _Fragment) -> None:
+        """``frag``'s rewards are in (split groups: fragments of its groups may now train)."""
+        self.scored.add((frag.iteration, frag.index))
+        for t in self.trainers:
+            self.ready_changed[t].notify_all()
+
+    def groups_complete(self, k: int, fragment: int) -> bool:
+        """Whether every fragment sharing a group with ``fragment`` has been scored (the runtime's
+        :meth:`~digenrl.gap.stream.FragmentStream.rewards_ready`; always True for whole groups)."""
+        if not self.fragments.splits_groups:
+            return True
+        return all((k, f) in self.scored for f in self.fragments.fragments_of_groups(fragment))
+
+    def ready(self, trainer: int, k: int, fragment: int) -> bool:
+        """The runtime's readiness: the shard is here and its groups' rewards are all in."""
+        return self.inbound(trainer, k, fragment).ready and self.groups_complete(k, fragment)
 
     def queue_of(self, k: int, pipeline: int) -> deque[int]:
         queues = self.queues[k]
@@ -163,10 +209,11 @@ def run_digenrl(cluster: SimCluster, plan: SchedulePlan) -> dict[str, object]:
     """Spawn the pipelines and the trainers; returns the stage plans used (for the result's report)."""
     run = _Run(cluster, plan)
     w, stages = cluster.workload, plan.tsp_stages
-    nominal = min(plan.fragment_groups * w.group_size, w.samples_per_iteration)
+    nominal = min(plan.fragment_size(w), w.samples_per_iteration)
     distinct: dict[str, int] = {}
     for d in range(plan.pipelines):
         pipeline = _Pipeline(run, d, run.layout.pipeline_ranks(d), nominal)
+        run.pipelines.append(pipeline)
         text = pipeline.plan.describe()
         distinct[text] = distinct.get(text, 0) + 1
         for s in range(stages):
@@ -198,7 +245,7 @@ class _Pipeline:
         done = self.plan.boundaries[stage + 1] / w.num_steps
         records = cost.fragment_bytes_per_sample - cost.cond_bytes_per_sample
         per_sample = cost.latent_bytes_per_sample + cost.cond_bytes_per_sample + done * records
-        nbytes = frag.groups * w.group_size * per_sample
+        nbytes = frag.samples * per_sample
         channel = cluster.channel(("stage", frag.iteration, frag.index, stage + 1), src, dst)
         self.handovers[stage + 1].put(channel)
         yield from channel.send(
@@ -225,7 +272,7 @@ def _stage(run: _Run, pipeline: _Pipeline, s: int) -> Process:
             if not last:
                 pipeline.handovers[s + 1].put(_STOP)
             return
-        samples = frag.groups * w.group_size
+        samples = frag.samples
         seconds = w.generation_s(cost, samples, len(steps))
         extra = {"stage": s, "steps": [steps.start, steps.stop]}
         yield from cluster.work(rank, "generate", seconds, extra=extra, **frag.tags())
@@ -233,6 +280,7 @@ def _stage(run: _Run, pipeline: _Pipeline, s: int) -> Process:
             yield from pipeline.hand_over(s, frag)
             continue
         yield from cluster.work(rank, "score", cost.score_s(samples), samples=samples, **frag.tags())
+        run.mark_scored(frag)
         pipeline.inflight -= 1
         pipeline.changed.notify_all()
         yield from run.ship(rank, frag, run.rendezvous)
@@ -286,20 +334,32 @@ def _trainer(run: _Run, rank: int) -> Process:
                 yield from _train(cluster, rank, packer.add(run.shares[f][position]), fragment=f, **tags)
                 continue
             if plan.train_order == "index":
-                nxt = pending[0] if run.inbound(rank, k, pending[0]).ready else None
+                nxt = pending[0] if run.ready(rank, k, pending[0]) else None
             else:
-                nxt = next((f for f in pending if run.inbound(rank, k, f).ready), None)
+                nxt = next((f for f in pending if run.ready(rank, k, f)), None)
             if nxt is not None:
                 yield from helper.leave(packer)
                 yield from _receive(run, rank, k, nxt, pending, received, tags)
                 continue
-            stolen = _steal(run, k) if tag_left > 0 else None
+            stolen = _steal(run, rank, k) if tag_left > 0 else None
             if stolen is not None:
                 yield from helper.enter(packer)
                 yield from _helper_generate(run, rank, _Fragment(k, stolen, run.sizes[stolen], k))
                 tag_left -= 1
                 continue
             yield from helper.leave(packer)
+            if tag_left > 0 and run.weights.version < k and any(run.queues[k]):
+                # TAG: the generators do not hold θ_k yet; wait for that or for a fragment, then decide
+                yield from cluster.wait_until(
+                    rank,
+                    "wait_fragment",
+                    run.ready_changed[rank],
+                    lambda pending=pending, k=k: (
+                        run.weights.version >= k or any(run.ready(rank, k, f) for f in pending)
+                    ),
+                    **tags,
+                )
+                continue
             if plan.train_order == "index":
                 yield from _receive(run, rank, k, pending[0], pending, received, tags)
             else:
@@ -307,7 +367,7 @@ def _trainer(run: _Run, rank: int) -> Process:
                     rank,
                     "wait_fragment",
                     run.ready_changed[rank],
-                    lambda pending=pending, k=k: any(run.inbound(rank, k, f).ready for f in pending),
+                    lambda pending=pending, k=k: any(run.ready(rank, k, f) for f in pending),
                     **tags,
                 )
         yield from _train(cluster, rank, packer.flush(), **tags)
@@ -361,14 +421,31 @@ def _receive(
     run: _Run, rank: int, k: int, fragment: int, pending: list[int], received: list[int], tags: dict
 ) -> Process:
     yield from run.inbound(rank, k, fragment).recv("wait_fragment", fragment=fragment, **tags)
+    if not run.groups_complete(k, fragment):  # split groups: the rest of its groups' rewards
+        yield from run.cluster.wait_until(
+            rank,
+            "wait_fragment",
+            run.ready_changed[rank],
+            lambda: run.groups_complete(k, fragment),
+            fragment=fragment,
+            **tags,
+        )
     pending.remove(fragment)
     received.append(fragment)
 
 
-def _steal(run: _Run, k: int) -> int | None:
+def _steal(run: _Run, rank: int, k: int) -> int | None:
     """TAG: the fragment the generator pool would reach last — the tail of its longest queue — if the plan
-    binds it to θ_k (:meth:`_Run.head_only`)."""
+    binds it to θ_k (:meth:`_Run.head_only`), the pool holds θ_k and would reach it later than this rank
+    finishes it (:func:`~digenrl.gap.helper_share.helper_may_claim`, the runtime's rule)."""
     queues = run.queues[k]
+    if run.weights.version < k:
+        return None
+    remaining = sum(len(q) for q in queues)
+    in_flight = sum(p.inflight for p in run.pipelines)
+    pipelines, generator_s, helper_s = run.layout.num_pipelines, run.generator_fragment_s, run.helper_s(rank)
+    if not helper_may_claim(remaining, pipelines, generator_s, helper_s, in_flight):
+        return None
     longest = max(range(len(queues)), key=lambda p: (len(queues[p]), p))
     queue = queues[longest]
     return queue.pop() if queue and queue[-1] >= run.head_only(k) else None
@@ -378,8 +455,9 @@ def _helper_generate(run: _Run, rank: int, frag: _Fragment) -> Process:
     """TAG: the trainer generates and scores ``frag`` with θ_k itself, then ships the shards (buffered)."""
     cluster, w = run.cluster, run.cluster.workload
     cost = cluster.cost(rank)
-    samples = frag.groups * w.group_size
+    samples = frag.samples
     extra = {"helper": True}
     yield from cluster.work(rank, "generate", w.generation_s(cost, samples), extra=extra, **frag.tags())
     yield from cluster.work(rank, "score", cost.score_s(samples), samples=samples, extra=extra, **frag.tags())
+    run.mark_scored(frag)
     yield from run.ship(rank, frag, rendezvous=False)
