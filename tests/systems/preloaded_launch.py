@@ -98,9 +98,10 @@ def worker_main(argv: list[str], env: dict[str, str]) -> None:
         sys.exit(code)
 
 
-def _ensure_fork_server(env: dict[str, str]) -> None:
+def ensure_fork_server(env: dict[str, str]) -> None:
     """Start the session's fork server once, with the preload list and the base test environment (so the
-    preloaded torch sees ``OMP_NUM_THREADS=1``, no GPU and no fault-injection variable a test set then)."""
+    preloaded torch sees ``OMP_NUM_THREADS=1``, no GPU and no fault-injection variable a test set then).
+    The gloo tests' workers fork from it too (tests/runtime/spawn.py)."""
     global _server_started
     with _server_lock:
         if _server_started:
@@ -143,7 +144,7 @@ def run_preloaded_single(
     argv: list[str], env: dict[str, str], timeout_s: float
 ) -> subprocess.CompletedProcess:
     """``python run_train.py argv`` as one process forked from the preloaded server."""
-    _ensure_fork_server(env)
+    ensure_fork_server(env)
     cmd = ["forkserver", "run_train.py", *argv]
     with tempfile.TemporaryDirectory(prefix="preloaded_single_") as tmp:
         out, err = Path(tmp, "stdout.log"), Path(tmp, "stderr.log")
@@ -180,7 +181,7 @@ def run_preloaded(
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    _ensure_fork_server(env)
+    ensure_fork_server(env)
     cmd = ["elastic_launch(forkserver)", f"--nproc_per_node={nproc}", "run_train.py", *argv]
     with tempfile.TemporaryDirectory(prefix="preloaded_launch_") as tmp:
         log_dir = Path(tmp)
