@@ -3,7 +3,8 @@
 The workers fork from the test session's preloaded fork server (tests/systems/preloaded_launch.py), which
 imported torch, diffusers, peft, transformers and digenrl once: a spawned interpreter spent ~3 s of CPU
 on those imports per worker, more than most of these tests compute. Each worker then takes the calling
-test's environment (the server's is the one it started with) and runs ``fn`` as a spawned one would.
+test's environment (the server's is the one it started with), sees no GPU (the tests here are CPU gloo
+tests) and runs ``fn`` as a spawned one would.
 
 The guard tells a hang from slowness: on a loaded machine (CI's 2 cores, or a developer's shared with
 other jobs) a 2-rank trainer test can take minutes of wall time while its workers keep computing, and a
@@ -51,6 +52,8 @@ def process_cpu_s(pid: int | None) -> float | None:
 def _worker(rank: int, fn, env: dict[str, str], world: int, *args) -> None:
     os.environ.clear()
     os.environ.update(env)
+    # CPU gloo workers: no GPU, as in the server (a process forked after CUDA was touched cannot use it)
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
     torch.set_num_threads(1)  # as tests/conftest.py sets it for the test process
     fn(rank, world, *args)
 
