@@ -6,6 +6,7 @@ the package is not installed."""
 
 import importlib.util
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -48,3 +49,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             names, extras = ", ".join(missing), ",".join(missing)
             reason = f"needs {names} (optional), which is not installed: pip install 'digenrl[{extras}]'"
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session")
+def tiny_clipscore_server() -> Iterator[str]:
+    """The URL of one ``python -m digenrl.rewards.serve --reward tiny-clipscore`` for the session (read by
+    tests/rewards/test_rewards_remote.py and tests/systems/test_remote_reward.py); at the end SIGTERM must
+    shut it down cleanly (tests/rewards/reward_server.py)."""
+    from tests.rewards.reward_server import reward_server
+
+    with reward_server("tiny-clipscore") as url:
+        yield url

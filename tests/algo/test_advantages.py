@@ -3,16 +3,15 @@
 import os
 import random
 import tempfile
-import time
 from datetime import timedelta
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from digenrl.algo.advantages import gather_rewards, group_advantages
+from tests.runtime.spawn import spawn_workers
 
 
 def numpy_advantages(rewards, ids, std_mode, clamp=5.0, eps=1e-4):
@@ -138,19 +137,7 @@ def test_gather_two_process_gloo_unequal_sizes():
     sizes = [random.randint(1, 4), random.randint(5, 9)]
     payloads = [(torch.randn(n, dtype=torch.float32), torch.randint(0, 2**40, (n,))) for n in sizes]
     with tempfile.TemporaryDirectory() as tmp:
-        ctx = mp.start_processes(
-            _gather_worker,
-            args=(world_size, os.path.join(tmp, "init"), payloads, tmp),
-            nprocs=world_size,
-            join=False,
-            start_method="spawn",
-        )
-        deadline = time.monotonic() + 60
-        while not ctx.join(timeout=1):
-            if time.monotonic() > deadline:
-                for p in ctx.processes:
-                    p.terminate()
-                pytest.fail("2-process gather did not finish within 60 s")
+        spawn_workers(_gather_worker, world_size, (os.path.join(tmp, "init"), payloads, tmp))
         expected_rewards = torch.cat([r for r, _ in payloads])
         expected_ids = torch.cat([i for _, i in payloads])
         for rank in range(world_size):

@@ -21,7 +21,6 @@ from digenrl.rewards import CompositeReward, build_reward
 from digenrl.rewards.registry import build_configured_reward
 from digenrl.rewards.remote import RemoteReward, RemoteRewardError, decode_images, encode_images, post_json
 from digenrl.rewards.serve import make_server
-from tests.rewards.reward_server import reward_server
 from tests.systems.launcher import REPO, train_env
 
 PROMPTS = ["a cat on a mat", "a red car", "a cat on a mat"]
@@ -47,9 +46,8 @@ def brightness_server() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def clip_server() -> Iterator[str]:
-    with reward_server("tiny-clipscore") as url:  # and SIGTERM shuts it down cleanly
-        yield url
+def clip_server(tiny_clipscore_server: str) -> str:
+    return tiny_clipscore_server  # tests/conftest.py: one server for the session, and SIGTERM shuts it down
 
 
 def quantized(batch: int) -> torch.Tensor:

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from digenrl.runtime.control_plane import ControlPlane
 from digenrl.runtime.distributed import barrier, init_distributed, shutdown_distributed
 from digenrl.runtime.errors import DistributedTimeoutError, PeerFailureError
 from digenrl.runtime.events import agree_clock_origin
+from tests.runtime.spawn import spawn_workers
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")
 
@@ -104,7 +104,7 @@ def _worker(rank: int, world_size: int, store_path: str, result_dir: str) -> Non
 @pytest.mark.distributed
 def test_two_process_gloo_world(tmp_path):
     started = time.time()
-    mp.spawn(_worker, args=(2, str(tmp_path / "store"), str(tmp_path)), nprocs=2, join=True)
+    spawn_workers(_worker, 2, (str(tmp_path / "store"), str(tmp_path)))
     finished = time.time()
     results = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
 

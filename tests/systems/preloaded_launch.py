@@ -18,8 +18,9 @@ A single-process run (``python run_train.py`` with no torchrun) is one process f
 server, without an agent (:func:`run_preloaded_single`).
 
 What this launcher does not show, the real command does (``run_train(..., launcher="command")``):
-torchrun's own failure summary, a failing rank tearing the job down, the heartbeat watchdog, config errors
-printed once per job. Tests of those keep it.
+torchrun's own failure summary, a failing rank tearing the job down, config errors printed once per job.
+Tests of those keep it. (The heartbeat watchdog runs in the ranks; tests/systems/test_watchdog.py reads
+the ranks' log files while the run goes on, :func:`worker_log_lines`.)
 
 Each worker's stdout and stderr go to files (the agent's ``DefaultLogsSpecs`` redirects) and come back
 concatenated in rank order, as a ``subprocess.CompletedProcess`` like the subprocess launcher's.
@@ -36,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -98,9 +100,10 @@ def worker_main(argv: list[str], env: dict[str, str]) -> None:
         sys.exit(code)
 
 
-def _ensure_fork_server(env: dict[str, str]) -> None:
+def ensure_fork_server(env: dict[str, str]) -> None:
     """Start the session's fork server once, with the preload list and the base test environment (so the
-    preloaded torch sees ``OMP_NUM_THREADS=1``, no GPU and no fault-injection variable a test set then)."""
+    preloaded torch sees ``OMP_NUM_THREADS=1``, no GPU and no fault-injection variable a test set then).
+    The gloo tests' workers fork from it too (tests/runtime/spawn.py)."""
     global _server_started
     with _server_lock:
         if _server_started:
@@ -121,6 +124,9 @@ def _ensure_fork_server(env: dict[str, str]) -> None:
 
 @contextlib.contextmanager
 def _signal_handlers_restored() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():  # the agent installs none there
+        yield
+        return
     saved = {sig: signal.getsignal(sig) for sig in AGENT_SIGNALS}
     try:
         yield
@@ -143,7 +149,7 @@ def run_preloaded_single(
     argv: list[str], env: dict[str, str], timeout_s: float
 ) -> subprocess.CompletedProcess:
     """``python run_train.py argv`` as one process forked from the preloaded server."""
-    _ensure_fork_server(env)
+    ensure_fork_server(env)
     cmd = ["forkserver", "run_train.py", *argv]
     with tempfile.TemporaryDirectory(prefix="preloaded_single_") as tmp:
         out, err = Path(tmp, "stdout.log"), Path(tmp, "stderr.log")
@@ -172,18 +178,21 @@ def _read_logs(log_dir: Path, nproc: int, stream: str) -> str:
 
 
 def run_preloaded(
-    argv: list[str], nproc: int, env: dict[str, str], timeout_s: float
+    argv: list[str], nproc: int, env: dict[str, str], timeout_s: float, log_dir: Path | None = None
 ) -> subprocess.CompletedProcess:
     """Run ``run_train.py argv`` on ``nproc`` forked ranks to the end. A run still going after
-    ``timeout_s`` has its workers killed and fails the test as hung, with what they printed."""
+    ``timeout_s`` has its workers killed and fails the test as hung, with what they printed. The ranks'
+    output goes to files under ``log_dir`` (``*/attempt_0/<rank>/stderr.log``; a temporary folder when
+    None), which a test can read while the run goes on (:func:`worker_log_lines`)."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    _ensure_fork_server(env)
+    ensure_fork_server(env)
     cmd = ["elastic_launch(forkserver)", f"--nproc_per_node={nproc}", "run_train.py", *argv]
-    with tempfile.TemporaryDirectory(prefix="preloaded_launch_") as tmp:
-        log_dir = Path(tmp)
+    with contextlib.ExitStack() as stack:
+        if log_dir is None:
+            log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="preloaded_launch_")))
         config = LaunchConfig(
             min_nodes=1,
             max_nodes=1,
@@ -218,3 +227,27 @@ def run_preloaded(
     if hung.is_set():
         raise hung_run(cmd, timeout_s, stdout, stderr)
     return subprocess.CompletedProcess(cmd, returncode, stdout, stderr)
+
+
+def worker_log_lines(
+    log_dir: Path, stream: str, lines: list[tuple[float, str]], stop: threading.Event
+) -> None:
+    """Until ``stop`` is set (then once more), append every new complete line the ranks of a
+    :func:`run_preloaded` run wrote to ``stream`` under ``log_dir`` to ``lines``, as ``(unix time read,
+    line)``, polling every 50 ms: what reading a subprocess's pipe line by line gives."""
+    read: dict[Path, int] = {}
+    while True:
+        last = stop.is_set()
+        for path in sorted(log_dir.glob(f"*/attempt_*/*/{stream}.log")):
+            with path.open("rb") as file:
+                file.seek(read.get(path, 0))
+                data = file.read()
+            end = data.rfind(b"\n") + 1
+            if end:
+                read[path] = read.get(path, 0) + end
+                now = time.time()
+                text = data[:end].decode(errors="replace")
+                lines.extend((now, line) for line in text.splitlines(keepends=True))
+        if last:
+            return
+        time.sleep(0.05)

@@ -89,18 +89,8 @@ def test_a_resumed_lora_run_continues_its_ema_exactly(lora_run, tmp_path):
     assert_resumed_exactly(run, tmp_path / "resumed")  # compares the EMA too
 
 
-def test_a_two_rank_fsdp2_run_resumes_its_sharded_ema_exactly(tmp_path):
-    overrides = [
-        "system=colocated-sync",
-        "profile=cpu-2",
-        "trainer.mode=full",
-        "iterations=3",
-        "checkpoint_every=2",
-        "trainer.ema_decay=0.9",
-    ]
-    full, resumed = tmp_path / "full", tmp_path / "resumed"
-    run_train([*overrides, f"out_dir={full}"], nproc=2)
+def test_a_two_rank_fsdp2_run_resumes_its_sharded_ema_exactly(fsdp2_full_ema_runs):
+    full, resumed = fsdp2_full_ema_runs  # tests/systems/conftest.py: FSDP2 full fine-tuning, ema_decay=0.9
     checkpoint = load_latest_checkpoint(full)
     assert checkpoint["format"] == "sharded" and full_trainer_state(checkpoint)["ema"]["updates"] == 3
-    resume_from_copy(full, resumed, 2, overrides, nproc=2)
     assert_resumed_exactly(full, resumed)  # compares the EMA too

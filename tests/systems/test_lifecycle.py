@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from digenrl.runtime.event_records import load_events
 from digenrl.runtime.metrics import read_metrics
 from tests.systems.launcher import REPO, RUN_TRAIN, TINY, run_train, train_env
@@ -71,14 +73,31 @@ def _children(pid: int) -> set[int]:
     return found
 
 
-def test_sigterm_to_the_launcher_stops_torchrun_and_every_worker(tmp_path):
-    """``python run_train.py`` on a 2-rank profile starts torchrun itself; SIGTERM to it (a job scheduler
-    cancelling the job) used to leave torchrun and both workers running to the end as orphans."""
-    out = tmp_path / "run"
-    cmd = [sys.executable, str(RUN_TRAIN), "--config", str(TINY), "iterations=100000", f"out_dir={out}"]
-    log = (tmp_path / "launcher.log").open("w")
+@pytest.fixture(scope="module")
+def stopped_launch(tmp_path_factory):
+    """One ``python run_train.py`` on a 2-rank profile (it starts torchrun itself), run the way a user runs
+    it from their own directory, with a relative ``--config``, ``data.prompts`` and ``out_dir``, then
+    stopped with SIGTERM to the launcher (a job scheduler cancelling the job) once both ranks are past
+    iteration 0. Returns the work directory, the out_dir, the launcher's exit code, the pids found
+    running before the signal and those still running after it, and the launcher's output."""
+    work = tmp_path_factory.mktemp("lifecycle") / "work"
+    work.mkdir()
+    (work / "my.yaml").write_text(TINY.read_text())
+    (work / "prompts.txt").write_text("a red cube\na blue sphere\n")
+    out = work / "runs" / "rel"
+    cmd = [
+        sys.executable,
+        str(RUN_TRAIN),
+        "--config",
+        "my.yaml",
+        "iterations=100000",
+        "data.prompts=prompts.txt",
+        "out_dir=runs/rel",
+    ]
+    log_path = work.parent / "launcher.log"
+    log = log_path.open("w")
     launcher = subprocess.Popen(
-        cmd, cwd=REPO, env=train_env(), stdout=log, stderr=log, start_new_session=True
+        cmd, cwd=work, env=train_env(), stdout=log, stderr=log, start_new_session=True
     )
     workers: set[int] = set()
     agents: set[int] = set()
@@ -89,51 +108,52 @@ def test_sigterm_to_the_launcher_stops_torchrun_and_every_worker(tmp_path):
             if len(logs) == 2 and all('"iteration":1' in path.read_text() for path in logs):
                 break
             time.sleep(0.2)
-        assert launcher.poll() is None, (tmp_path / "launcher.log").read_text()[-3000:]
+        assert launcher.poll() is None, log_path.read_text()[-3000:]
         # the workers name themselves in their logs: found without the launcher's own process walk
         workers = {r["pid"] for r in load_events(out) if r["type"] == "meta"}
         agents = _children(launcher.pid)
-        assert len(workers) == 2 and len(agents) == 1 and _running(workers | agents) == workers | agents
+        before = _running(workers | agents)
         os.kill(launcher.pid, signal.SIGTERM)
         code = launcher.wait(30)
         gone_by = time.monotonic() + 5
         while _running(workers | agents) and time.monotonic() < gone_by:
             time.sleep(0.05)
-        assert _running(workers | agents) == set(), "torchrun or a worker outlived the launcher"
-        assert code == 128 + signal.SIGTERM
+        after = _running(workers | agents)
     finally:
         for pid in _running(workers | agents) | ({launcher.pid} if launcher.poll() is None else set()):
             os.kill(pid, signal.SIGKILL)  # what this test started, left behind by a failure
         launcher.wait()
         log.close()
-    text = (tmp_path / "launcher.log").read_text()
-    assert "received SIGTERM" in text, text[-3000:]
+    return {
+        "work": work,
+        "out": out,
+        "code": code,
+        "workers": workers,
+        "agents": agents,
+        "before": before,
+        "after": after,
+        "text": log_path.read_text(),
+    }
+
+
+def test_sigterm_to_the_launcher_stops_torchrun_and_every_worker(stopped_launch):
+    """SIGTERM to ``python run_train.py`` used to leave torchrun and both workers running to the end as
+    orphans."""
+    run = stopped_launch
+    assert len(run["workers"]) == 2 and len(run["agents"]) == 1
+    assert run["before"] == run["workers"] | run["agents"]
+    assert run["after"] == set(), "torchrun or a worker outlived the launcher"
+    assert run["code"] == 128 + signal.SIGTERM
+    assert "received SIGTERM" in run["text"], run["text"][-3000:]
     for rank in (0, 1):  # every record a rank wrote before it was stopped is in its log
-        assert any(r["type"] == "span" for r in load_events(out) if r["rank"] == rank)
+        assert any(r["type"] == "span" for r in load_events(run["out"]) if r["rank"] == rank)
 
 
-def test_relative_paths_resolve_in_the_directory_the_command_ran_in(tmp_path):
-    """Run from another directory with a relative ``--config``, ``data.prompts`` and ``out_dir``: the
-    workers torchrun starts read and write there too (they used to run in the repository: the prompts file
-    was missing there, or the run was written into the repository)."""
-    work = tmp_path / "work"
-    work.mkdir()
-    (work / "my.yaml").write_text(TINY.read_text())
-    (work / "prompts.txt").write_text("a red cube\na blue sphere\n")
-    cmd = [
-        sys.executable,
-        str(RUN_TRAIN),
-        "--config",
-        "my.yaml",
-        "iterations=1",
-        "data.prompts=prompts.txt",
-        "out_dir=runs/rel",
-    ]
-    proc = subprocess.run(cmd, cwd=work, env=train_env(), capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert [r["iteration"] for r in read_metrics(work / "runs" / "rel")] == [0]
-    assert sorted(p.name for p in (work / "runs" / "rel" / "events").iterdir()) == [
-        "rank0.jsonl",
-        "rank1.jsonl",
-    ]
+def test_relative_paths_resolve_in_the_directory_the_command_ran_in(stopped_launch):
+    """The workers torchrun starts read and write where the command ran (they used to run in the
+    repository: the prompts file was missing there, or the run was written into the repository)."""
+    out = stopped_launch["out"]
+    assert [r["iteration"] for r in read_metrics(out)][:1] == [0]  # read prompts.txt, wrote runs/rel
+    assert sorted(p.name for p in (out / "events").iterdir()) == ["rank0.jsonl", "rank1.jsonl"]
+    assert (stopped_launch["work"] / "runs" / "rel" / "config.yaml").is_file()
     assert not (REPO / "runs" / "rel").exists()

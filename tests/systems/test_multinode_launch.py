@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
-import torch
 
 from digenrl.launch import launch_torchrun
 from digenrl.runtime.metrics import read_metrics
-from tests.systems.launcher import TINY
+from tests.runtime.spawn import spawn_workers
+from tests.systems.launcher import TINY, run_train
 
 # Disjoint pools with traffic across the node boundary: trainers (ranks 0, 1) on node 0, generators
 # (ranks 2, 3) on node 1; weight sync and GAP fragments cross it, TSP stages stay inside node 1.
@@ -64,7 +64,9 @@ def launches(tmp_path_factory):
             label="2x2",
             log_dir=root / "logs",
         )
-        launch_torchrun([*RUN, f"out_dir={root / 'one'}"], nproc=4, config=TINY, timeout_s=240, label="1x4")
+    # the 1 x 4 reference on ranks forked from the preloaded server: the same computation as torchrun's
+    # (tests/systems/test_launchers.py), without four more interpreters importing torch and diffusers
+    run_train([*RUN, f"out_dir={root / 'one'}"], nproc=4)
     return root
 
 
@@ -116,7 +118,7 @@ def test_a_failing_node_fails_the_job_and_is_named(tmp_path, clean_env):
     assert "node 1: [rank 1] FAILED: RuntimeError: injected fault on rank 1 at iteration 0" in message
 
 
-def _out_dir_check_rank(rank: int, root: str) -> None:
+def _out_dir_check_rank(rank: int, world: int, root: str) -> None:
     """One rank of a 2-"node" gloo world whose nodes do not share a disk: each rank runs in its own folder
     and ``out_dir`` is relative, so the two ranks mean different directories."""
     from datetime import timedelta
@@ -131,7 +133,7 @@ def _out_dir_check_rank(rank: int, root: str) -> None:
     os.chdir(home)
     os.environ["LOCAL_WORLD_SIZE"] = "1"  # one process per node, two nodes
     store = dist.FileStore(str(Path(root) / "store"), 2)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=timedelta(seconds=20))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=20))
     ctx = init_distributed()
     try:
         _require_shared_out_dir("run", ctx, timeout_s=2.0)
@@ -142,7 +144,7 @@ def _out_dir_check_rank(rank: int, root: str) -> None:
 
 
 def test_a_node_local_out_dir_fails_at_start_naming_the_rank(tmp_path):
-    torch.multiprocessing.spawn(_out_dir_check_rank, args=(str(tmp_path),), nprocs=2, join=True)
+    spawn_workers(_out_dir_check_rank, 2, (str(tmp_path),))
     seen = (tmp_path / "rank1.txt").read_text()
     assert seen.startswith("ValueError: out_dir='run' is not shared: rank 1 on host"), seen
     assert "filesystem every node mounts" in seen

@@ -1,14 +1,13 @@
 """A whole multi-rank run scoring through a reward server: ``separate-sync`` on two ranks with
-``reward=remote`` against ``python -m digenrl.rewards.serve`` started by the test, next to the same run
-with the served reward in-process. The generator rank posts each fragment's decoded images; the rewards
-agree up to the 8-bit pixels the wire carries."""
+``reward=remote`` against ``python -m digenrl.rewards.serve`` (the session's: tests/conftest.py), next to
+the same run with the served reward in-process. The generator rank posts each fragment's decoded images;
+the rewards agree up to the 8-bit pixels the wire carries."""
 
 from __future__ import annotations
 
 import pytest
 
 from digenrl.runtime.metrics import read_metrics
-from tests.rewards.reward_server import reward_server
 from tests.systems.launcher import run_train
 
 RUN = [
@@ -21,10 +20,9 @@ RUN = [
 ]
 
 
-def test_separate_sync_scores_through_a_reward_server(tmp_path):
-    with reward_server("tiny-clipscore") as url:
-        remote = ["reward=remote", f"reward.url={url}", "reward.timeout_s=60"]
-        run_train([*RUN, *remote, f"out_dir={tmp_path / 'remote'}"], nproc=2)
+def test_separate_sync_scores_through_a_reward_server(tmp_path, tiny_clipscore_server):
+    remote = ["reward=remote", f"reward.url={tiny_clipscore_server}", "reward.timeout_s=60"]
+    run_train([*RUN, *remote, f"out_dir={tmp_path / 'remote'}"], nproc=2)
     run_train([*RUN, "reward=tiny-clipscore", f"out_dir={tmp_path / 'local'}"], nproc=2)
     served, local = read_metrics(tmp_path / "remote"), read_metrics(tmp_path / "local")
     assert len(served) == len(local) == 2

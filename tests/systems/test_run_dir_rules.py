@@ -66,10 +66,10 @@ def test_a_new_run_into_a_used_out_dir_is_refused_once_and_overwrite_replaces_it
     shutil.copytree(finished[0], out)
     old_id, old_metrics = _run_id(out), (out / "metrics.jsonl").read_bytes()
     two = ["system=colocated-sync", "profile=cpu-2", "algo.prompts_per_iteration=2", "iterations=1"]
-    for nproc in (0, 2):  # a plain run (refused before it starts workers) and torchrun's two workers
-        proc = run_train(
-            [*two, f"out_dir={out}"], nproc=nproc, check=False, timeout_s=120, launcher="command"
-        )
+    # a plain run (refused before it starts workers: run_train.py's entry point on one forked process) and
+    # torchrun's two workers (the user's command: each worker finds the refusal, and it is said once)
+    for nproc, launcher in ((0, "preloaded"), (2, "command")):
+        proc = run_train([*two, f"out_dir={out}"], nproc=nproc, check=False, timeout_s=120, launcher=launcher)
         assert proc.returncode != 0
         said = proc.stdout + proc.stderr
         assert said.count("already holds a run") == 1, said
@@ -106,7 +106,7 @@ def test_a_second_job_into_the_out_dir_of_a_running_job_is_refused_naming_it(tmp
         record = json.loads((out / ".lock").read_text())
         assert record["pid"] == first.pid and record["run_id"] == _run_id(out)
         metrics = (out / "metrics.jsonl").read_bytes()
-        second = run_train([*two, "resume=true", f"out_dir={out}"], check=False, launcher="command")
+        second = run_train([*two, "resume=true", f"out_dir={out}"], check=False)  # refused by its launcher
         assert second.returncode == 2, second.stderr
         assert f"is in use by another run: pid {first.pid} on host " in second.stderr
         assert f"run {_run_id(out)}, since " in second.stderr

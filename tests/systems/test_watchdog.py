@@ -1,19 +1,21 @@
 """A hung rank is named by every other rank — rank, role and phase — well before gloo's own timeout, and a
-normally finishing run raises no false alarm (torchrun, tiny model, gloo; digenrl/runtime/watchdog.py)."""
+normally finishing run raises no false alarm (torch's elastic agent with ranks forked from the preloaded
+server, tests/systems/preloaded_launch.py; tiny model, gloo; digenrl/runtime/watchdog.py)."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import re
 import signal
-import subprocess
 import threading
 import time
 
 import pytest
 
 from digenrl.runtime.watchdog import PHASE_BEAT_GAP_S, heartbeat_timing
-from tests.systems.launcher import run_train, train_command, train_env
+from tests.systems.launcher import TINY, run_train, train_env
+from tests.systems.preloaded_launch import run_preloaded, worker_log_lines
 
 TIMEOUT_S = 15  # runtime.timeout_s: gloo's collective timeout, and the watchdog's threshold is a third
 #: The stopped rank stays this long in its phase before it SIGSTOPs itself: a span change is published
@@ -51,35 +53,45 @@ def test_a_stopped_rank_is_named_by_every_survivor(
     env["DIGENRL_INJECT_FAULT"] = (
         f"rank={hung},iteration={iteration},kind=stop,phase={phase},seconds={STOP_AFTER_S}"
     )
-    cmd = train_command(
-        [*overrides, f"iterations={iteration + 1}", f"runtime.timeout_s={timeout_s}", f"out_dir={tmp_path}"],
-        nproc,
-    )
-    lines: list[tuple[float, str]] = []  # (unix time read, line) of the job's stderr
-    with (tmp_path / "stdout.log").open("w") as stdout:
-        job = subprocess.Popen(
-            cmd, env=env, stdout=stdout, stderr=subprocess.PIPE, text=True, start_new_session=True
-        )
-        reader = threading.Thread(target=lambda: lines.extend((time.time(), line) for line in job.stderr))
-        reader.start()
+    argv = ["--config", str(TINY), *overrides, f"iterations={iteration + 1}"]
+    argv += [f"runtime.timeout_s={timeout_s}", f"out_dir={tmp_path / 'run'}"]
+    log_dir = tmp_path / "logs"
+    lines: list[tuple[float, str]] = []  # (unix time read, line) of the ranks' stderr
+    job: dict = {}
+
+    def launch() -> None:  # the ranks fork from the preloaded server (tests/systems/preloaded_launch.py)
         try:
-            stop = _wait_for_line(
-                lines, rf"^\[rank {hung}\] injected stop: SIGSTOP of pid (\d+) .* unix time ([0-9.]+)", 180
-            )
-            failed = {
-                rank: _wait_for_line(lines, rf"^\[rank {rank}\] FAILED: .*$", 4 * threshold)
-                for rank in survivors
-            }
-            if stop is not None:
-                # torchrun SIGKILLs a stopped worker 30 s after its SIGTERM (a grace the failure path does not
-                # shorten); end it now, and the job ends by itself with the survivors' exit status.
-                os.kill(int(stop[1].group(1)), signal.SIGKILL)
-            code = job.wait(60)
-        finally:
-            if job.poll() is None:
-                os.killpg(job.pid, signal.SIGKILL)
-                job.wait()
-            reader.join(60)
+            job["proc"] = run_preloaded(argv, nproc, env, timeout_s=240, log_dir=log_dir)
+        except BaseException as error:  # a hung run: reported below
+            job["error"] = error
+
+    launcher = threading.Thread(target=launch)
+    done = threading.Event()
+    reader = threading.Thread(target=worker_log_lines, args=(log_dir, "stderr", lines, done))
+    launcher.start()
+    reader.start()
+    stop = None
+    try:
+        stop = _wait_for_line(
+            lines, rf"^\[rank {hung}\] injected stop: SIGSTOP of pid (\d+) .* unix time ([0-9.]+)", 180
+        )
+        failed = {
+            rank: _wait_for_line(lines, rf"^\[rank {rank}\] FAILED: .*$", 4 * threshold) for rank in survivors
+        }
+        if stop is not None:
+            # the agent SIGKILLs a stopped worker 30 s after its SIGTERM (a grace the failure path does not
+            # shorten); end it now, and the job ends by itself with the survivors' exit status.
+            os.kill(int(stop[1].group(1)), signal.SIGKILL)
+        launcher.join(60)
+    finally:
+        if stop is None or launcher.is_alive():  # what this test started, left behind by a failure
+            for child in multiprocessing.active_children():
+                child.kill()
+            launcher.join()
+        done.set()
+        reader.join(60)
+    assert "error" not in job, job.get("error")
+    code = job["proc"].returncode
     text = "".join(line for _, line in lines)
     assert stop is not None, text[-4000:]
     stopped_at = float(stop[1].group(2))

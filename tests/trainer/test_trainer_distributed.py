@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import os
 import tempfile
-import time
 from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from digenrl.trainer import PolicyTrainer
+from tests.runtime.spawn import spawn_workers
 
 from .data_parallel_case import (
     ITERATIONS,
@@ -81,13 +80,7 @@ def _worker(rank, world_size, tmp):
 def test_two_rank_ddp_and_fsdp2_equal_the_single_process_update():
     with tempfile.TemporaryDirectory() as tmp:
         reference = single_process_reference(tmp, {name: _config(name) for name in SCENARIOS})
-        ctx = mp.start_processes(_worker, args=(2, tmp), nprocs=2, join=False, start_method="spawn")
-        deadline = time.monotonic() + 60
-        while not ctx.join(timeout=1):
-            if time.monotonic() > deadline:
-                for p in ctx.processes:
-                    p.terminate()
-                pytest.fail("2-rank trainer test did not finish within 60 s")
+        spawn_workers(_worker, 2, (tmp,))
         ranks = [torch.load(os.path.join(tmp, f"rank{r}.pt"), weights_only=False) for r in range(2)]
 
     for name, ref in reference.items():
