@@ -13,7 +13,7 @@ rank, since the noise of step i is keyed by (sample seed, i) — and ``generate 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import replace
 
 import torch
@@ -31,8 +31,7 @@ _TRAIN_STEP_PURPOSE = 1
 
 
 class RolloutEngine:
-    """Generates trajectories for prompt groups (whole, or some of their samples) with the policy currently
-    in ``model``."""
+    """Generates trajectories for whole prompt groups with the policy currently in ``model``."""
 
     def __init__(
         self,
@@ -103,29 +102,18 @@ class RolloutEngine:
         iteration: int,
         policy_version: int,
         on_step: Callable[[int], None] | None = None,
-        samples: Sequence[Sequence[int]] | None = None,
     ) -> TrajectoryBatch:
-        """Roll out ``group_size`` samples for each prompt (or, with ``samples``, the sample indices
-        ``samples[i]`` of prompt i: part of a group, docs/design.md §4 "Work split"); ``prompt_ids`` are the
-        prompts' indices in the iteration's logical batch (group ids), which — with the sample index — key
-        every draw, so a sample is the same whichever call generates it.
+        """Roll out ``group_size`` samples for each prompt; ``prompt_ids`` are the prompts' indices in
+        the iteration's logical batch (group ids), which — with the sample index — key every draw.
 
         Equals ``advance(start(...), num_steps)``: a rollout split into TSP stages reproduces it bit for
         bit."""
-        batch = self.start(
-            prompts, prompt_ids, iteration=iteration, policy_version=policy_version, samples=samples
-        )
+        batch = self.start(prompts, prompt_ids, iteration=iteration, policy_version=policy_version)
         return self._advance(batch, self.sampler.num_steps, on_step, in_place=True)
 
     @torch.no_grad()
     def start(
-        self,
-        prompts: list[str],
-        prompt_ids: list[int],
-        *,
-        iteration: int,
-        policy_version: int,
-        samples: Sequence[Sequence[int]] | None = None,
+        self, prompts: list[str], prompt_ids: list[int], *, iteration: int, policy_version: int
     ) -> TrajectoryBatch:
         """A rollout that has run no step yet (``steps_done = 0``), the first stage of a TSP pipeline.
 
@@ -136,25 +124,18 @@ class RolloutEngine:
         if len(prompts) != len(prompt_ids):
             raise ValueError("prompts and prompt_ids must have the same length")
         g = self.group_size
-        picks = [list(range(g))] * len(prompt_ids) if samples is None else [list(s) for s in samples]
-        if len(picks) != len(prompt_ids) or any(not s or not all(0 <= j < g for j in s) for s in picks):
-            raise ValueError(
-                f"samples must give each of the {len(prompt_ids)} prompts a non-empty list of sample indices "
-                f"in [0, {g}), got {samples!r}"
-            )
-        pairs = [(i, pid, j) for i, (pid, js) in enumerate(zip(prompt_ids, picks, strict=True)) for j in js]
-        seeds = [sample_seed(self.seed, iteration, pid, j) for _, pid, j in pairs]
+        seeds = [sample_seed(self.seed, iteration, pid, j) for pid in prompt_ids for j in range(g)]
         b = len(seeds)
-        cond = self.text_encoder.encode(prompts).index_select([i for i, _, _ in pairs]).to(self.device)
+        cond = self.text_encoder.encode(prompts).repeat_interleave(g).to(self.device)
         train_steps, _ = self._train_steps(iteration, seeds)
         sigmas = self.sampler.sigmas.to(self.device)
         idx = train_steps.to(self.device)
         k = idx.shape[1]
         x = step_noise(seeds, INITIAL_NOISE_STEP, self.latent_shape, device=self.device)
         return TrajectoryBatch(
-            prompts=[prompts[i] for i, _, _ in pairs],
-            prompt_ids=torch.tensor([pid for _, pid, _ in pairs], dtype=torch.long),
-            sample_ids=torch.tensor([j for _, _, j in pairs], dtype=torch.long),
+            prompts=[p for p in prompts for _ in range(g)],
+            prompt_ids=torch.tensor([pid for pid in prompt_ids for _ in range(g)], dtype=torch.long),
+            sample_ids=torch.arange(g).repeat(len(prompt_ids)),
             seeds=torch.tensor(seeds, dtype=torch.long),
             cond=cond,
             latents=x.new_zeros(b, k, *self.latent_shape),

@@ -39,8 +39,7 @@ class ColocatedOverlap(ColocatedSync):
         ]
 
     def rollout(self, iteration: int, version: int) -> tuple[TrajectoryBatch, ScoreResult]:
-        events, engine, scorer = self.parts.events, self.parts.engine, self.parts.scorer
-        prompts = self.parts.prompts.prompts_for(iteration, self.cfg.algo.prompts_per_iteration)
+        events, scorer = self.parts.events, self.parts.scorer
 
         def score(fragment: int, batch: TrajectoryBatch) -> ScoreResult:
             with events.span("score", iteration=iteration, fragment=fragment, policy_version=version):
@@ -52,15 +51,8 @@ class ColocatedOverlap(ColocatedSync):
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward") as pool,
         ):
             for j, part in enumerate(self.sub_batches()):
-                picks = part.picks(self.cfg.algo.group_size)
                 with events.span("generate", iteration=iteration, fragment=j, policy_version=version):
-                    batch = engine.generate(
-                        [prompts[g] for g, _ in picks],
-                        [g for g, _ in picks],
-                        iteration=iteration,
-                        policy_version=version,
-                        samples=[s for _, s in picks],
-                    )
+                    batch = self.generate_share(part, iteration, version)
                 batches.append(batch)
                 futures.append(pool.submit(score, j, batch))
             with events.span("wait_score", iteration=iteration, policy_version=version):

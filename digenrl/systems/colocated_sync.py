@@ -127,24 +127,30 @@ class ColocatedSync(System):
             on_transition=lambda record: residency_span(events, record, self.iteration),
         )
 
-    def my_share(self, iteration: int) -> tuple[list[str], list[int], list[list[int]]]:
-        """This rank's share of the iteration: its groups' prompts, their ids and, per group, the sample
-        indices it generates (all of them unless the share cuts the group)."""
+    def generate_share(self, share: RankShare, iteration: int, version: int) -> TrajectoryBatch:
+        """Roll out the samples of ``share``: its groups whole, or — when it cuts a group — the groups
+        started and cut to the share's samples before any step runs (as a TAG helper generates a GAP
+        fragment smaller than a group); every sample's draws are keyed by its (group, index), so they are
+        the samples a whole-group rollout would make."""
+        g = self.cfg.algo.group_size
         prompts = self.parts.prompts.prompts_for(iteration, self.cfg.algo.prompts_per_iteration)
-        picks = self.share.picks(self.cfg.algo.group_size)
-        return [prompts[g] for g, _ in picks], [g for g, _ in picks], [s for _, s in picks]
+        picks = share.picks(g)
+        texts, ids = [prompts[i] for i, _ in picks], [i for i, _ in picks]
+        engine = self.parts.engine
+        if all(len(samples) == g for _, samples in picks):
+            return engine.generate(texts, ids, iteration=iteration, policy_version=version)
+        batch = engine.start(texts, ids, iteration=iteration, policy_version=version)
+        rows = [n * g + j for n, (_, samples) in enumerate(picks) for j in samples]
+        return engine.advance(batch.select(rows), engine.sampler.num_steps)
 
     def rollout(self, iteration: int, version: int) -> tuple[TrajectoryBatch, ScoreResult]:
         """Generate this rank's samples, then decode and score them all."""
         events = self.parts.events
-        prompts, ids, samples = self.my_share(iteration)
         with (
             self.residency.generation(),
             events.span("generate", iteration=iteration, policy_version=version),
         ):
-            batch = self.parts.engine.generate(
-                prompts, ids, iteration=iteration, policy_version=version, samples=samples
-            )
+            batch = self.generate_share(self.share, iteration, version)
         with self.residency.scoring(), events.span("score", iteration=iteration, policy_version=version):
             score = self.parts.scorer(batch)
         return batch, score
