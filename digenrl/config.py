@@ -286,6 +286,9 @@ class GapConfig:
     enabled: bool = True  # false: the trainer waits for every fragment before training (ablation)
     # prompt groups per fragment; a group never straddles fragments
     fragment_groups: int = field(default=1, metadata=_COUNT)
+    # samples per fragment instead (0 = gap.fragment_groups whole groups): any divisor of the batch, also
+    # smaller than a group — a group's advantages then wait for all its rewards (docs/design.md §3 "GAP")
+    fragment_samples: int = field(default=0, metadata=_NON_NEGATIVE_COUNT)
     # who generates fragment f: "dynamic" = the first free producer claims the next fragment (atomic
     # tickets on the c10d store; TAG helpers claim from the tail); "round-robin" = pipeline f mod D
     assignment: str = field(default="dynamic", metadata=among(GAP_ASSIGNMENTS))

@@ -159,6 +159,12 @@ KNOB_RULES: tuple[KnobRule, ...] = (
     # no row for gap: with gap.enabled=false the fragments still exist (the trainer waits for all of them),
     # so gap.fragment_groups, gap.assignment and gap.train_order are still read
     KnobRule(
+        ("gap.fragment_groups",),
+        "with gap.fragment_samples=0 (a fragment size in samples replaces it)",
+        ("gap.fragment_samples",),
+        lambda cfg: not cfg.gap.fragment_samples,
+    ),
+    KnobRule(
         ("reward.name",),
         "without reward.weights, or as one of its rewards (reward.weights replaces reward.name)",
         ("reward.weights",),

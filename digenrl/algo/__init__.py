@@ -1,7 +1,9 @@
 """Pure-math core of the FlowGRPO family: sigma grids, the flow-SDE step with log-prob, CFG,
-group advantages, the clipped policy loss / KL, and train-timestep selection. No model code."""
+group advantages (and their release once a split group is complete), the clipped policy loss / KL, and
+train-timestep selection. No model code."""
 
 from digenrl.algo.advantages import STD_MODES, AdvantageResult, gather_rewards, group_advantages
+from digenrl.algo.group_completion import CompletedGroup, GroupCompletion
 from digenrl.algo.guidance import apply_cfg, double_for_cfg, split_cfg_output
 from digenrl.algo.loss import PolicyLossTerms, clipped_policy_loss, kl_to_reference
 from digenrl.algo.sde_step import SDE_TYPES, StepResult, dance_step, euler_step, flow_sde_step
@@ -19,6 +21,8 @@ __all__ = [
     "STD_MODES",
     "TRAIN_STEP_MODES",
     "AdvantageResult",
+    "CompletedGroup",
+    "GroupCompletion",
     "PolicyLossTerms",
     "StepResult",
     "apply_cfg",

@@ -10,6 +10,10 @@ staleness check of :class:`~digenrl.async_policy.tcss.StalenessBound`, and — w
 units go to training at once, in whole micro-batches across fragments (:class:`~digenrl.gap.unit_packer.
 UnitPacker`; one micro-batch per fragment under lockstep backends, whose accumulate is a collective).
 With ``gap.enabled=false`` nothing trains before the last fragment arrived (the separate-sync timeline).
+Fragments smaller than a group (``gap.fragment_samples``) arrive without advantages: a fragment is ready
+once every fragment sharing a group with it has published its rewards, and :meth:`~FragmentConsumer.
+receive` fills its units' advantages from :class:`~digenrl.algo.group_completion.GroupCompletion` (the
+same numbers as normalising whole groups; a group dropped for a non-finite reward leaves training here).
 The optimizer step and the inner epochs (``algo.num_updates_per_batch``) replay :attr:`~FragmentConsumer.
 received` through the same :attr:`~FragmentConsumer.packer` (:func:`digenrl.systems.phases.
 train_logical_batch` with ``fed`` = ``gap.enabled``).
@@ -19,6 +23,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
+
+from digenrl.algo.group_completion import GroupCompletion
 from digenrl.async_policy.tcss import StalenessBound, StalenessStats
 from digenrl.config import TRAIN_ORDERS, Config, ConfigError
 from digenrl.data.trajectory import TrajectoryBatch
@@ -37,12 +44,16 @@ def check_gap_config(cfg: Config, trainers: int) -> None:
             "gap.enabled=true normalises advantages per fragment, which needs algo.adv_std=group "
             f"(got {cfg.algo.adv_std!r}); a global std needs the whole batch before any fragment trains"
         )
-    samples = cfg.gap.fragment_groups * cfg.algo.group_size
-    if samples < trainers:
-        raise ConfigError(
-            f"a fragment of gap.fragment_groups={cfg.gap.fragment_groups} groups holds {samples} "
-            f"samples, fewer than pools.trainers={trainers}: every trainer needs a unit of every fragment"
-        )
+    if cfg.gap.fragment_samples and cfg.gap.fragment_samples % cfg.algo.group_size:
+        from digenrl.rewards.registry import whole_group_rewards
+
+        names = list(cfg.reward.weights) if cfg.reward.weights else [cfg.reward.name]
+        if needs := whole_group_rewards(names):
+            raise ConfigError(
+                f"gap.fragment_samples={cfg.gap.fragment_samples} splits prompt groups of "
+                f"algo.group_size={cfg.algo.group_size} over fragments, but reward {needs[0]!r} scores a "
+                "group's samples together; use whole-group fragments (a multiple of algo.group_size)"
+            )
 
 
 class FragmentConsumer:
@@ -61,6 +72,7 @@ class FragmentConsumer:
         streaming: bool,
         micro_batch_size: int,
         pack: bool,
+        clamp: float = 5.0,
     ) -> None:
         if train_order not in TRAIN_ORDERS:
             raise ValueError(f"gap.train_order={train_order!r}: choose one of {TRAIN_ORDERS}")
@@ -76,6 +88,9 @@ class FragmentConsumer:
         self.received: list[TrajectoryBatch] = []  # this rank's shards, in the order they arrived
         self.staleness = StalenessStats()
         self.packer: UnitPacker | None = None
+        self.clamp = clamp
+        self.completion: GroupCompletion | None = None  # split groups: rewards so far this iteration
+        self._rewards_in: set[int] = set()  # fragments whose rewards the completion holds
 
     @classmethod
     def from_config(
@@ -97,6 +112,7 @@ class FragmentConsumer:
             streaming=cfg.gap.enabled,
             micro_batch_size=cfg.trainer.micro_batch_size,
             pack=not lockstep,
+            clamp=cfg.algo.adv_clamp,
         )
 
     def begin(self, iteration: int, version: int, train: Callable[[TrajectoryBatch], None]) -> None:
@@ -106,6 +122,9 @@ class FragmentConsumer:
         self.received = []
         self.staleness = StalenessStats()
         self.packer = UnitPacker(train, self.micro_batch_size, enabled=self.pack)
+        plan = self.stream.plan
+        self.completion = GroupCompletion(plan.group_size, clamp=self.clamp) if plan.splits_groups else None
+        self._rewards_in = set()
 
     def next(self) -> int | None:
         """The fragment to train next (``gap.train_order``), None once every fragment was received."""
@@ -129,6 +148,8 @@ class FragmentConsumer:
             shard, transfer = self.stream.receive(self.iteration, fragment)
             span.update({k: transfer.tags[k] for k in PRODUCER_TAGS if k in transfer.tags})
             span.update(bytes=transfer.bytes, samples=shard.batch_size)
+            if self.completion is not None:
+                shard = self._complete_groups(fragment, shard)
         rank = self.stream.plane.rank
         stale = self.bound.check_fragment(shard, trainer_version=self.version, fragment=fragment, rank=rank)
         self.staleness.add(shard.batch_size, stale)
@@ -137,3 +158,16 @@ class FragmentConsumer:
         if self.streaming:
             self.packer.add(shard)
         return shard
+
+    def _complete_groups(self, fragment: int, shard: TrajectoryBatch) -> TrajectoryBatch:
+        """Split groups: wait for the rewards of every fragment sharing a group with ``fragment``, then
+        give the shard's units their group's advantages and drop the units of dropped groups."""
+        for f in self.stream.plan.fragments_of_groups(fragment):
+            if f not in self._rewards_in:
+                rows = self.stream.wait_rewards(self.iteration, f)
+                self.completion.add(rows["groups"], rows["samples"], rows["rewards"], rows["keep"])
+                self._rewards_in.add(f)
+        advantages, keep = self.completion.advantages_for(shard.prompt_ids.cpu(), shard.sample_ids.cpu())
+        shard.advantages = advantages.to(shard.log_probs.device)
+        kept = torch.nonzero(keep).flatten()
+        return shard if kept.numel() == shard.batch_size else shard.select(kept)

@@ -21,6 +21,11 @@ fragment reaches the trainers:
   a producer that is itself a trainer (a TAG helper) keeps its own shard locally.
 * **readiness** — :meth:`ready` tells a trainer, without blocking, whether fragment f's shard has
   arrived (its metadata is on the store), so it can decide between training and helping.
+* **rewards of split groups** — with fragments smaller than a group (``gap.fragment_samples``) a producer
+  cannot normalise a group it holds only part of: it publishes the fragment's per-sample rewards on the
+  store (:meth:`publish_rewards`, a few bytes per sample, before the shards leave) and ships the units
+  without advantages; a trainer computes a group's advantages once every fragment of the group has
+  published (:class:`~digenrl.gap.consumer.FragmentConsumer`).
 
 A trainer receives a fragment's shard without knowing who produced it: the metadata names the sender.
 Point-to-point messages from one sender must be received in the order they were sent (NCCL matches
@@ -125,6 +130,47 @@ class FragmentStream:
             return self.num_fragments - 1 - self.plane.ticket(f"claims/it{iteration}/tail")
         return head_only + self.plane.ticket(f"claims/it{iteration}/head")
 
+    def cut(self, batch: TrajectoryBatch, fragment: int) -> TrajectoryBatch:
+        """A rollout started for ``fragment``'s whole groups (:meth:`FragmentPlan.prompt_ids`), cut to the
+        fragment's own samples (:meth:`FragmentPlan.rows`); unchanged for whole-group fragments."""
+        if not self.plan.splits_groups:
+            return batch
+        return batch.select(list(self.plan.rows(fragment)))
+
+    def publish_rewards(
+        self, batch: TrajectoryBatch, keep: torch.Tensor, iteration: int, fragment: int
+    ) -> None:
+        """Put a scored fragment's (group, sample index, reward, kept) rows on the store (split groups only;
+        JSON floats round-trip exactly)."""
+        rows = {
+            "groups": batch.prompt_ids.tolist(),
+            "samples": batch.sample_ids.tolist(),
+            "rewards": [float(r) for r in batch.rewards.tolist()],
+            "keep": [bool(k) for k in keep.tolist()],
+        }
+        self.plane.publish(self.rewards_key(iteration, fragment), json.dumps(rows))
+
+    def rewards_key(self, iteration: int, fragment: int) -> str:
+        return f"it{iteration}/rewards{fragment}"
+
+    def rewards_ready(self, iteration: int, fragment: int) -> bool:
+        """Whether every fragment sharing a group with ``fragment`` has published its rewards (never
+        blocks; always True for whole-group fragments)."""
+        if not self.plan.splits_groups:
+            return True
+        return all(
+            self.plane.exists(self.rewards_key(iteration, f)) for f in self.plan.fragments_of_groups(fragment)
+        )
+
+    def wait_rewards(self, iteration: int, fragment: int) -> dict:
+        """The published reward rows of ``fragment`` (blocks; bounded by ``timeout_s``)."""
+        key = self.rewards_key(iteration, fragment)
+        peer = "the generator pool" + (" or a TAG helper" if self.dynamic else "")
+        raw = self.plane.wait_for(
+            key, peer=peer, what=f"the rewards of fragment '{key}'", timeout_s=self.timeout_s
+        )
+        return json.loads(raw)
+
     def shards(self, batch: TrajectoryBatch, fragment: int = 0) -> list[TrajectoryBatch]:
         """One shard per trainer rank, in trainer order (see the module docstring). Unit shards of the
         fragments of one iteration rotate the larger shares over the ranks (all fragments are equal), so
@@ -157,7 +203,10 @@ class FragmentStream:
         return f"it{iteration}/frag{fragment}/to{trainer}"
 
     def ready(self, iteration: int, fragment: int) -> bool:
-        """Whether this trainer's shard of ``fragment`` has arrived (never blocks)."""
+        """Whether this trainer's shard of ``fragment`` has arrived and, for split groups, the rewards of
+        its groups are all in (never blocks)."""
+        if not self.rewards_ready(iteration, fragment):
+            return False
         if (iteration, fragment) in self._local:
             return True
         return self.plane.exists(self.key(iteration, fragment, self.plane.rank))

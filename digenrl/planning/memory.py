@@ -210,7 +210,7 @@ def _loads(plan: SchedulePlan, w: Workload, profile: HardwareProfile, choice: tu
         return loads
     trainers, generators = plan.trainer_ranks(world), plan.generator_ranks(world)
     if plan.system == "digenrl":
-        gen_batch = cap(plan.fragment_groups * w.group_size)
+        gen_batch = cap(plan.fragment_size(w))
     else:
         gen_batch = cap(-(-w.prompts_per_iteration // len(generators)) * w.group_size)
     tag = plan.system == "digenrl" and plan.tag

@@ -116,6 +116,22 @@ def fragment_options(prompts: int) -> list[int]:
     return [f for f in range(1, prompts + 1) if prompts % f == 0]
 
 
+def sub_group_options(group_size: int) -> list[int]:
+    """Fragment sizes below a group the planner tries by default: half and a quarter of a group (where
+    whole), so a video batch of few groups can still feed every generator and stream early."""
+    return [
+        s for s in (group_size // 2, group_size // 4) if s >= 1 and group_size % s == 0 and s < group_size
+    ]
+
+
+def fragment_plan_knobs(samples: int, group_size: int) -> dict[str, int]:
+    """The plan's fragment knobs for a size in samples: whole groups as ``fragment_groups`` (one spelling
+    per plan, as :class:`~digenrl.gap.fragments.FragmentPlan` normalises), else ``fragment_samples``."""
+    if samples % group_size == 0:
+        return {"fragment_groups": samples // group_size, "fragment_samples": 0}
+    return {"fragment_groups": 1, "fragment_samples": samples}
+
+
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -158,8 +174,8 @@ def throughput_bound(
     perfect balance over the generators (and the trainers, when TAG may help) at each device's cheapest
     batch, training over the trainers. ``prefetch`` (TCSS may run): a steady window of n iterations may
     have had one iteration's generation done before it started, so only n − 1 iterations' generation is
-    sure to fall inside it."""
-    largest = max([f * workload.group_size for f in fragments] + [workload.samples_per_iteration])
+    sure to fall inside it. ``fragments``: the candidate fragment sizes, in samples."""
+    largest = max([*fragments, workload.samples_per_iteration])
     batches = range(1, largest + 1)
     trainer_ranks = range(trainers)
     gen_ranks = range(trainers, trainers + generators)
@@ -181,7 +197,7 @@ def plan_bound(costs: DeviceCosts, workload: Workload, plan: SchedulePlan) -> fl
     its generators actually run (a fragment, at most ``samples_per_forward`` per forward)."""
     w = plan.effective_workload(workload)
     world = plan.trainers + plan.generators
-    batch = [plan.fragment_groups * w.group_size]
+    batch = [plan.fragment_size(w)]
     gen_rate, _ = _rates(costs, w, plan.generator_ranks(world), batch)
     helper_rate, train_rate = _rates(costs, w, plan.trainer_ranks(world), batch)
     return _bound(w, gen_rate + (helper_rate if plan.tag else 0.0), train_rate, plan.tcss)
@@ -331,6 +347,7 @@ class Planner:
         max_staleness: int = 0,
         trainer_counts: Sequence[int] | None = None,
         fragment_groups: Sequence[int] | None = None,
+        fragment_samples: Sequence[int] | None = None,
         max_stages: int = 8,
         tag_options: Sequence[bool] = (False, True),
         include_baselines: bool = True,
@@ -354,9 +371,15 @@ class Planner:
             raise ValueError(
                 f"trainer_counts {bad} must be in [1, {world - 1}] for profile '{self.profile.name}'"
             )
-        fragments = sorted(set(fragment_groups or fragment_options(w.prompts_per_iteration)))
-        if not fragments or min(fragments) < 1:
+        groups = sorted(set(fragment_groups or fragment_options(w.prompts_per_iteration)))
+        if not groups or min(groups) < 1:
             raise ValueError(f"fragment_groups must be positive ints, got {fragment_groups}")
+        subs = sub_group_options(w.group_size) if fragment_samples is None else list(fragment_samples)
+        if any(s < 1 or w.samples_per_iteration % s for s in subs):
+            raise ValueError(
+                f"fragment_samples must divide the batch of {w.samples_per_iteration}, got {subs}"
+            )
+        fragments = sorted({f * w.group_size for f in groups} | set(subs))  # fragment sizes in samples
         scores: list[PlanScore] = []
         if include_baselines:
             if trainer_counts is None:
@@ -384,14 +407,12 @@ class Planner:
             stages = [s for s in _divisors(generators) if s <= min(max_stages, w.num_steps)]
             for s in stages:
                 for f in fragments:
-                    if template.gap and f * w.group_size < trainers:
-                        continue  # every trainer needs a unit of every fragment (runtime check)
                     for tcss in tcss_options:
                         for tag in tag_options:
                             plan = template.with_(
                                 trainers=trainers,
                                 generators=generators,
-                                fragment_groups=f,
+                                **fragment_plan_knobs(f, w.group_size),
                                 tsp_stages=s,
                                 tag=tag,
                                 tag_budget=None,
@@ -445,13 +466,15 @@ class Planner:
 
 def _complexity(plan: SchedulePlan) -> tuple[int, ...]:
     """Tie-break equal throughput toward the simpler plan: a baseline, no TAG, no TCSS, fewer stages, bigger
-    fragments."""
+    fragments (whole groups before split ones)."""
     return (
         int(plan.system == "digenrl"),
         int(plan.tag),
         int(plan.tcss),
         plan.tsp_stages,
+        int(plan.fragment_samples > 0),  # whole groups before split ones
         -plan.fragment_groups,
+        -plan.fragment_samples,
     )
 
 

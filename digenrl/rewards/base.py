@@ -56,6 +56,11 @@ class RewardFunction(ABC):
     name: str = "reward"
     needs_weights: bool = False
     weights_optional: bool = False
+    #: True for a reward that scores a prompt group's samples together (e.g. ranks them against each other):
+    #: it needs the whole group in one call, so GAP fragments smaller than a group are refused at start-up
+    #: (``gap.fragment_samples``, :func:`digenrl.gap.consumer.check_gap_config`). Every built-in scores
+    #: samples independently.
+    needs_whole_group: bool = False
     #: The files a ``weights_path`` directory must hold: ``{what: (file, alternative, ...)}``, checked at
     #: start-up and when the reward loads (:func:`digenrl.rewards.local_weights.require_files`).
     weights_layout: Mapping[str, tuple[str, ...]] = {}

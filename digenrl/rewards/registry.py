@@ -83,6 +83,12 @@ def reward_needs_weights(name: str) -> bool:
     return bool(reward_class(name).needs_weights)
 
 
+def whole_group_rewards(names: list[str]) -> list[str]:
+    """Those of ``names`` that score a prompt group's samples together (``RewardFunction.needs_whole_group``:
+    a group split over fragments cannot be scored piece by piece)."""
+    return [name for name in names if reward_class(name).needs_whole_group]
+
+
 def build_reward(
     name: str,
     *,

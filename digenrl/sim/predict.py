@@ -45,6 +45,7 @@ def run_plan(cfg: Config, *, trainers: int, generators: int, tag_budget: int) ->
         fragment_assignment=cfg.gap.assignment,
         train_order=cfg.gap.train_order,
         fragment_groups=cfg.gap.fragment_groups,
+        fragment_samples=cfg.gap.fragment_samples,
         tsp_stages=cfg.tsp.stages,
         tag=tag_budget > 0,
         tag_budget=tag_budget,

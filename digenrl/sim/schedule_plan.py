@@ -56,8 +56,10 @@ class SchedulePlan:
     batch may lag before eviction), ``weight_sync_interval`` (optimizer steps between syncs),
     ``reap_before_launch``.
     ``digenrl``: ``gap`` (stream fragments to the trainer), ``fragment_groups`` (F prompt groups per
-    fragment), ``fragment_assignment`` (``digenrl.gap.fragments.FragmentPlan``: ``dynamic``, the runtime
-    default — a shared ticket queue, the first free pipeline takes the next fragment; ``round-robin`` —
+    fragment) or ``fragment_samples`` (S samples per fragment, any divisor of the batch, also smaller than a
+    group: a group's advantages then wait for all its fragments' rewards; 0 = ``fragment_groups``),
+    ``fragment_assignment`` (``digenrl.gap.fragments.FragmentPlan``: ``dynamic``, the runtime default —
+    a shared ticket queue, the first free pipeline takes the next fragment; ``round-robin`` —
     fragment f → pipeline f mod D), ``train_order`` (``index``: trainers train fragments in index order,
     the runtime default; ``arrival``: whichever is ready first), ``tsp_stages`` (S stages
     per generator pipeline; D = generators / S pipelines), ``tag``
@@ -88,6 +90,7 @@ class SchedulePlan:
     fragment_assignment: str = "dynamic"
     train_order: str = "index"
     fragment_groups: int = 1
+    fragment_samples: int = 0
     tsp_stages: int = 1
     tag: bool = False
     tag_budget: int | None = None
@@ -112,7 +115,7 @@ class SchedulePlan:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"SchedulePlan.{name} must be an int >= 1, got {value!r}")
-        for name in ("trainers", "generators", "max_staleness"):
+        for name in ("trainers", "generators", "max_staleness", "fragment_samples"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"SchedulePlan.{name} must be an int >= 0, got {value!r}")
@@ -218,13 +221,7 @@ class SchedulePlan:
                     f"tsp_stages ({self.tsp_stages}) must be <= num_steps ({workload.num_steps}): "
                     "every stage owns at least one step"
                 )
-            self.fragment_plan(workload)  # whole groups per fragment, equal fragments (ValueError)
-            samples = self.fragment_groups * workload.group_size
-            if self.gap and samples < self.trainers:
-                raise ValueError(
-                    f"a fragment of {self.fragment_groups} group(s) holds {samples} samples, fewer than "
-                    f"{self.trainers} trainers: every trainer needs a unit of every fragment"
-                )
+            self.fragment_plan(workload)  # equal fragments that divide the batch (ValueError)
             if self.tag and self.fragment_assignment != "dynamic":
                 raise ValueError(
                     "TAG needs fragment_assignment='dynamic' (helpers claim from the shared queue)"
@@ -243,8 +240,17 @@ class SchedulePlan:
     def fragment_plan(self, workload: Workload) -> FragmentPlan:
         """The runtime's fragment plan for this schedule (the simulator and the runtime share it)."""
         return FragmentPlan(
-            workload.prompts_per_iteration, self.fragment_groups, self.pipelines, self.fragment_assignment
+            workload.prompts_per_iteration,
+            self.fragment_groups,
+            self.pipelines,
+            self.fragment_assignment,
+            group_size=workload.group_size,
+            sample_size=self.fragment_samples,
         )
+
+    def fragment_size(self, workload: Workload) -> int:
+        """Samples per fragment."""
+        return self.fragment_samples or self.fragment_groups * workload.group_size
 
     def num_fragments(self, workload: Workload) -> int:
         return self.fragment_plan(workload).num_fragments
@@ -304,13 +310,18 @@ class SchedulePlan:
                 tag = "auto" if self.tag_budget is None else f"{self.tag_budget}/trainer/iter"
             extra = "".join(f", {k}" for k in self._memory_knobs())
             return (
-                f"digenrl ({pools}, D={self.pipelines} x S={self.tsp_stages}, F={self.fragment_groups} "
-                f"groups/fragment, GAP={'on' if self.gap else 'off'}, TAG={tag}, "
+                f"digenrl ({pools}, D={self.pipelines} x S={self.tsp_stages}, {self._fragment_text()}"
+                f"/fragment, GAP={'on' if self.gap else 'off'}, TAG={tag}, "
                 f"TCSS={self._tcss_text()}; {self.fragment_assignment}, "
                 f"{self.train_order} order, {self.transport_mode}{extra})"
             )
         extra = "".join(f", {k}" for k in self._memory_knobs())
         return f"{self.system} ({pools}, {self.transport_mode}{extra})"
+
+    def _fragment_text(self) -> str:
+        if self.fragment_samples:
+            return f"{self.fragment_samples} samples"
+        return f"F={self.fragment_groups} groups"
 
     def _tcss_text(self) -> str:
         if not self.tcss:
@@ -341,7 +352,11 @@ class SchedulePlan:
         if self.system == "digenrl":
             out += [
                 f"gap.enabled={str(self.gap).lower()}",
-                f"gap.fragment_groups={self.fragment_groups}",
+                (
+                    f"gap.fragment_samples={self.fragment_samples}"
+                    if self.fragment_samples
+                    else f"gap.fragment_groups={self.fragment_groups}"
+                ),
                 f"gap.assignment={self.fragment_assignment}",
                 f"gap.train_order={self.train_order}",
                 f"tsp.stages={self.tsp_stages}",

@@ -5,8 +5,9 @@ Every generator rank is one TSP stage of one pipeline (:class:`~digenrl.tsp.stag
 Stage 0 claims the iteration's next fragment from the stream (GAP) and binds it to the policy version
 TCSS's plan gives it (:class:`~digenrl.async_policy.tcss.StalenessBound`); every stage makes its model
 compute with exactly that version before running its step range, joining weight syncs whenever it waits;
-the last stage finishes the fragment — decode, score, normalise its complete groups, ship its (sample,
-timestep) units to every trainer rank, with at most ``MAX_SHIPPING`` fragments per trainer in flight. A
+the last stage finishes the fragment — decode, score, normalise its complete groups (or, for a fragment
+smaller than a group, publish its rewards for the trainers to normalise), ship its (sample, timestep)
+units to every trainer rank, with at most ``MAX_SHIPPING`` fragments per trainer in flight. A
 TAG helper on a trainer rank finishes the fragments it generates the same way (:meth:`finish_fragment`).
 """
 
@@ -99,6 +100,7 @@ class DigenRLGenerators(SeparateSystem):
         batch = self.parts.engine.start(
             [prompts[i] for i in ids], ids, iteration=iteration, policy_version=version
         )
+        batch = self.stream.cut(batch, fragment)  # a fragment smaller than its groups: its own samples
         return InFlight(batch, {"iteration": iteration, "fragment": fragment, "policy_version": version})
 
     def finish_fragment(self, fragment: InFlight) -> torch.Tensor:
@@ -109,7 +111,12 @@ class DigenRLGenerators(SeparateSystem):
         start = time.perf_counter()
         with events.span(self.score_phase, iteration=fragment.iteration, fragment=fragment.fragment):
             score = self.score(batch, fragment.iteration, fragment.fragment)
-            batch = assign_advantages(batch, score, self.cfg.algo, local=True)
+            if self.stream.plan.splits_groups:  # the trainers normalise once the group is complete
+                batch.rewards = score.rewards.float().to(batch.log_probs.device)
+                batch.advantages = torch.zeros_like(batch.rewards)
+                self.stream.publish_rewards(batch, score.keep, fragment.iteration, fragment.fragment)
+            else:
+                batch = assign_advantages(batch, score, self.cfg.algo, local=True)
         tags["score_s"] = time.perf_counter() - start
         with events.span("transfer", iteration=fragment.iteration, fragment=fragment.fragment):
             pending, _ = self.stream.ship(batch, fragment.iteration, fragment.fragment, tags=tags)

@@ -1,10 +1,14 @@
 """``digenrl``: disaggregated FlowGRPO with GAP, TSP, TAG and TCSS (docs/design.md §3), each switchable.
 
 The generator pool is D pipelines × S stages (TSP, ``tsp.stages``; S = 1 is data parallelism). The logical
-batch is cut into F-group fragments (GAP, ``gap.fragment_groups``). Stage 0 of a free pipeline claims the
-next fragment of the stream; the fragment flows through the stages, each running its step range and
-handing the partial trajectory on; the last stage decodes, scores, normalises the fragment's groups and
-ships its (sample, timestep) units to *all* trainer ranks. Trainers accumulate each fragment's gradient
+batch is cut into fragments of F groups or S samples (GAP, ``gap.fragment_groups``,
+``gap.fragment_samples``). Stage 0 of a free pipeline claims the next fragment of the stream; the
+fragment flows through the stages, each running its step range and handing the partial trajectory on;
+the last stage decodes, scores, normalises the fragment's groups and ships its (sample, timestep) units
+to the trainer ranks (a rank with no unit of a small fragment gets an empty shard and skips it; every
+unit keeps its global weight, so the update is unchanged). A fragment smaller than a group ships its
+rewards instead of advantages; trainers normalise a group once all its rewards are in
+(:class:`~digenrl.algo.group_completion.GroupCompletion`). Trainers accumulate each fragment's gradient
 the moment it arrives and step once after the last::
 
     pipeline stage 0 │ claim f0 ─ steps 0..b │ claim f2 ─ steps 0..b │ claim f4 …           (fill: S − 1)
@@ -34,8 +38,8 @@ trajectory, and the trainer weights every (sample, timestep) unit by 1/(units of
 fragments, stages and trainer sharding change only the order of the sum (``gap.train_order=index`` keeps
 even that fixed).
 
-Per-fragment advantages need complete groups and group statistics only (``algo.adv_std=group``): a global
-std would need the whole batch before any fragment could train.
+Per-fragment advantages need group statistics only (``algo.adv_std=group``): a global std would need the
+whole batch before any fragment could train.
 """
 
 from __future__ import annotations
@@ -81,7 +85,13 @@ class DigenRL(DigenRLGenerators):
         tsp.check_num_steps(num_steps)
         if cfg.tsp.boundaries is not None:
             check_boundaries(cfg.tsp.boundaries, tsp.stages, num_steps)
-        plan = FragmentPlan(cfg.algo.prompts_per_iteration, cfg.gap.fragment_groups, tsp.num_pipelines)
+        plan = FragmentPlan(
+            cfg.algo.prompts_per_iteration,
+            cfg.gap.fragment_groups,
+            tsp.num_pipelines,
+            group_size=cfg.algo.group_size,
+            sample_size=cfg.gap.fragment_samples,
+        )
         resolve_switch(cfg.tcss.switch, plan.num_fragments)  # tcss.* without tcss: validation.KNOB_RULES
         check_gap_config(cfg, len(layout.trainer_ranks))
         check_tag_config(cfg, _trainer_backend(cfg, world_size))
@@ -95,7 +105,12 @@ class DigenRL(DigenRLGenerators):
         cfg = self.cfg
         pipelines = len(self.layout.generator_ranks) // cfg.tsp.stages
         return FragmentPlan(
-            cfg.algo.prompts_per_iteration, cfg.gap.fragment_groups, pipelines, assignment=cfg.gap.assignment
+            cfg.algo.prompts_per_iteration,
+            cfg.gap.fragment_groups,
+            pipelines,
+            assignment=cfg.gap.assignment,
+            group_size=cfg.algo.group_size,
+            sample_size=cfg.gap.fragment_samples,
         )
 
     def staleness_bound(self) -> StalenessBound:
@@ -133,9 +148,10 @@ class DigenRL(DigenRLGenerators):
         """GAP, TSP, TAG and TCSS as this run uses them (rank 0, a trainer, prints it)."""
         cfg, plan, layout = self.cfg, self.stream.plan, self.tsp_plan.layout
         tcss = self.bound.describe_tcss(cfg.tcss.switch, plan.num_fragments)
+        size = f"{plan.fragment_samples(cfg.algo.group_size)} samples"
         return (
             f"GAP {'on' if cfg.gap.enabled else 'off'} ({plan.num_fragments} fragments of "
-            f"{plan.fragment_groups} group(s)), TSP {layout.num_pipelines} pipeline(s) x {layout.stages} "
+            f"{size}), TSP {layout.num_pipelines} pipeline(s) x {layout.stages} "
             f"stage(s), {self.tag.describe()}, {tcss}"
         )
 

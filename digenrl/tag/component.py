@@ -139,7 +139,7 @@ class Tag:
             trainer_ranks=trainer_ranks,
             generator_ranks=generator_ranks,
             num_fragments=stream.num_fragments,
-            fragment_samples=cfg.gap.fragment_groups * cfg.algo.group_size,
+            fragment_samples=stream.plan.fragment_samples(cfg.algo.group_size),
             trainer_type=profile.device_type(rank).name,
         )
         events.subscribe(policy.observe)

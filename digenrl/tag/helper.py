@@ -150,12 +150,15 @@ class TagHelper:
             iteration=iteration,
             fragment=fragment,
             policy_version=version,
-            samples=len(ids) * self.engine.group_size,
+            samples=self.plan.fragment_samples(self.engine.group_size),
             extra={"helper": True},
         ):
-            batch = self.engine.generate(
-                [prompts[i] for i in ids], ids, iteration=iteration, policy_version=version
-            )
+            texts = [prompts[i] for i in ids]
+            if self.plan.splits_groups:  # start the groups, keep the fragment's samples, run them
+                batch = self.engine.start(texts, ids, iteration=iteration, policy_version=version)
+                batch = self.engine.advance(self.stream.cut(batch, fragment), self.engine.sampler.num_steps)
+            else:
+                batch = self.engine.generate(texts, ids, iteration=iteration, policy_version=version)
         tags["steps_s"] = time.perf_counter() - start
         return InFlight(batch, tags)
 

@@ -13,6 +13,8 @@ from digenrl.config import ConfigError, load_config
 from digenrl.gap.consumer import FragmentConsumer, check_gap_config
 from digenrl.gap.fragments import FragmentPlan
 from digenrl.gap.stream import FragmentStream
+from digenrl.rewards import registry
+from digenrl.rewards.base import RewardFunction
 from digenrl.runtime.control_plane import ControlPlane
 from digenrl.runtime.events import EventLogger, load_events
 from digenrl.systems.phases import train_logical_batch
@@ -140,10 +142,28 @@ def test_the_wait_fragment_span_names_the_producer_and_its_costs(tmp_path):
 def test_gap_config_checks_name_the_keys():
     with pytest.raises(ConfigError, match=r"algo\.adv_std=group"):
         check_gap_config(load_config(None, ["system=digenrl", "algo.adv_std=global"]), 1)
-    cfg = load_config(None, ["system=digenrl", "gap.fragment_groups=1", "algo.group_size=2"])
-    with pytest.raises(ConfigError, match=r"gap.fragment_groups=1 .* 2 samples, fewer than pools.trainers=3"):
-        check_gap_config(cfg, 3)
-    check_gap_config(cfg, 2)
+    # a fragment need not hold a unit for every trainer (a trainer with none skips it): 2 samples, 3 trainers
+    check_gap_config(load_config(None, ["system=digenrl", "gap.fragment_groups=1", "algo.group_size=2"]), 3)
+
+
+class _GroupRanking(RewardFunction):
+    """A reward that ranks a group's samples against each other (test double: only its flag is read;
+    registered for one test only, so no other test sees it among the rewards)."""
+
+    name = "test-group-ranking"
+    needs_whole_group = True
+
+    def score_images(self, images, prompts):
+        return images.mean(dim=(1, 2, 3)).argsort().argsort().float()
+
+
+def test_sub_group_fragments_refuse_a_reward_that_needs_the_whole_group(monkeypatch):
+    registry.available_rewards()  # the built-ins first
+    monkeypatch.setitem(registry._REGISTRY, _GroupRanking.name, _GroupRanking)
+    overrides = ["system=digenrl", "algo.group_size=4", "reward.name=test-group-ranking"]
+    with pytest.raises(ConfigError, match=r"gap\.fragment_samples=2 splits .* 'test-group-ranking'"):
+        check_gap_config(load_config(None, [*overrides, "gap.fragment_samples=2"]), 1)
+    check_gap_config(load_config(None, [*overrides, "gap.fragment_samples=8"]), 1)  # whole groups
 
 
 def test_an_unknown_training_order_is_refused(tmp_path):

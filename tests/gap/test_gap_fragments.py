@@ -69,3 +69,36 @@ def test_errors_name_the_keys():
         FragmentPlan(4, 2).prompt_ids(2)
     with pytest.raises(ValueError, match=r"pipeline must be an int in \[0, 2\)"):
         FragmentPlan(4, 2, 2).fragments_of(2)
+
+
+@pytest.mark.parametrize(("prompts", "group", "size"), [(4, 2, 1), (4, 4, 2), (3, 4, 6), (2, 8, 4)])
+def test_sample_fragments_partition_the_batch_and_name_the_groups_they_wait_for(prompts, group, size):
+    """gap.fragment_samples: fragment f holds samples [f·S, (f+1)·S) of the group-major batch; a group's
+    advantages wait for exactly the fragments holding its samples."""
+    plan = FragmentPlan(prompts, 1, 2, group_size=group, sample_size=size)
+    assert plan.splits_groups and plan.num_fragments == prompts * group // size
+    assert plan.fragment_samples(group) == size
+    covered = []
+    for f in range(plan.num_fragments):
+        ids, rows = plan.prompt_ids(f), plan.rows(f)
+        samples = [(ids.start + r // group, r % group) for r in rows]
+        assert len(samples) == size and {g for g, _ in samples} == set(ids)
+        covered += samples
+        waits = plan.fragments_of_groups(f)
+        holders = {h for h in range(plan.num_fragments) if set(plan.prompt_ids(h)) & set(ids)}
+        assert set(waits) == holders and f in waits
+    assert covered == [(g, i) for g in range(prompts) for i in range(group)]
+
+
+def test_whole_group_sizes_in_samples_are_the_group_plan():
+    plan = FragmentPlan(4, 1, 2, group_size=4, sample_size=8)
+    assert plan == FragmentPlan(4, 2, 2, group_size=4) and not plan.splits_groups
+    assert plan.fragments_of_groups(1) == range(1, 2)
+
+
+def test_sample_size_that_does_not_divide_the_batch_is_named():
+    with pytest.raises(
+        ConfigError,
+        match=r"gap\.fragment_samples=3 does not divide the batch of .* = 8 samples.*\[1, 2, 4, 8\]",
+    ):
+        FragmentPlan(4, 1, group_size=2, sample_size=3)

@@ -31,8 +31,9 @@ def test_both_map_fragments_to_the_same_pipelines_and_stages():
         stages = rng.choice([1, 2])
         pipelines = rng.randint(1, 3)
         groups, fragments = rng.randint(1, 2), rng.randint(1, 6)
-        # every trainer needs a unit of every fragment (2 samples per group): the runtime's check
-        trainers = rng.randint(1, min(8 - stages * pipelines, 2 * groups))
+        # a fragment need not hold a unit for every trainer, and may hold half a group (1 of 2 samples)
+        trainers = rng.randint(1, 8 - stages * pipelines)
+        split = rng.random() < 0.5
         generators = stages * pipelines
         w = Workload(
             prompts_per_iteration=groups * fragments,
@@ -46,12 +47,20 @@ def test_both_map_fragments_to_the_same_pipelines_and_stages():
             "digenrl",
             trainers=trainers,
             generators=generators,
-            fragment_groups=groups,
+            fragment_groups=1 if split else groups,
+            fragment_samples=1 if split else 0,
             tsp_stages=stages,
             fragment_assignment="round-robin",
         )
         result = simulate(H200_8, toy_costs(step=rng.uniform(0.01, 0.1)), w, plan)
-        runtime_plan = FragmentPlan(w.prompts_per_iteration, groups, pipelines, "round-robin")
+        runtime_plan = FragmentPlan(
+            w.prompts_per_iteration,
+            1 if split else groups,
+            pipelines,
+            "round-robin",
+            group_size=2,
+            sample_size=1 if split else 0,
+        )
         layout = TspLayout(tuple(range(trainers, trainers + generators)), stages)
         assert plan.fragment_plan(w) == runtime_plan
         for span in result.spans:
@@ -59,6 +68,14 @@ def test_both_map_fragments_to_the_same_pipelines_and_stages():
                 continue
             pipeline = runtime_plan.pipeline_of(span["fragment"])
             assert span["rank"] == layout.rank_of(pipeline, span["extra"]["stage"]), span
+        # the runtime's group completion (FragmentStream.rewards_ready): a fragment trains only after every
+        # fragment sharing a group with it was scored
+        scored = {(s["iteration"], s["fragment"]): s["t_end"] for s in result.spans if s["phase"] == "score"}
+        for span in result.spans:
+            if span["phase"] == "train" and span.get("fragment") is not None:
+                k, f = span["iteration"], span["fragment"]
+                waits = runtime_plan.fragments_of_groups(f)
+                assert all(scored[(k, g)] <= span["t_start"] + 1e-9 for g in waits), span
 
 
 def test_both_balance_stages_alike_and_cut_the_same_unit_shards():
@@ -89,7 +106,7 @@ def test_both_balance_stages_alike_and_cut_the_same_unit_shards():
         w = Workload(
             prompts_per_iteration=fragments * groups, group_size=2, num_steps=8, train_steps=k, cfg=False
         )
-        expected = unit_shares([groups] * fragments, w, trainers)
+        expected = unit_shares([groups * 2] * fragments, w, trainers)  # sizes in samples
         for f in range(fragments):
             batch = _synthetic(groups * 2, k, 8, shared_steps=True)
             shards = shard_units(batch, trainers, offset=f * batch.num_units)

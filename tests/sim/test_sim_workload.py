@@ -38,7 +38,8 @@ def test_splits_and_fragments_cover_everything_once():
         assert sum(sizes) == prompts and all(0 < s <= groups for s in sizes)
         w = Workload(prompts_per_iteration=prompts, group_size=2, num_steps=4, train_steps=3, cfg=False)
         trainers = rng.randint(1, 5)
-        per_rank = [sum(col) for col in zip(*unit_shares(sizes, w, trainers), strict=True)]
+        samples = [s * w.group_size for s in sizes]
+        per_rank = [sum(col) for col in zip(*unit_shares(samples, w, trainers), strict=True)]
         assert sum(per_rank) == w.units_per_iteration and max(per_rank) - min(per_rank) <= 1
 
 

@@ -6,7 +6,8 @@ and shares the runtime's plans: the fragments and their assignment are the runti
 TspLayout`, the stage boundaries its :func:`~digenrl.tsp.stage_plan.plan_stages`, the unit shards its
 :func:`~digenrl.gap.unit_sharding.shard_sizes`.
 
-Fragments — F whole prompt groups. Which pipeline produces fragment f: ``dynamic`` (the runtime default:
+Fragments — F whole prompt groups, or S samples (``fragment_samples``; smaller than a group, a group's
+samples lie in several fragments). Which pipeline produces fragment f: ``dynamic`` (the runtime default:
 a shared ticket queue, whichever pipeline is free takes the next fragment — better on heterogeneous
 pools) or ``round-robin`` (f mod D). Each pipeline works through its queue in order.
 
@@ -72,7 +73,7 @@ _STOP = None
 class _Fragment:
     iteration: int
     index: int
-    groups: int
+    samples: int
     version: int
 
     def tags(self) -> dict[str, int]:
@@ -84,8 +85,8 @@ def unit_shares(sizes: list[int], workload: Workload, trainers: int) -> list[lis
     (:func:`digenrl.gap.unit_sharding.shard_sizes`): balanced to ±1 per fragment, the larger shares
     rotating over the ranks from fragment to fragment, so every rank trains its 1/trainers of the batch."""
     shares, offset = [], 0
-    for groups in sizes:
-        units = groups * workload.group_size * workload.train_steps
+    for samples in sizes:
+        units = samples * workload.train_steps
         shares.append(shard_sizes(units, trainers, offset))
         offset += units
     return shares
@@ -113,7 +114,10 @@ class _Run:
         self.generators = plan.generator_ranks(world)
         self.fragments = plan.fragment_plan(w)  # the runtime's FragmentPlan
         self.layout = TspLayout(self.generators, plan.tsp_stages)  # the runtime's rank placement
-        self.sizes = [self.fragments.fragment_groups] * self.fragments.num_fragments
+        self.sizes = [plan.fragment_size(w)] * self.fragments.num_fragments
+        # split groups: fragment f trains once every fragment sharing a group with it has been scored (its
+        # rewards reach the trainers in a few bytes on the control plane, priced as free)
+        self.scored: set[tuple[int, int]] = set()
         self.queues = [self._queues() for _ in range(w.iterations)]
         self.weights = GeneratorWeights(cluster, self.trainers[0], self.generators, self.trainers)
         self.ready_changed = {t: cluster.condition(f"trainer {t} inbox") for t in self.trainers}
@@ -135,6 +139,23 @@ class _Run:
         if self.fragments.assignment == "dynamic":
             return [deque(range(self.fragments.num_fragments))]
         return [deque(self.fragments.fragments_of(p)) for p in range(self.layout.num_pipelines)]
+
+    def mark_scored(self, frag: _Fragment) -> None:
+        """``frag``'s rewards are in (split groups: fragments of its groups may now train)."""
+        self.scored.add((frag.iteration, frag.index))
+        for t in self.trainers:
+            self.ready_changed[t].notify_all()
+
+    def groups_complete(self, k: int, fragment: int) -> bool:
+        """Whether every fragment sharing a group with ``fragment`` has been scored (the runtime's
+        :meth:`~digenrl.gap.stream.FragmentStream.rewards_ready`; always True for whole groups)."""
+        if not self.fragments.splits_groups:
+            return True
+        return all((k, f) in self.scored for f in self.fragments.fragments_of_groups(fragment))
+
+    def ready(self, trainer: int, k: int, fragment: int) -> bool:
+        """The runtime's readiness: the shard is here and its groups' rewards are all in."""
+        return self.inbound(trainer, k, fragment).ready and self.groups_complete(k, fragment)
 
     def queue_of(self, k: int, pipeline: int) -> deque[int]:
         queues = self.queues[k]
@@ -163,7 +184,7 @@ def run_digenrl(cluster: SimCluster, plan: SchedulePlan) -> dict[str, object]:
     """Spawn the pipelines and the trainers; returns the stage plans used (for the result's report)."""
     run = _Run(cluster, plan)
     w, stages = cluster.workload, plan.tsp_stages
-    nominal = min(plan.fragment_groups * w.group_size, w.samples_per_iteration)
+    nominal = min(plan.fragment_size(w), w.samples_per_iteration)
     distinct: dict[str, int] = {}
     for d in range(plan.pipelines):
         pipeline = _Pipeline(run, d, run.layout.pipeline_ranks(d), nominal)
@@ -198,7 +219,7 @@ class _Pipeline:
         done = self.plan.boundaries[stage + 1] / w.num_steps
         records = cost.fragment_bytes_per_sample - cost.cond_bytes_per_sample
         per_sample = cost.latent_bytes_per_sample + cost.cond_bytes_per_sample + done * records
-        nbytes = frag.groups * w.group_size * per_sample
+        nbytes = frag.samples * per_sample
         channel = cluster.channel(("stage", frag.iteration, frag.index, stage + 1), src, dst)
         self.handovers[stage + 1].put(channel)
         yield from channel.send(
@@ -225,7 +246,7 @@ def _stage(run: _Run, pipeline: _Pipeline, s: int) -> Process:
             if not last:
                 pipeline.handovers[s + 1].put(_STOP)
             return
-        samples = frag.groups * w.group_size
+        samples = frag.samples
         seconds = w.generation_s(cost, samples, len(steps))
         extra = {"stage": s, "steps": [steps.start, steps.stop]}
         yield from cluster.work(rank, "generate", seconds, extra=extra, **frag.tags())
@@ -233,6 +254,7 @@ def _stage(run: _Run, pipeline: _Pipeline, s: int) -> Process:
             yield from pipeline.hand_over(s, frag)
             continue
         yield from cluster.work(rank, "score", cost.score_s(samples), samples=samples, **frag.tags())
+        run.mark_scored(frag)
         pipeline.inflight -= 1
         pipeline.changed.notify_all()
         yield from run.ship(rank, frag, run.rendezvous)
@@ -286,9 +308,9 @@ def _trainer(run: _Run, rank: int) -> Process:
                 yield from _train(cluster, rank, packer.add(run.shares[f][position]), fragment=f, **tags)
                 continue
             if plan.train_order == "index":
-                nxt = pending[0] if run.inbound(rank, k, pending[0]).ready else None
+                nxt = pending[0] if run.ready(rank, k, pending[0]) else None
             else:
-                nxt = next((f for f in pending if run.inbound(rank, k, f).ready), None)
+                nxt = next((f for f in pending if run.ready(rank, k, f)), None)
             if nxt is not None:
                 yield from helper.leave(packer)
                 yield from _receive(run, rank, k, nxt, pending, received, tags)
@@ -307,7 +329,7 @@ def _trainer(run: _Run, rank: int) -> Process:
                     rank,
                     "wait_fragment",
                     run.ready_changed[rank],
-                    lambda pending=pending, k=k: any(run.inbound(rank, k, f).ready for f in pending),
+                    lambda pending=pending, k=k: any(run.ready(rank, k, f) for f in pending),
                     **tags,
                 )
         yield from _train(cluster, rank, packer.flush(), **tags)
@@ -361,6 +383,15 @@ def _receive(
     run: _Run, rank: int, k: int, fragment: int, pending: list[int], received: list[int], tags: dict
 ) -> Process:
     yield from run.inbound(rank, k, fragment).recv("wait_fragment", fragment=fragment, **tags)
+    if not run.groups_complete(k, fragment):  # split groups: the rest of its groups' rewards
+        yield from run.cluster.wait_until(
+            rank,
+            "wait_fragment",
+            run.ready_changed[rank],
+            lambda: run.groups_complete(k, fragment),
+            fragment=fragment,
+            **tags,
+        )
     pending.remove(fragment)
     received.append(fragment)
 
@@ -378,8 +409,9 @@ def _helper_generate(run: _Run, rank: int, frag: _Fragment) -> Process:
     """TAG: the trainer generates and scores ``frag`` with θ_k itself, then ships the shards (buffered)."""
     cluster, w = run.cluster, run.cluster.workload
     cost = cluster.cost(rank)
-    samples = frag.groups * w.group_size
+    samples = frag.samples
     extra = {"helper": True}
     yield from cluster.work(rank, "generate", w.generation_s(cost, samples), extra=extra, **frag.tags())
     yield from cluster.work(rank, "score", cost.score_s(samples), samples=samples, extra=extra, **frag.tags())
+    run.mark_scored(frag)
     yield from run.ship(rank, frag, rendezvous=False)
