@@ -212,7 +212,7 @@ def _loads(plan: SchedulePlan, w: Workload, profile: HardwareProfile, choice: tu
     if plan.system == "digenrl":
         gen_batch = cap(plan.fragment_size(w))
     else:
-        gen_batch = cap(-(-w.prompts_per_iteration // len(generators)) * w.group_size)
+        gen_batch = cap(-(-w.prompts_per_iteration * w.group_size // len(generators)))  # separate.py
     tag = plan.system == "digenrl" and plan.tag
     trainer = RankLoad(
         "trainer",

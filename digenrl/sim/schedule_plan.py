@@ -201,11 +201,13 @@ class SchedulePlan:
                 f"{world_size} devices"
             )
         if self.system in ("separate-sync", "separate-async"):  # digenrl/systems/separate.py
-            if p % self.generators:
+            samples = p * workload.group_size
+            if samples % self.generators:
                 raise ValueError(
-                    f"P={p} is not divisible by {self.generators} generators (whole groups each)"
+                    f"P·G={samples} samples are not divisible by {self.generators} generators (the same "
+                    "number of samples each)"
                 )
-            per_generator = p // self.generators * workload.group_size
+            per_generator = samples // self.generators
             if per_generator < self.trainers:
                 raise ValueError(
                     f"each generator produces {per_generator} samples, fewer than {self.trainers} trainers"

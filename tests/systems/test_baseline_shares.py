@@ -1,6 +1,7 @@
-"""Colocated systems share a prompt group's samples over ranks when groups are fewer than ranks, and with
-``colocated.split=speed`` share samples and micro-batch size by the profile's device speeds; either way
-the update is the whole-group, equal-split run's on the same data and seed (digenrl/data/rank_shares.py).
+"""The baselines share a prompt group's samples over ranks when groups are fewer than ranks (colocated
+ranks, digenrl/data/rank_shares.py; separate generators, one fragment of P·G / generators samples each),
+and colocated systems with ``colocated.split=speed`` share samples and micro-batch size by the profile's
+device speeds; either way the update is the whole-group, equal-split run's on the same data and seed.
 
 Every sample's noise is keyed by its (group, index), so the trajectories are the same whichever rank
 generates them; advantages are computed after every rank's rewards are gathered; per-unit weights are
@@ -28,6 +29,11 @@ VARIANTS = {
     "split-group-overlap": (["system=colocated-overlap", "profile=cpu-2"], 2),
     # cpu-2-hetero declares rank 0 twice as fast as rank 1: 3 samples at micro-batch 3 against 1 at 1
     "speed": (["system=colocated-sync", "profile=cpu-2-hetero", "colocated.split=speed"], 2),
+    # 2 generators make half a group each; advantages over the rewards gathered on the generator pool
+    "split-group-separate": (
+        ["system=separate-sync", "profile=cpu-4", "pools.trainers=2", "pools.generators=2"],
+        4,
+    ),
 }
 
 
@@ -39,12 +45,17 @@ def runs(tmp_path_factory):
     return {name: root / name for name in VARIANTS}
 
 
-def _train_samples(out_dir, rank: int) -> list[int]:
+def _spans(out_dir, rank: int, phase: str) -> list[int]:
+    """The ``samples`` of each ``phase`` span of ``rank``."""
     lines = (out_dir / "events" / f"rank{rank}.jsonl").read_text().splitlines()
-    return [s["samples"] for s in map(json.loads, lines) if s.get("type") == "span" and s["phase"] == "train"]
+    return [s["samples"] for s in map(json.loads, lines) if s.get("type") == "span" and s["phase"] == phase]
 
 
-@pytest.mark.parametrize("variant", ["split-group", "split-group-overlap", "speed"])
+def _train_samples(out_dir, rank: int) -> list[int]:
+    return _spans(out_dir, rank, "train")
+
+
+@pytest.mark.parametrize("variant", ["split-group", "split-group-overlap", "speed", "split-group-separate"])
 def test_same_update_as_the_whole_group_run(runs, variant):
     reference, other = read_metrics(runs["whole-group"]), read_metrics(runs[variant])
     for a, b in zip(reference, other, strict=True):
@@ -65,6 +76,9 @@ def test_same_update_as_the_whole_group_run(runs, variant):
 
 
 def test_each_rank_trains_its_share(runs):
+    separate = runs["split-group-separate"]
+    for generator in (2, 3):
+        assert _spans(separate, generator, "generate") == [2, 2]  # half a group each iteration
     assert _train_samples(runs["split-group"], 0) == _train_samples(runs["split-group"], 1) == [2, 2]
     assert _train_samples(runs["speed"], 0) == [3, 3]  # the declared-faster rank
     assert _train_samples(runs["speed"], 1) == [1, 1]
