@@ -315,7 +315,8 @@ class TagConfig:
     enabled: bool = True
     # "auto": before each iteration, predict the makespan from measured costs with and without helper
     # fragments (the simulator, digenrl/sim) and help only as much as the prediction says shortens it;
-    # "always": help whenever idle and a fragment is left to claim
+    # "always": help whenever idle and a fragment is left to claim; both leave the generators their share
+    # (no claim before every generator holds θ_k, only fragments they would reach later: docs/design.md §3)
     policy: str = field(default="auto", metadata=among(TAG_POLICIES))
     # most fragments one trainer rank generates per iteration; 0 = no limit (policy "auto" picks at most this)
     max_fragments: int = field(default=0, metadata=_NON_NEGATIVE_COUNT)

@@ -37,12 +37,21 @@ from digenrl.runtime.events import EventLogger
 PRODUCER_TAGS = ("producer", "steps_s", "score_s")
 
 
-def check_gap_config(cfg: Config, trainers: int) -> None:
-    """Start-up checks of what training fragment by fragment needs (``trainers``: the trainer pool)."""
+def check_gap_config(cfg: Config, trainers: int, *, lockstep: bool = False) -> None:
+    """Start-up checks of what training fragment by fragment needs (``trainers``: the trainer pool;
+    ``lockstep``: its backend runs every accumulate as a collective, FSDP2)."""
     if cfg.gap.enabled and cfg.algo.adv_std != "group":
         raise ConfigError(
             "gap.enabled=true normalises advantages per fragment, which needs algo.adv_std=group "
             f"(got {cfg.algo.adv_std!r}); a global std needs the whole batch before any fragment trains"
+        )
+    samples = cfg.gap.fragment_samples or cfg.gap.fragment_groups * cfg.algo.group_size
+    key = "gap.fragment_samples" if cfg.gap.fragment_samples else "gap.fragment_groups"
+    if lockstep and samples < trainers:
+        raise ConfigError(
+            f"{key}={getattr(cfg.gap, key.split('.')[1])} makes fragments of {samples} samples, fewer than "
+            f"pools.trainers={trainers}: a sharded trainer (fsdp2) trains every fragment as a collective on "
+            "every rank, so each rank needs a unit of every fragment (other backends skip a fragment)"
         )
     if cfg.gap.fragment_samples and cfg.gap.fragment_samples % cfg.algo.group_size:
         from digenrl.rewards.registry import whole_group_rewards

@@ -19,6 +19,10 @@ fragment reaches the trainers:
   unit_sharding`) or by samples (``samples``, the separate-sync baseline: one fragment per generator,
   whole sample records). Shards go out as buffered sends (:func:`digenrl.runtime.transfer.start_send`);
   a producer that is itself a trainer (a TAG helper) keeps its own shard locally.
+* **versions held** — every generator rank counts itself on the store when it receives θ_v
+  (:meth:`announce_held`), so a TAG helper can tell whether the generators hold the version it would
+  generate with (:meth:`generators_hold`, :mod:`digenrl.gap.helper_share`); :meth:`unclaimed` says how
+  many fragments of an iteration nobody has claimed yet, :meth:`generator_claims` which the pipelines took.
 * **readiness** — :meth:`ready` tells a trainer, without blocking, whether fragment f's shard has
   arrived (its metadata is on the store), so it can decide between training and helping.
 * **rewards of split groups** — with fragments smaller than a group (``gap.fragment_samples``) a producer
@@ -129,6 +133,34 @@ class FragmentStream:
         if tail:
             return self.num_fragments - 1 - self.plane.ticket(f"claims/it{iteration}/tail")
         return head_only + self.plane.ticket(f"claims/it{iteration}/head")
+
+    def announce_held(self, version: int) -> None:
+        """A generator rank: it now holds θ_``version`` (received, applied at its next fragment boundary)."""
+        self.plane.ticket(f"held/v{version}")
+
+    def generators_hold(self, version: int, generators: int) -> bool:
+        """Whether all ``generators`` generator ranks announced θ_``version`` (never blocks)."""
+        return self.plane.peek_ticket(f"held/v{version}") >= generators
+
+    def unclaimed(self, iteration: int, head_only: int = 0) -> int:
+        """Fragments of ``iteration`` nobody has claimed yet (``dynamic`` tickets; ``head_only`` as in
+        :meth:`claim`); never blocks."""
+        if not self.dynamic:
+            raise ValueError("round-robin assignment has no shared queue to count")
+        prefix = (
+            max(0, head_only - self.plane.peek_ticket(f"claims/it{iteration}/prefix")) if head_only else 0
+        )
+        rest = self.num_fragments - head_only - self.plane.peek_ticket(f"claims/it{iteration}")
+        return prefix + max(0, rest)
+
+    def generator_claims(self, iteration: int, head_only: int = 0) -> list[int]:
+        """The fragments of ``iteration`` claimed from the head so far — the generator pipelines' (never
+        blocks; ``head_only`` as in :meth:`claim`)."""
+        if not self.dynamic:
+            raise ValueError("round-robin assignment has no shared queue to count")
+        prefix = min(head_only, self.plane.peek_ticket(f"claims/it{iteration}/prefix")) if head_only else 0
+        head = min(self.plane.peek_ticket(f"claims/it{iteration}/head"), self.num_fragments - head_only)
+        return [*range(prefix), *range(head_only, head_only + head)]
 
     def cut(self, batch: TrajectoryBatch, fragment: int) -> TrajectoryBatch:
         """A rollout started for ``fragment``'s whole groups (:meth:`FragmentPlan.prompt_ids`), cut to the

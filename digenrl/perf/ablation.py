@@ -5,7 +5,9 @@ batch and seed. The ladder: ``colocated-sync`` (every rank generates and trains)
 (disjoint pools, full-batch barrier), then ``digenrl`` with GAP, + TSP (needs 2+ generators), + TAG,
 + TCSS, and ``separate-async`` at staleness 1 beside the last (equal staleness, docs/design.md §4).
 Opt-in rows (``--variants``, :func:`switch_variants`) run the TCSS row with other ``tcss.switch`` values:
-``timing`` (the non-reproducible switch) and one fragment per generator rank (fresher, may wait).
+``timing`` (the non-reproducible switch) and one fragment per generator rank (fresher, may wait);
+``--fragment-samples S`` adds the GAP rows with fragments of S samples, also below a group
+(:func:`fragment_variants`, with and without TAG).
 Every variant runs ``--repeats`` times, interleaved with the others, and the table reports medians over
 the runs (the samples/s of each run in brackets: a shared CPU machine drifts). Per run: the median
 iteration time after ``--warmup`` iterations, trained
@@ -68,6 +70,13 @@ def switch_variants(generators: int, stages: int, fragment_groups: int) -> dict[
         f"{name} switch=timing": ([*overrides, "tcss.switch=timing"], staleness),
         f"{name} switch={generators}": ([*overrides, f"tcss.switch={generators}"], staleness),
     }
+
+
+def fragment_variants(stages: int, fragment_samples: int) -> dict[str, tuple[list[str], int]]:
+    """The GAP and GAP+TAG rows with fragments of ``fragment_samples`` samples (``gap.fragment_samples``)."""
+    base = [*DIGENRL, f"gap.fragment_samples={fragment_samples}", f"tsp_stages={stages}"]
+    name = f"digenrl gap S={fragment_samples}"
+    return {name: (base, 0), f"{name}+tag": ([*base, "tag=true", "tag.policy=auto"], 0)}
 
 
 def run_variant(
@@ -179,6 +188,12 @@ def main(argv: list[str] | None = None, *, config: Path | None = None, out: Path
     parser.add_argument(
         "--fragment-groups", type=int, default=1, help="gap.fragment_groups of the digenrl rows"
     )
+    parser.add_argument(
+        "--fragment-samples",
+        type=int,
+        default=0,
+        help="add GAP rows (with and without TAG) with fragments of this many samples (0: none)",
+    )
     parser.add_argument("--iterations", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=2, help="iterations excluded from the medians")
     parser.add_argument(
@@ -197,6 +212,8 @@ def main(argv: list[str] | None = None, *, config: Path | None = None, out: Path
     stages = args.tsp_stages or generators
     default = ladder(generators, stages, args.fragment_groups)
     variants = {**default, **switch_variants(generators, stages, args.fragment_groups)}
+    if args.fragment_samples:
+        variants |= fragment_variants(stages if stages > 1 else 1, args.fragment_samples)
     chosen = args.variants or list(default)
     unknown = [v for v in chosen if v not in variants]
     if unknown:

@@ -289,11 +289,25 @@ def _bubbles(score: PlanScore) -> str:
     return ", ".join(f"{role} busy {100 * f:.0f}%" for role, f in sorted(score.busy_fraction.items()))
 
 
+#: a ``digenrl`` row below this fraction of its bubble-free bound says in its note where the bubble is
+BOUND_NOTE_FRACTION = 0.9
+
+
 def why_not_digenrl(result: PlannerResult, mech: PlanScore | None) -> str:
-    """One sentence when the best plan is a baseline point of DigenRL's plan space ('' otherwise)."""
+    """One sentence when the best plan is a baseline point of DigenRL's plan space, or when the best plan
+    stays below :data:`BOUND_NOTE_FRACTION` of its bubble-free bound ('' otherwise)."""
     best = result.best
     if best.plan.system == "digenrl":
-        return ""
+        fraction = (
+            best.samples_per_s / best.bubble_free_samples_per_s if best.bubble_free_samples_per_s else 1
+        )
+        if fraction >= BOUND_NOTE_FRACTION:
+            return ""
+        return (
+            f"{100 * fraction:.0f}% of its bubble-free bound ({_bubbles(best)}): the idle pool waits for "
+            "the other within each iteration (on-policy, the generators for θ_k+1 while the last fragments "
+            "train; the trainers for the first fragment), which no plan the planner searched removes"
+        )
     if mech is None:
         return f"the {best.plan.system} point of DigenRL's plan space wins: no plan of its mechanisms fits"
     return (

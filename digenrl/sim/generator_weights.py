@@ -37,6 +37,7 @@ class GeneratorWeights:
         self.trainers = tuple(trainers) or (source,)
         self.version = 0
         self.changed = cluster.condition("generator weights")
+        self.listeners: list = []  # further conditions to notify when a version arrives (TAG helpers)
         self._sync_start: dict[int, float] = {0: 0.0}
 
     def publish(self, version: int, **tags: Any) -> Process:
@@ -64,6 +65,8 @@ class GeneratorWeights:
     def _arrive(self, version: int) -> None:
         self.version = max(self.version, version)
         self.changed.notify_all()
+        for condition in self.listeners:
+            condition.notify_all()
 
     def wait_for(self, rank: int, version: int, **tags: Any) -> Process:
         """Idle until the pool holds ``version``; the ``wait_sync`` span stops where the sync starts

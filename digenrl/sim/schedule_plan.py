@@ -223,7 +223,17 @@ class SchedulePlan:
                     f"tsp_stages ({self.tsp_stages}) must be <= num_steps ({workload.num_steps}): "
                     "every stage owns at least one step"
                 )
-            self.fragment_plan(workload)  # equal fragments that divide the batch (ValueError)
+            samples = self.fragment_size(workload)
+            if workload.trainer_mode == "full" and self.trainers > 1 and samples < self.trainers:
+                raise ValueError(
+                    f"a fragment of {samples} samples has fewer than {self.trainers} sharded (FSDP2) trainers"
+                    " (each trains every fragment as a collective and needs a unit of it: runtime check)"
+                )
+            if self.fragment_plan(workload).splits_groups and self.transport_mode == "rendezvous":
+                raise ValueError(
+                    "fragments that split a group need buffered sends (the runtime's): a trainer holding a "
+                    "fragment waits for the rest of its groups' rewards, which a rendezvous send would block"
+                )
             if self.tag and self.fragment_assignment != "dynamic":
                 raise ValueError(
                     "TAG needs fragment_assignment='dynamic' (helpers claim from the shared queue)"

@@ -54,6 +54,19 @@ class DigenRLGenerators(SeparateSystem):
             )
         return parts
 
+    def service_weight_sync(self) -> bool:
+        """Generators: as :class:`SeparateSystem`, then count this rank among those holding the version
+        (TAG helpers wait for every generator: :mod:`digenrl.gap.helper_share`)."""
+        received = super().service_weight_sync()
+        if received:
+            self.stream.announce_held(self.version.latest)
+        return received
+
+    def initial_sync(self) -> None:
+        super().initial_sync()
+        if self.is_generator:
+            self.stream.announce_held(self.version.current)
+
     def generate_iteration(self, iteration: int) -> IterationReport:
         """This rank's stage of its pipeline, for every fragment of ``iteration`` that comes its way."""
         stage, rewards, samples, t0 = self.stage, [], 0, time.perf_counter()

@@ -63,6 +63,9 @@ from digenrl.tsp.pipeline import TspLayout, check_boundaries
 
 log = logging.getLogger(__name__)
 
+#: seconds between a trainer's looks at the store while TAG waits for the generators to hold θ_k
+TAG_POLL_S = 0.005
+
 
 def _trainer_backend(cfg: Config, world_size: int) -> str:
     trainers = len(separate_layout(cfg, world_size).trainer_ranks)
@@ -93,7 +96,9 @@ class DigenRL(DigenRLGenerators):
             sample_size=cfg.gap.fragment_samples,
         )
         resolve_switch(cfg.tcss.switch, plan.num_fragments)  # tcss.* without tcss: validation.KNOB_RULES
-        check_gap_config(cfg, len(layout.trainer_ranks))
+        check_gap_config(
+            cfg, len(layout.trainer_ranks), lockstep=_trainer_backend(cfg, world_size) == "fsdp2"
+        )
         check_tag_config(cfg, _trainer_backend(cfg, world_size))
 
     # ------------------------------------------------------------------ set-up
@@ -167,10 +172,15 @@ class DigenRL(DigenRLGenerators):
         training = Accumulation(self.parts.trainer, self.parts.events, iteration, version, self.batch_units)
         fragments.begin(iteration, version, train=training.train)
         self.tag.begin(iteration, version)  # the pool's budget; sharded weights gathered here, at the head
+        patience = time.perf_counter() + cfg.runtime.timeout_s  # then receive()'s own timeout applies
         while (f := fragments.next()) is not None:
-            if not fragments.ready(f) and (made := self.tag.help()) is not None:
-                self.finish_fragment(made)  # scored and shipped like a last stage's
-                continue
+            if not fragments.ready(f):
+                if (made := self.tag.help(fragments.pending)) is not None:
+                    self.finish_fragment(made)  # scored and shipped like a last stage's
+                    continue
+                if self.tag.waiting and time.perf_counter() < patience:  # generators lack θ_k yet
+                    time.sleep(TAG_POLL_S)
+                    continue
             self.tag.leave()
             fragments.receive(f)  # GAP on: trained now, while the generators make the next ones
         self.tag.leave()

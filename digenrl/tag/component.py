@@ -8,8 +8,10 @@ The trainer loop calls it in timeline order; nothing of it calls back into the s
                         on the control plane, the others wait for it; sharded weights (FSDP2) are gathered
                         here, by all trainer ranks together (the bubble before the first fragment)
     tag.help()          the next fragment is not ready: claim one from the tail and generate it — the
-                        system scores and ships it like a last stage; None: budget spent, nothing left, or
-                        (sharded) the head is over
+                        system scores and ships it like a last stage; None: budget spent, nothing left,
+                        (sharded) the head is over, or the generators' share (:mod:`digenrl.gap.
+                        helper_share`: not before every generator holds θ_k — ``waiting`` says so, and
+                        the trainer asks again — and only fragments they cannot finish sooner)
     tag.leave()         switch back before receiving or training anything
     tag.metrics()       the iteration's helper work, for ``metrics.jsonl``
 
@@ -20,6 +22,7 @@ writes anyway (:meth:`~digenrl.runtime.events.EventLogger.subscribe`, :meth:`Tag
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import torch
@@ -28,6 +31,7 @@ import torch.distributed as dist
 from digenrl.async_policy.tcss import StalenessBound
 from digenrl.config import Config, ConfigError
 from digenrl.data.prompts import PromptSource
+from digenrl.gap.helper_share import helper_may_claim
 from digenrl.gap.stream import FragmentStream
 from digenrl.rollout.engine import RolloutEngine
 from digenrl.runtime.control_plane import ControlPlane
@@ -102,11 +106,16 @@ class Tag:
     bound: StalenessBound | None = None
     prompts: PromptSource | None = None
     prompts_per_iteration: int = 0
+    generators: int = 0  # generator ranks (all must hold θ_k before a helper claims)
+    pipelines: int = 1  # D: fragments the generator pool works on at once
+    stages: int = 1  # S: stages per pipeline (a pipeline holds up to S fragments in flight)
+    stream: FragmentStream | None = None
     # the iteration under way (set by begin)
     iteration: int = field(default=-1, init=False)
     version: int = field(default=-1, init=False)
     decision: TagDecision | None = field(default=None, init=False)
     helped: int = field(default=0, init=False)  # fragments this rank generated in it
+    waiting: bool = field(default=False, init=False)  # help refused only until the generators hold θ_k
     head_only: int = field(default=0, init=False)
     iteration_prompts: list[str] = field(default_factory=list, init=False)
     switches_before: tuple[int, float] = field(default=(0, 0.0), init=False)
@@ -153,6 +162,10 @@ class Tag:
             bound=bound,
             prompts=prompts,
             prompts_per_iteration=cfg.algo.prompts_per_iteration,
+            generators=len(generator_ranks),
+            pipelines=max(1, len(generator_ranks) // cfg.tsp.stages),
+            stages=cfg.tsp.stages,
+            stream=stream,
         )
 
     @property
@@ -177,13 +190,25 @@ class Tag:
         if self.helper.joint and self.decision.budget != 0:
             self.helper.enter(iteration, version)  # collective: every trainer rank gathers, here
 
-    def help(self) -> InFlight | None:
+    def help(self, pending: Collection[int] = ()) -> InFlight | None:
         """Generate one fragment from the tail, within the budget; None when this rank may not (or nothing
-        is left). Ask only when the next fragment to train is not ready: a ready training unit wins."""
+        is left). Ask only when the next fragment to train is not ready: a ready training unit wins.
+        ``pending``: the fragments this rank has not received yet (those the pipelines claimed among them
+        are in flight on the generators: :func:`~digenrl.gap.helper_share.helper_may_claim`)."""
+        self.waiting = False
         if not self.on or (self.decision.budget is not None and self.helped >= self.decision.budget):
             return None
         if self.helper.joint and not self.helper.generating:
             return None  # sharded weights: only while gathered, at the head of the iteration
+        remaining = self.stream.unclaimed(self.iteration, self.head_only)
+        if not self.stream.generators_hold(self.version, self.generators):
+            self.waiting = remaining > 0  # ask again once they do
+            return None
+        claimed = self.stream.generator_claims(self.iteration, self.head_only)
+        in_flight = min(sum(f in pending for f in claimed), self.pipelines * self.stages)
+        generator_s, helper_s = self.policy.fragment_seconds()
+        if not helper_may_claim(remaining, self.pipelines, generator_s, helper_s, in_flight):
+            return None  # the generators reach every fragment left before this rank would finish it
         made = self.helper.try_help(
             self.iteration, self.version, self.iteration_prompts, head_only=self.head_only
         )

@@ -112,6 +112,10 @@ class TagPolicy:
         self.profile = profile
         self.trainers = len(trainer_ranks)
         self.generators = len(generator_ranks)
+        self.generator_ranks = frozenset(generator_ranks)
+        # seconds per fragment of a generator pipeline (one stage's share of the steps + the scoring) and
+        # of this rank helping, as received / measured: the generators' share (digenrl.gap.helper_share)
+        self.generator_fragment_s: list[float] = []
         self.num_fragments = num_fragments
         self.fragment_samples = fragment_samples
         self.trainer_type = trainer_type
@@ -120,6 +124,29 @@ class TagPolicy:
     def observe(self, span: dict) -> None:
         """One span record of this rank's event log (:meth:`EventLogger.subscribe`)."""
         self.observed.record(span, lambda rank: self.profile.device_type(rank).name)
+        extra = span.get("extra") or {}
+        from_generator = int(extra.get("producer", -1)) in self.generator_ranks
+        if (
+            span["phase"] == "wait_fragment"
+            and "error" not in extra
+            and "steps_s" in extra
+            and from_generator
+        ):
+            period = float(extra["steps_s"]) / self.cfg.tsp.stages + float(extra.get("score_s", 0.0))
+            self.generator_fragment_s.append(period)
+
+    def fragment_seconds(self) -> tuple[float | None, float | None]:
+        """(a generator pipeline's seconds per fragment, this rank's seconds to help with one) from what
+        was measured so far; None where nothing is (:func:`digenrl.gap.helper_share.helper_may_claim`)."""
+        o = self.observed
+        if not self.generator_fragment_s or not (o.helper_steps_s or o.producer_steps_s):
+            return None, None
+        steps = (
+            statistics.median(o.helper_steps_s) if o.helper_steps_s else self._on_trainer(o.producer_steps_s)
+        )
+        score = self._on_trainer(o.score_s) if o.score_s else 0.0
+        switch = statistics.median(o.switch_s) if o.switch_s else 0.0
+        return statistics.median(self.generator_fragment_s), steps + score + switch
 
     def decide(self, iteration: int) -> TagDecision:
         """The budget for ``iteration`` (see the module docstring)."""

@@ -143,7 +143,11 @@ def test_gap_config_checks_name_the_keys():
     with pytest.raises(ConfigError, match=r"algo\.adv_std=group"):
         check_gap_config(load_config(None, ["system=digenrl", "algo.adv_std=global"]), 1)
     # a fragment need not hold a unit for every trainer (a trainer with none skips it): 2 samples, 3 trainers
-    check_gap_config(load_config(None, ["system=digenrl", "gap.fragment_groups=1", "algo.group_size=2"]), 3)
+    small = load_config(None, ["system=digenrl", "gap.fragment_groups=1", "algo.group_size=2"])
+    check_gap_config(small, 3)
+    # ... except under a sharded (lockstep) trainer, where every accumulate is a collective on every rank
+    with pytest.raises(ConfigError, match=r"gap\.fragment_groups=1 makes fragments of 2 samples, fewer than"):
+        check_gap_config(small, 3, lockstep=True)
 
 
 class _GroupRanking(RewardFunction):

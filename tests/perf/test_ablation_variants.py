@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from digenrl.config import load_config
-from digenrl.perf.ablation import ladder, switch_variants
+from digenrl.perf.ablation import fragment_variants, ladder, switch_variants
 from digenrl.validation import validate_config
 from tests.systems.launcher import TINY
 
@@ -23,3 +23,13 @@ def test_every_variant_and_tcss_switch_row_passes_startup_validation(trainers, g
         common = ["profile=cpu-4", "algo.prompts_per_iteration=12", *pools]
         validate_config(load_config(TINY, [*common, *overrides]), world_size=trainers + generators)
         assert staleness == (1 if "tcss" in name or "s=1" in name else 0), name
+
+
+def test_the_fragment_rows_pass_startup_validation():
+    """--fragment-samples: GAP with half-group fragments, with and without TAG (3 trainers, 1 generator)."""
+    rows = fragment_variants(1, 2)
+    assert list(rows) == ["digenrl gap S=2", "digenrl gap S=2+tag"]
+    for overrides, staleness in rows.values():
+        common = ["profile=cpu-4", "pools.trainers=3", "pools.generators=1"]
+        validate_config(load_config(TINY, [*common, *overrides]), world_size=4)
+        assert staleness == 0

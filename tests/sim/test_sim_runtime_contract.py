@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from digenrl.config import SYSTEMS
 from digenrl.costs.device_costs import DeviceCosts
 from digenrl.gap.fragments import FragmentPlan
@@ -151,3 +153,21 @@ def test_a_colocated_plan_runs_where_groups_are_fewer_than_ranks():
     for system in ("colocated-sync", "colocated-overlap"):
         result = simulate("h800-32", toy_costs(step=0.1, unit=0.01), w, SchedulePlan(system))
         assert result.samples_per_s > 0
+
+
+def test_split_groups_need_the_runtimes_buffered_sends():
+    """A trainer holding a split group's fragment waits for the rest of its rewards; with rendezvous sends
+    the producer would wait for that trainer to receive the next fragment first."""
+    w = Workload(prompts_per_iteration=2, group_size=4, num_steps=4, train_steps=3, cfg=False)
+    plan = SchedulePlan("digenrl", trainers=2, generators=1, fragment_samples=2)
+    plan.check(3, w)
+    with pytest.raises(ValueError, match="split a group need buffered sends"):
+        plan.with_(transport="rendezvous").check(3, w)
+    with pytest.raises(ValueError, match=r"gap\.fragment_samples=3 does not divide"):
+        plan.with_(fragment_samples=3).check(3, w)
+    # sharded (FSDP2) trainers need a unit of every fragment, as the runtime's check_gap_config says
+    full = Workload(
+        prompts_per_iteration=2, group_size=4, num_steps=4, train_steps=3, cfg=False, trainer_mode="full"
+    )
+    with pytest.raises(ValueError, match="fewer than 3 sharded"):
+        plan.with_(trainers=3).check(4, full)

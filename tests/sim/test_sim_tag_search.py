@@ -54,3 +54,20 @@ def test_the_runtime_and_the_simulator_choose_the_same_budget():
     searched = simulate(profile, DeviceCosts(profile, costs), workload, plan.with_(tag=True, tag_budget=None))
     assert searched.plan.tag_budget == runtime.budget
     assert runtime.iteration_s[runtime.budget] == searched.steady_iteration_s
+
+
+def test_tag_leaves_the_generators_their_share_in_every_iteration():
+    """Issue 24's race: with a large weight sync, trainers that are not the sync source start iteration
+    k+1 at once; before the rule they claimed every fragment while the generators waited for θ_{k+1}. Now a
+    helper claims nothing before the generators hold θ_k, and only what they cannot finish sooner, so every
+    generator makes fragments in every iteration (the runtime's rule, digenrl/gap/helper_share.py)."""
+    from digenrl.sim import SchedulePlan, Workload
+
+    profile = load_profile("h200-8")
+    costs = toy_costs(step=0.05, unit=0.01, optimizer=0.05, sync_bytes=20 << 30)
+    w = Workload(prompts_per_iteration=8, group_size=2, num_steps=8, train_steps=4, cfg=False, iterations=4)
+    plan = SchedulePlan("digenrl", trainers=4, generators=4, tag=True, tag_budget=4)
+    result = simulate(profile, DeviceCosts(profile, costs), w, plan)
+    made = {(s["rank"], s["iteration"]) for s in result.spans if s["phase"] == "generate"}
+    assert {(g, k) for g in range(4, 8) for k in range(4)} <= made
+    assert any(s["extra"].get("helper") for s in result.spans if s["phase"] == "generate")

@@ -78,6 +78,8 @@ def test_trainer_ranks_generate_fragments_and_the_rest_come_from_the_pipeline(ru
     pipeline = {(s["iteration"], s["fragment"]) for s in _spans(out, 3) if s["phase"] == "generate"}
     assert not helper & pipeline
     assert helper | pipeline == {(k, f) for k in range(2) for f in range(4)}
+    # TAG leaves the generators their share: the pipeline made fragments in every iteration
+    assert {k for k, _ in pipeline} == {0, 1}
     # TAG claims from the tail: helpers made the last fragments, the pipeline the first
     assert min(f for _, f in helper) > max(f for _, f in pipeline) - 1
 

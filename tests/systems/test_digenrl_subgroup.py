@@ -70,9 +70,17 @@ def test_same_update_as_colocated_sync(runs, variant, reference):
         assert b["staleness_max"] == 0
 
 
-def test_trainers_without_units_skip_fragments_and_helpers_made_some(runs):
+def _generated(out, rank: int) -> list[dict]:
+    lines = (out / "events" / f"rank{rank}.jsonl").read_text().splitlines()
+    return [s for s in map(json.loads, lines) if s.get("type") == "span" and s["phase"] == "generate"]
+
+
+def test_trainers_without_units_skip_fragments_and_helpers_leave_the_generator_its_share(runs):
     out = runs["one-unit+tag"]
     assert all(r["tag_fragments"] >= 1 for r in read_metrics(out))
+    # TAG never claims before the generator holds θ_k, and only what it cannot finish sooner: the
+    # generator (rank 3) makes fragments in every iteration
+    assert {s["iteration"] for s in _generated(out, 3)} == {0, 1}
     spans = [
         s
         for rank in (0, 1, 2)

@@ -13,6 +13,7 @@ from digenrl.async_policy.tcss import StalenessBound
 from digenrl.config import ConfigError
 from digenrl.data.prompts import PromptSource
 from digenrl.gap.fragments import FragmentPlan
+from digenrl.gap.helper_share import helper_may_claim
 from digenrl.gap.stream import FragmentStream
 from digenrl.runtime.control_plane import ControlPlane
 from digenrl.runtime.errors import DistributedTimeoutError
@@ -71,7 +72,8 @@ def test_a_trainer_waiting_for_a_budget_nobody_publishes_times_out_naming_it(tmp
         tag.publish_budget(0)
 
 
-def _helping_tag(tmp_path, *overrides, bound=None):
+def _helping_tag(tmp_path, *overrides, bound=None, held=(0, 1)):
+    """A one-trainer TAG over 4 one-group fragments; generator rank 1 announced the versions ``held``."""
     cfg = make_config(*CFG, *overrides)
     model = copy.deepcopy(bundle().flow_model)
     engine = make_engine(cfg, flow_model=model)
@@ -80,6 +82,8 @@ def _helping_tag(tmp_path, *overrides, bound=None):
     stream = FragmentStream(
         FragmentPlan(4, 1, 1), plane, (0,), sharding="units", device=torch.device("cpu"), timeout_s=5
     )
+    for version in held:
+        stream.announce_held(version)
     events = EventLogger(tmp_path, 0, "trainer", 0.0)
     tag = Tag.build(
         cfg,
@@ -120,6 +124,52 @@ def test_the_helper_claims_only_fragments_the_plan_binds_to_its_own_version(tmp_
     tag.begin(1, 1)
     assert tag.help().fragment == 3 and tag.help() is None  # no budget limit, but nothing else to take
     tag.leave()
+
+
+def test_the_helper_waits_until_the_generators_hold_its_version(tmp_path):
+    """The race of issue 24: a trainer that starts iteration k early claims nothing before every generator
+    holds θ_k; then it helps (and says it was waiting, so the trainer asks again)."""
+    tag, _ = _helping_tag(tmp_path, "tag.policy=always", held=(0,))
+    tag.begin(1, 1)
+    assert tag.help() is None and tag.waiting
+    tag.stream.announce_held(1)
+    made = tag.help()
+    assert made is not None and made.fragment == 3 and not tag.waiting
+    tag.leave()
+
+
+def _span(phase: str, seconds: float, **extra) -> dict:
+    return {"phase": phase, "t_start": 0.0, "t_end": seconds, "samples": 4, "extra": extra}
+
+
+def test_the_helper_leaves_the_generators_what_they_finish_sooner(tmp_path):
+    """By the measured costs: the generator pipeline makes a fragment in 0.1 s, this rank in 5 s — the
+    generators reach every one of the 4 fragments left first, so the helper takes none; a slow pipeline
+    (10 s a fragment) leaves the tail to the helper."""
+    tag, _ = _helping_tag(tmp_path, "tag.policy=always")
+    policy = tag.policy
+    policy.observe(_span("generate", 5.0, helper=True))
+    policy.observe(_span("wait_fragment", 0.0, producer=1, steps_s=0.1, score_s=0.0, bytes=64))
+    assert policy.fragment_seconds() == (pytest.approx(0.1), pytest.approx(5.0))
+    tag.begin(0, 0)
+    assert tag.help() is None and not tag.waiting
+    for _ in range(4):
+        policy.observe(_span("wait_fragment", 0.0, producer=1, steps_s=10.0, score_s=0.0, bytes=64))
+    assert tag.help().fragment == 3  # 4 rounds x 10 s > 5 s
+    assert tag.help().fragment == 2  # 3 rounds still
+    tag.leave()
+
+
+def test_helper_may_claim_rules():
+    assert not helper_may_claim(0, 2, None, None)
+    assert not helper_may_claim(2, 2, None, None) and helper_may_claim(
+        3, 2, None, None
+    )  # unmeasured: backlog
+    assert helper_may_claim(3, 2, 1.0, 1.9) and not helper_may_claim(3, 2, 1.0, 2.0)  # 2 rounds x 1 s
+    # a pipeline busy with a fragment in flight starts the queue's next one only after it
+    assert not helper_may_claim(2, 2, 1.0, 1.5) and helper_may_claim(2, 2, 1.0, 1.5, in_flight=2)
+    with pytest.raises(ValueError, match="pipelines must be >= 1"):
+        helper_may_claim(1, 0, None, None)
 
 
 def test_tag_off_never_helps_and_reports_nothing():

@@ -39,9 +39,12 @@ After the last fragment: the carried units, all-reduce, optimizer step, and the 
 
 TAG — a trainer rank whose next fragment is not ready takes a fragment nobody has started (the tail of
 the longest pipeline queue: the fragment the generator pool would reach last; with TCSS's planned switch
-only fragments at or above it, the ones bound to θ_k) and generates it whole on its own GPU with θ_k,
-paying a switch into and back out of generating priced by what it moves (:mod:`digenrl.sim.residency`:
-a device synchronisation; the pending gradients only with ``park_grads``).
+only fragments at or above it, the ones bound to θ_k), within the generators' share as the runtime
+(:mod:`digenrl.gap.helper_share`): not before the generator pool holds θ_k (until then it waits for
+either), and only if the pool, at one fragment per pipeline every ``generator_fragment_s`` after the
+ones in flight, would reach it later than the helper finishes it. It generates it whole on its own GPU
+with θ_k, paying a switch into and back out of generating priced by what it moves
+(:mod:`digenrl.sim.residency`: a device synchronisation; the pending gradients only with ``park_grads``).
 A ready fragment always wins at the next decision point (fragments are not pre-empted mid-way). The
 shards of a helper-made fragment are sent buffered (two helpers sending to each other with rendezvous
 sends would deadlock). Each trainer rank takes at most ``tag_budget`` fragments per iteration; the
@@ -50,10 +53,13 @@ simulator picks the budget (0 included) with the best predicted throughput when 
 
 from __future__ import annotations
 
+import statistics
 from collections import deque
 from dataclasses import dataclass
+from functools import cached_property
 
 from digenrl.async_policy.tcss import StalenessBound
+from digenrl.gap.helper_share import helper_may_claim
 from digenrl.gap.unit_sharding import shard_sizes
 from digenrl.sim.channel import Channel
 from digenrl.sim.cluster import SimCluster
@@ -118,9 +124,11 @@ class _Run:
         # split groups: fragment f trains once every fragment sharing a group with it has been scored (its
         # rewards reach the trainers in a few bytes on the control plane, priced as free)
         self.scored: set[tuple[int, int]] = set()
+        self.pipelines: list[_Pipeline] = []  # filled by run_digenrl
         self.queues = [self._queues() for _ in range(w.iterations)]
         self.weights = GeneratorWeights(cluster, self.trainers[0], self.generators, self.trainers)
         self.ready_changed = {t: cluster.condition(f"trainer {t} inbox") for t in self.trainers}
+        self.weights.listeners += self.ready_changed.values()
         self.shares = unit_shares(self.sizes, w, len(self.trainers))
         self._inbound: dict[tuple[int, int, int], Channel] = {}
         # the runtime's rule for which version a fragment is generated with (no checkpoints simulated)
@@ -139,6 +147,23 @@ class _Run:
         if self.fragments.assignment == "dynamic":
             return [deque(range(self.fragments.num_fragments))]
         return [deque(self.fragments.fragments_of(p)) for p in range(self.layout.num_pipelines)]
+
+    @cached_property
+    def generator_fragment_s(self) -> float:
+        """Seconds between two fragments of a pipeline (median over the pipelines): its slowest stage's
+        share of the steps plus the scoring, by the cost model (the runtime measures the same)."""
+        w, size = self.cluster.workload, self.sizes[0] if self.sizes else 0
+        periods = []
+        for d in range(self.layout.num_pipelines):
+            ranks = self.layout.pipeline_ranks(d)
+            steps = max(w.generation_s(self.cluster.cost(r), size) for r in ranks) / len(ranks)
+            periods.append(steps + self.cluster.cost(ranks[-1]).score_s(size))
+        return statistics.median(periods)
+
+    def helper_s(self, rank: int) -> float:
+        """Seconds for trainer ``rank`` to generate and score one fragment itself."""
+        w, cost, size = self.cluster.workload, self.cluster.cost(rank), self.sizes[0]
+        return w.generation_s(cost, size) + cost.score_s(size)
 
     def mark_scored(self, frag: _Fragment) -> None:
         """``frag``'s rewards are in (split groups: fragments of its groups may now train)."""
@@ -188,6 +213,7 @@ def run_digenrl(cluster: SimCluster, plan: SchedulePlan) -> dict[str, object]:
     distinct: dict[str, int] = {}
     for d in range(plan.pipelines):
         pipeline = _Pipeline(run, d, run.layout.pipeline_ranks(d), nominal)
+        run.pipelines.append(pipeline)
         text = pipeline.plan.describe()
         distinct[text] = distinct.get(text, 0) + 1
         for s in range(stages):
@@ -315,13 +341,25 @@ def _trainer(run: _Run, rank: int) -> Process:
                 yield from helper.leave(packer)
                 yield from _receive(run, rank, k, nxt, pending, received, tags)
                 continue
-            stolen = _steal(run, k) if tag_left > 0 else None
+            stolen = _steal(run, rank, k) if tag_left > 0 else None
             if stolen is not None:
                 yield from helper.enter(packer)
                 yield from _helper_generate(run, rank, _Fragment(k, stolen, run.sizes[stolen], k))
                 tag_left -= 1
                 continue
             yield from helper.leave(packer)
+            if tag_left > 0 and run.weights.version < k and any(run.queues[k]):
+                # TAG: the generators do not hold θ_k yet; wait for that or for a fragment, then decide
+                yield from cluster.wait_until(
+                    rank,
+                    "wait_fragment",
+                    run.ready_changed[rank],
+                    lambda pending=pending, k=k: (
+                        run.weights.version >= k or any(run.ready(rank, k, f) for f in pending)
+                    ),
+                    **tags,
+                )
+                continue
             if plan.train_order == "index":
                 yield from _receive(run, rank, k, pending[0], pending, received, tags)
             else:
@@ -396,10 +434,18 @@ def _receive(
     received.append(fragment)
 
 
-def _steal(run: _Run, k: int) -> int | None:
+def _steal(run: _Run, rank: int, k: int) -> int | None:
     """TAG: the fragment the generator pool would reach last — the tail of its longest queue — if the plan
-    binds it to θ_k (:meth:`_Run.head_only`)."""
+    binds it to θ_k (:meth:`_Run.head_only`), the pool holds θ_k and would reach it later than this rank
+    finishes it (:func:`~digenrl.gap.helper_share.helper_may_claim`, the runtime's rule)."""
     queues = run.queues[k]
+    if run.weights.version < k:
+        return None
+    remaining = sum(len(q) for q in queues)
+    in_flight = sum(p.inflight for p in run.pipelines)
+    pipelines, generator_s, helper_s = run.layout.num_pipelines, run.generator_fragment_s, run.helper_s(rank)
+    if not helper_may_claim(remaining, pipelines, generator_s, helper_s, in_flight):
+        return None
     longest = max(range(len(queues)), key=lambda p: (len(queues[p]), p))
     queue = queues[longest]
     return queue.pop() if queue and queue[-1] >= run.head_only(k) else None
