@@ -85,6 +85,8 @@ def among(choices: tuple[Any, ...]) -> dict[str, tuple[Any, ...]]:
 #: The schedules (docs/design.md §4; each a class of digenrl/systems/) and those that share every rank.
 SYSTEMS = ("colocated-sync", "colocated-overlap", "separate-sync", "separate-async", "digenrl")
 COLOCATED_SYSTEMS = ("colocated-sync", "colocated-overlap")
+#: ``colocated.split``: how a colocated system shares the batch over its ranks (digenrl/data/rank_shares.py)
+COLOCATED_SPLITS = ("equal", "speed")
 MODEL_DTYPES = ("float32", "bfloat16", "float16")
 SAMPLER_TYPES = ("sde", "cps", "dance")
 TIMESTEP_SELECTIONS = ("first", "shuffled", "fast-window")
@@ -349,6 +351,16 @@ class ResidencyConfig:
     reward_resident: bool = True
 
 
+@dataclass
+class ColocatedConfig:
+    """Colocated systems: how the iteration's samples are shared over the ranks (docs/design.md §4, "Work
+    split"; :mod:`digenrl.data.rank_shares`). ``equal``: the same number of samples on every rank;
+    ``speed``: samples and micro-batch size in proportion to the hardware profile's ``relative_speed``,
+    the same number of micro-batch steps on every rank."""
+
+    split: str = field(default="equal", metadata=among(COLOCATED_SPLITS))
+
+
 #: The smallest ``runtime.timeout_s`` a run accepts: it bounds every distributed wait, the process group's
 #: start included, while ranks still import, build their models and meet in c10d's rendezvous seconds apart,
 #: and the hang watchdog declares a rank hung after a third of it (digenrl/runtime/watchdog.py): 1 s killed
@@ -467,6 +479,7 @@ class Config:
     sync: SyncConfig = field(default_factory=SyncConfig)
     asynchrony: AsyncConfig = field(default_factory=AsyncConfig)
     residency: ResidencyConfig = field(default_factory=ResidencyConfig)
+    colocated: ColocatedConfig = field(default_factory=ColocatedConfig)
     gap: GapConfig = field(default_factory=GapConfig)
     tsp: TspConfig = field(default_factory=TspConfig)
     tag: TagConfig = field(default_factory=TagConfig)

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from digenrl.runtime.profiles import HardwareProfile
 
 #: Sections (and keys) that only some systems read; everything else is shared by every system.
-SYSTEM_SPECIFIC = ("pools", "sync", "asynchrony", "residency", "gap", "tsp", "tag", "tcss")
+SYSTEM_SPECIFIC = ("pools", "sync", "asynchrony", "residency", "colocated", "gap", "tsp", "tag", "tcss")
 
 
 def one_of(key: str, value: object, allowed: list | tuple) -> None:

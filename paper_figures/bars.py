@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
 
 from paper_figures.style import SIMULATED_HATCH
 
@@ -105,6 +106,8 @@ def draw_bars(
             label.set_horizontalalignment("right")
             label.set_rotation_mode("anchor")
     axes.tick_params(axis="y", labelsize=fontsize)
+    # no tick at the very top: in a grid its label would meet the bottom label of the panel above
+    axes.yaxis.set_major_locator(MaxNLocator(nbins="auto", prune="upper"))
     axes.set_xlim(min(*xs, *tick_xs) - 0.6, max(*xs, *tick_xs) + 0.6)
     upper = top * 1.16 if top > 0 else 1.0
     axes.set_ylim(0, upper)

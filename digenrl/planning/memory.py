@@ -180,7 +180,7 @@ def _halvings(top: int) -> list[int]:
 def _loads(plan: SchedulePlan, w: Workload, profile: HardwareProfile, choice: tuple) -> dict[int, RankLoad]:
     """Every rank's load under ``choice`` = (micro_batch, checkpointing, samples_per_forward,
     train_resident, reward_resident)."""
-    from digenrl.sim.schedules.colocated import colocated_shares
+    from digenrl.sim.schedules.colocated import overlap_sub_batches
 
     mb, ckpt, spf, train_res, reward_res = choice
     world = profile.world_size
@@ -190,22 +190,29 @@ def _loads(plan: SchedulePlan, w: Workload, profile: HardwareProfile, choice: tu
 
     if plan.colocated:
         loads = {}
-        for rank, groups in enumerate(colocated_shares(profile, w.prompts_per_iteration, plan.work_split)):
-            batch = groups
+        shaped = plan.with_(micro_batch_size=mb, samples_per_forward=spf)
+        w = shaped.effective_workload(w)
+        for rank, share in enumerate(shaped.colocated_shares(w, profile.relative_speeds)):
+            batch = share.samples
             if plan.system == "colocated-overlap":  # one sub-batch at a time (schedules/colocated.py)
-                if plan.overlap_sub_batches is not None:
-                    batch = -(-groups // plan.overlap_sub_batches)
-                else:
-                    batch = max(1, w.samples_per_forward // w.group_size) if w.samples_per_forward else 1
+                batch = max(overlap_sub_batches(w, plan, share.samples))
             loads[rank] = RankLoad(
-                "colocated", True, True, mb, ckpt, cap(batch * w.group_size), world, train_res, reward_res
+                "colocated",
+                True,
+                True,
+                share.micro_batch_size,
+                ckpt,
+                cap(batch),
+                world,
+                train_res,
+                reward_res,
             )
         return loads
     trainers, generators = plan.trainer_ranks(world), plan.generator_ranks(world)
     if plan.system == "digenrl":
         gen_batch = cap(plan.fragment_size(w))
     else:
-        gen_batch = cap(-(-w.prompts_per_iteration // len(generators)) * w.group_size)
+        gen_batch = cap(-(-w.prompts_per_iteration * w.group_size // len(generators)))  # separate.py
     tag = plan.system == "digenrl" and plan.tag
     trainer = RankLoad(
         "trainer",

@@ -8,8 +8,8 @@ Fair rows (docs/design.md §4):
   with every on-policy plan too;
 * each baseline is tuned over its own knobs and gets the memory knobs it can run
   (:class:`~digenrl.planning.planner.Planner`); on a heterogeneous profile the colocated systems appear twice,
-  with equal work per GPU (what they do) and work proportional to GPU speed (``… speed-split``, the
-  strongest colocated plan; simulator only);
+  with equal work per GPU (``colocated.split=equal``) and work proportional to GPU speed (``… speed-split``,
+  ``colocated.split=speed``, the strongest colocated plan);
 * ``digenrl`` is the best plan of a plan space that contains every baseline of equal staleness, so it is
   never below them; its row names the plan (``plan``, and ``run`` = the ``run_train.py`` overrides), the
   best plan of DigenRL's own mechanisms next to it (``mechanisms``), and — where a baseline plan won — why

@@ -109,6 +109,11 @@ class HardwareProfile:
         """The device kind global ``rank`` runs on."""
         return self.gpu_types[self._locate(rank)[2].gpu]
 
+    @property
+    def relative_speeds(self) -> tuple[float, ...]:
+        """Every rank's ``relative_speed``, in rank order (what ``colocated.split=speed`` shares by)."""
+        return tuple(self.device_type(r).relative_speed for r in range(self.world_size))
+
     def node_of(self, rank: int) -> int:
         """Global node index (0-based, in profile order) holding ``rank``."""
         return self._locate(rank)[0]

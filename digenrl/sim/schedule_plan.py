@@ -3,24 +3,33 @@
 Rank placement follows :mod:`digenrl.runtime.layout`: in a separate layout ranks ``[0, trainers)`` train
 and the next ``generators`` ranks generate; colocated schedules use every rank of the profile. Every knob
 that the runtime has maps to its config key (:meth:`SchedulePlan.overrides`), so a plan the planner
-chooses is a command line; the one knob the runtime lacks (``work_split="speed"``) says so.
+chooses is a command line.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from digenrl.async_policy.tcss import resolve_switch
-from digenrl.config import COLOCATED_SYSTEMS, GAP_ASSIGNMENTS, SYSTEMS, TRAIN_ORDERS, ConfigError
+from digenrl.config import (
+    COLOCATED_SPLITS,
+    COLOCATED_SYSTEMS,
+    GAP_ASSIGNMENTS,
+    SYSTEMS,
+    TRAIN_ORDERS,
+    ConfigError,
+)
+from digenrl.data.rank_shares import RankShare, rank_shares
 from digenrl.gap.fragments import FragmentPlan
 from digenrl.sim.channel import TRANSPORTS
 from digenrl.sim.workload import Workload
 
-#: How a colocated schedule shares the logical batch: ``equal`` prompt groups per rank (what the runtime
-#: and colocated systems do) or in proportion to each device's ``relative_speed`` (the strongest colocated
-#: plan on a heterogeneous profile; simulator only).
-WORK_SPLITS = ("equal", "speed")
+#: How a colocated schedule shares the logical batch (``colocated.split``, digenrl/data/rank_shares.py):
+#: ``equal`` samples per rank, or samples and micro-batch size in proportion to each device's
+#: ``relative_speed`` (the strongest colocated plan on a heterogeneous profile).
+WORK_SPLITS = COLOCATED_SPLITS
 
 
 @dataclass(frozen=True)
@@ -41,7 +50,8 @@ class SchedulePlan:
     weights outside scoring; :mod:`digenrl.sim.residency`), ``work_split`` (:data:`WORK_SPLITS`),
     ``overlap_sub_batches`` (``colocated-overlap``: each rank's share is generated in this many
     sub-batches, scoring of one overlapping generation of the next; None = the runtime's rule,
-    ``samples_per_forward // G`` groups per sub-batch).
+    ``samples_per_forward // G`` groups per sub-batch; any other value is a simulator what-if that
+    ``run_train.py`` cannot run, so the planner never proposes it).
     ``separate-async`` (UniRL, docs/references.md [000]): ``max_staleness`` (weight syncs a buffered
     batch may lag before eviction), ``weight_sync_interval`` (optimizer steps between syncs),
     ``reap_before_launch``.
@@ -162,20 +172,23 @@ class SchedulePlan:
             return tuple(range(world_size))
         return tuple(range(self.trainers, self.trainers + self.generators))
 
-    def check(self, world_size: int, workload: Workload) -> None:
+    def colocated_shares(self, workload: Workload, speeds: Sequence[float]) -> list[RankShare]:
+        """Every rank's share of a colocated iteration as the runtime cuts it
+        (:func:`digenrl.data.rank_shares.rank_shares`; ``speeds``: each rank's ``relative_speed``)."""
+        w = self.effective_workload(workload)
+        return rank_shares(w.prompts_per_iteration, w.group_size, speeds, w.micro_batch_size, self.work_split)
+
+    def check(self, world_size: int, workload: Workload, speeds: Sequence[float] | None = None) -> None:
         """Raise ValueError if the plan cannot run ``workload`` on ``world_size`` devices (the runtime's
-        start-up checks that a plan can violate: ``digenrl/systems/digenrl_system.py`` ``check``)."""
+        start-up checks that a plan can violate: ``digenrl/systems/colocated_sync.py`` and
+        ``digenrl/systems/digenrl_system.py`` ``check``). ``speeds``: each rank's ``relative_speed``
+        (None: all equal), which the speed split reads."""
         p = workload.prompts_per_iteration
         if self.colocated:
-            if self.work_split == "equal" and p % world_size:
-                raise ValueError(
-                    f"{self.system} gives every rank the same whole prompt groups: P={p} is not divisible by "
-                    f"{world_size} ranks (digenrl/systems/base.py)"
-                )
-            if self.work_split == "speed" and p < world_size:
-                raise ValueError(
-                    f"{self.system} gives every rank whole prompt groups: P={p} < {world_size} ranks"
-                )
+            try:
+                self.colocated_shares(workload, [1.0] * world_size if speeds is None else speeds)
+            except ValueError as error:
+                raise ValueError(f"{self.system}: {error} (digenrl/data/rank_shares.py)") from None
             return
         if self.trainers < 1 or self.generators < 1:
             raise ValueError(
@@ -188,11 +201,13 @@ class SchedulePlan:
                 f"{world_size} devices"
             )
         if self.system in ("separate-sync", "separate-async"):  # digenrl/systems/separate.py
-            if p % self.generators:
+            samples = p * workload.group_size
+            if samples % self.generators:
                 raise ValueError(
-                    f"P={p} is not divisible by {self.generators} generators (whole groups each)"
+                    f"P·G={samples} samples are not divisible by {self.generators} generators (the same "
+                    "number of samples each)"
                 )
-            per_generator = p // self.generators * workload.group_size
+            per_generator = samples // self.generators
             if per_generator < self.trainers:
                 raise ValueError(
                     f"each generator produces {per_generator} samples, fewer than {self.trainers} trainers"
@@ -280,13 +295,18 @@ class SchedulePlan:
         if self.colocated:
             knobs = []
             if self.work_split == "speed":
-                knobs.append("speed-proportional split (simulator only)")
+                knobs.append("speed-proportional split")
             if not self.train_resident:
                 knobs.append("optimizer parked")
             if not self.reward_resident:
                 knobs.append("reward parked")
             if self.system == "colocated-overlap":
-                knobs.append(f"sub_batches={self.overlap_sub_batches or 'runtime rule'}")
+                sub = (
+                    "runtime rule"
+                    if self.overlap_sub_batches is None
+                    else f"{self.overlap_sub_batches} (simulator only)"
+                )
+                knobs.append(f"sub_batches={sub}")
             knobs += self._memory_knobs()
             return f"{self.system} ({', '.join(knobs)})" if knobs else self.system
         pools = f"{self.trainers} trainers + {self.generators} generators"
@@ -322,8 +342,7 @@ class SchedulePlan:
 
     def overrides(self) -> list[str]:
         """The ``experiments/run_train.py`` overrides that run this plan (``key=value``). A knob the runtime
-        lacks (``work_split=speed``) or fixes (the separate baselines' transport) is left out;
-        :meth:`describe` names it."""
+        fixes (the separate baselines' transport) is left out; :meth:`describe` names it."""
         out = [f"system={self.system}"]
         if self.micro_batch_size is not None:
             out.append(f"trainer.micro_batch_size={self.micro_batch_size}")
@@ -332,6 +351,8 @@ class SchedulePlan:
         if self.samples_per_forward is not None:
             out.append(f"sampler.samples_per_forward={self.samples_per_forward}")
         if self.colocated:
+            if self.work_split != "equal":
+                out.append(f"colocated.split={self.work_split}")
             if not self.train_resident:
                 out.append("residency.train_resident=false")
             if not self.reward_resident:

@@ -129,7 +129,7 @@ def simulate(
     profile = load_profile(profile) if isinstance(profile, str) else profile
     device_costs = costs if isinstance(costs, DeviceCosts) else DeviceCosts(profile, costs)
     workload = plan.effective_workload(workload)
-    plan.check(profile.world_size, workload)
+    plan.check(profile.world_size, workload, profile.relative_speeds)
     if plan.system == "digenrl" and plan.tag and plan.tag_budget is None:
         limit = tag_budget_limit(plan.num_fragments(workload), plan.trainers)
         best, _ = search_tag_budget(

@@ -67,9 +67,12 @@ def optimizer_s(cluster: SimCluster, rank: int, group: Sequence[int]) -> float:
     return seconds / len(group) if sharded(cluster, group) else seconds
 
 
-def units_s(cluster: SimCluster, rank: int, group: Sequence[int], units: int) -> float:
-    """``units`` units in micro-batches of ``micro_batch_size``, the last one partial."""
-    mb = cluster.workload.micro_batch_size
+def units_s(
+    cluster: SimCluster, rank: int, group: Sequence[int], units: int, micro_batch_size: int | None = None
+) -> float:
+    """``units`` units in micro-batches of ``micro_batch_size`` (None: the workload's), the last one
+    partial."""
+    mb = micro_batch_size or cluster.workload.micro_batch_size
     full, rest = split_units(units, mb)
     return full * micro_batch_s(cluster, rank, group, mb) + micro_batch_s(cluster, rank, group, rest)
 

@@ -19,7 +19,7 @@ from typing import ClassVar
 
 import torch
 
-from digenrl.config import Config, ConfigError, save_config
+from digenrl.config import Config, save_config
 from digenrl.rollout.evaluate import EvalPhases, EvalResult, eval_schedule
 from digenrl.runtime.distributed import DistContext
 from digenrl.runtime.events import agree_clock_origin, merge_chrome_trace
@@ -62,14 +62,7 @@ class System:
 
     @classmethod
     def check(cls, cfg: Config, world_size: int) -> None:
-        """Start-up checks that need the world size (before any model exists). Default: every rank
-        generates whole prompt groups of the iteration's share."""
-        p = cfg.algo.prompts_per_iteration
-        if p % world_size:
-            raise ConfigError(
-                f"algo.prompts_per_iteration={p} must be divisible by the {world_size} ranks of system="
-                f"{cls.name!r}, so every rank generates whole prompt groups"
-            )
+        """Start-up checks that need the world size (before any model exists); each system adds its own."""
 
     def __init__(self, cfg: Config, ctx: DistContext, run: RunStart):
         self.cfg = cfg

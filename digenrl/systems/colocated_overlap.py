@@ -1,6 +1,6 @@
 """``colocated-overlap``: GenRL / flow_grpo's asynchronous-reward schedule (docs/design.md §4).
 
-Colocated like ``colocated-sync``, but the rank's groups are generated in sub-batches and each
+Colocated like ``colocated-sync``, but the rank's share is generated in sub-batches and each
 finished sub-batch is decoded and scored by a background worker while the next one generates
 (flow_grpo submits reward calls to a thread-pool executor during sampling)::
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
+from digenrl.data.rank_shares import RankShare
 from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.rollout.scoring import ScoreResult
 from digenrl.systems.colocated_sync import ColocatedSync
@@ -22,21 +23,23 @@ from digenrl.systems.colocated_sync import ColocatedSync
 
 class ColocatedOverlap(ColocatedSync):
     name = "colocated-overlap"
-    knobs = ("residency.train_resident",)
+    knobs = ("residency.train_resident", "colocated")
     track_reward_residency = False
 
-    def sub_batches(self, ids: list[int]) -> list[list[int]]:
-        """Groups per sub-batch: ``sampler.samples_per_forward`` samples (at least one group)."""
+    def sub_batches(self) -> list[RankShare]:
+        """This rank's share cut into sub-batches of ``sampler.samples_per_forward`` samples rounded down to
+        whole groups (at least one group's worth; one group when unset)."""
         g = self.cfg.algo.group_size
-        groups = (
-            max(1, self.cfg.sampler.samples_per_forward // g) if self.cfg.sampler.samples_per_forward else 1
-        )
-        return [ids[i : i + groups] for i in range(0, len(ids), groups)]
+        spf = self.cfg.sampler.samples_per_forward
+        size = (max(1, spf // g) if spf else 1) * g
+        share = self.share
+        return [
+            RankShare(a, min(a + size, share.stop), share.micro_batch_size)
+            for a in range(share.start, share.stop, size)
+        ]
 
     def rollout(self, iteration: int, version: int) -> tuple[TrajectoryBatch, ScoreResult]:
-        events, engine, scorer = self.parts.events, self.parts.engine, self.parts.scorer
-        prompts, ids = self.my_prompt_ids(iteration)
-        text = dict(zip(ids, prompts, strict=True))
+        events, scorer = self.parts.events, self.parts.scorer
 
         def score(fragment: int, batch: TrajectoryBatch) -> ScoreResult:
             with events.span("score", iteration=iteration, fragment=fragment, policy_version=version):
@@ -47,11 +50,9 @@ class ColocatedOverlap(ColocatedSync):
             self.residency.generation(),
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward") as pool,
         ):
-            for j, chunk in enumerate(self.sub_batches(ids)):
+            for j, part in enumerate(self.sub_batches()):
                 with events.span("generate", iteration=iteration, fragment=j, policy_version=version):
-                    batch = engine.generate(
-                        [text[i] for i in chunk], chunk, iteration=iteration, policy_version=version
-                    )
+                    batch = self.generate_share(part, iteration, version)
                 batches.append(batch)
                 futures.append(pool.submit(score, j, batch))
             with events.span("wait_score", iteration=iteration, policy_version=version):

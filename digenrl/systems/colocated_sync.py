@@ -2,11 +2,12 @@
 
 Every rank holds the whole policy and, each iteration, in turn::
 
-    generate its share of prompt groups ─▶ decode + score ─▶ advantages (rewards gathered over all
+    generate its share of the samples ─▶ decode + score ─▶ advantages (rewards gathered over all
     ranks) ─▶ accumulate the gradient of its units ─▶ optimizer step (gradients reduced) ─▶ next
 
 No weight sync is needed: the rank that trains is the rank that generates. With one process this is
-plain single-GPU FlowGRPO.
+plain single-GPU FlowGRPO. A rank's share is a contiguous run of the iteration's samples, which may cut a
+prompt group when groups are fewer than ranks (``colocated.split``, :mod:`digenrl.data.rank_shares`).
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ from contextlib import AbstractContextManager
 import torch
 
 from digenrl.config import Config, ConfigError
+from digenrl.data.rank_shares import RankShare, rank_shares
 from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.rollout.scoring import ScoreResult
 from digenrl.runtime.distributed import global_sum
 from digenrl.runtime.events import EventLogger
+from digenrl.runtime.profiles import load_profile
 from digenrl.systems.base import IterationReport, System
 from digenrl.systems.components import RankComponents, build_rank_components
 from digenrl.systems.phases import Accumulation, assign_advantages, reward_summary, train_logical_batch
@@ -41,15 +44,41 @@ def residency_span(events: EventLogger, record: TransitionRecord, iteration: int
     events.record_span("residency", end - record.seconds, end, iteration=iteration, extra=extra)
 
 
+def colocated_shares(cfg: Config, world_size: int) -> list[RankShare]:
+    """Every rank's share of the iteration (``colocated.split``), or a ConfigError naming the keys."""
+    split = cfg.colocated.split
+    if split == "speed":
+        profile = load_profile(cfg.profile)
+        if world_size > profile.world_size:
+            raise ConfigError(
+                f"colocated.split=speed: profile={cfg.profile!r} declares {profile.world_size} devices, "
+                f"fewer than the {world_size} ranks"
+            )
+        speeds = list(profile.relative_speeds[:world_size])
+    else:
+        speeds = [1.0] * world_size
+    try:
+        return rank_shares(
+            cfg.algo.prompts_per_iteration, cfg.algo.group_size, speeds, cfg.trainer.micro_batch_size, split
+        )
+    except ValueError as error:
+        raise ConfigError(
+            f"colocated.split={split} with algo.prompts_per_iteration={cfg.algo.prompts_per_iteration}, "
+            f"algo.group_size={cfg.algo.group_size}, trainer.micro_batch_size={cfg.trainer.micro_batch_size} "
+            f"on {world_size} ranks: {error}"
+        ) from None
+
+
 class ColocatedSync(System):
     name = "colocated-sync"
-    knobs = ("residency",)
+    knobs = ("residency", "colocated")
 
     track_reward_residency = True  # colocated-overlap scores during generation, so it cannot park the reward
 
     @classmethod
     def check(cls, cfg: Config, world_size: int) -> None:
         super().check(cfg, world_size)
+        colocated_shares(cfg, world_size)
         from digenrl.rewards.registry import reward_needs_weights
 
         names = list(cfg.reward.weights) if cfg.reward.weights else [cfg.reward.name]
@@ -70,6 +99,8 @@ class ColocatedSync(System):
             run=self.run_start,
         )
         self.residency = self.build_residency(parts)
+        self.share = colocated_shares(self.cfg, self.ctx.world_size)[self.ctx.rank]
+        parts.trainer.micro_batch_size = self.share.micro_batch_size  # colocated.split=speed: per rank
         return parts
 
     def build_residency(self, parts: RankComponents) -> ResidencyPlanner:
@@ -103,22 +134,30 @@ class ColocatedSync(System):
         on right after, so the rollout stays awake."""
         return self.residency.evaluation(keep_rollout_awake=True, sleep_after=False)
 
-    def my_prompt_ids(self, iteration: int) -> tuple[list[str], list[int]]:
-        """This rank's contiguous share of the iteration's prompt groups."""
+    def generate_share(self, share: RankShare, iteration: int, version: int) -> TrajectoryBatch:
+        """Roll out the samples of ``share``: its groups whole, or — when it cuts a group — the groups
+        started and cut to the share's samples before any step runs (as a TAG helper generates a GAP
+        fragment smaller than a group); every sample's draws are keyed by its (group, index), so they are
+        the samples a whole-group rollout would make."""
+        g = self.cfg.algo.group_size
         prompts = self.parts.prompts.prompts_for(iteration, self.cfg.algo.prompts_per_iteration)
-        per_rank = len(prompts) // self.ctx.world_size
-        mine = list(range(self.ctx.rank * per_rank, (self.ctx.rank + 1) * per_rank))
-        return [prompts[i] for i in mine], mine
+        picks = share.picks(g)
+        texts, ids = [prompts[i] for i, _ in picks], [i for i, _ in picks]
+        engine = self.parts.engine
+        if all(len(samples) == g for _, samples in picks):
+            return engine.generate(texts, ids, iteration=iteration, policy_version=version)
+        batch = engine.start(texts, ids, iteration=iteration, policy_version=version)
+        rows = [n * g + j for n, (_, samples) in enumerate(picks) for j in samples]
+        return engine.advance(batch.select(rows), engine.sampler.num_steps)
 
     def rollout(self, iteration: int, version: int) -> tuple[TrajectoryBatch, ScoreResult]:
-        """Generate every group of this rank, then decode and score them all."""
+        """Generate this rank's samples, then decode and score them all."""
         events = self.parts.events
-        prompts, ids = self.my_prompt_ids(iteration)
         with (
             self.residency.generation(),
             events.span("generate", iteration=iteration, policy_version=version),
         ):
-            batch = self.parts.engine.generate(prompts, ids, iteration=iteration, policy_version=version)
+            batch = self.generate_share(self.share, iteration, version)
         with self.residency.scoring(), events.span("score", iteration=iteration, policy_version=version):
             score = self.parts.scorer(batch)
         return batch, score

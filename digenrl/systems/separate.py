@@ -108,17 +108,18 @@ class SeparateSystem(System):
 
     @classmethod
     def check(cls, cfg: Config, world_size: int) -> None:
-        """Pools fit the world; every generator produces whole groups; every trainer gets samples."""
+        """Pools fit the world; every generator produces the same number of samples (whole groups, or part
+        of a group when groups are fewer than generators); every trainer gets samples."""
         check_trainer_pool_backend(cfg)
         layout = separate_layout(cfg, world_size)
         gens, trainers = len(layout.generator_ranks), len(layout.trainer_ranks)
-        p = cfg.algo.prompts_per_iteration
-        if p % gens:
+        p, g = cfg.algo.prompts_per_iteration, cfg.algo.group_size
+        if (p * g) % gens:
             raise ConfigError(
-                f"algo.prompts_per_iteration={p} must be divisible by pools.generators={gens} so every "
-                "generator produces whole prompt groups"
+                f"algo.prompts_per_iteration={p} x algo.group_size={g} = {p * g} samples must be divisible "
+                f"by pools.generators={gens} so every generator produces the same number of samples"
             )
-        per_generator = p // gens * cfg.algo.group_size
+        per_generator = p * g // gens
         if per_generator < trainers:
             raise ConfigError(
                 f"each generator produces {per_generator} samples per iteration, fewer than "
@@ -238,10 +239,12 @@ class SeparateSystem(System):
         return False
 
     def fragment_plan(self) -> FragmentPlan:
-        """The separate baselines: one fragment per generator, its contiguous share of the groups."""
+        """The separate baselines: one fragment per generator, its contiguous share of the samples — whole
+        groups when generators divide the groups, else part of a group (its advantages come from the
+        rewards gathered over the generator pool, :meth:`SeparateSync.advantages`)."""
         gens = len(self.layout.generator_ranks)
-        p = self.cfg.algo.prompts_per_iteration
-        return FragmentPlan(p, p // gens, gens, assignment="round-robin")
+        p, g = self.cfg.algo.prompts_per_iteration, self.cfg.algo.group_size
+        return FragmentPlan(p, 1, gens, assignment="round-robin", group_size=g, sample_size=p * g // gens)
 
     def checkpoint_ranks(self) -> tuple[bool, object]:
         """Only the trainer pool holds state worth saving; generators get their weights from the

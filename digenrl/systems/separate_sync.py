@@ -30,7 +30,7 @@ class SeparateSync(SeparateSystem):
         self.initial_sync()
 
     def my_fragment(self) -> int:
-        """This generator's fragment: its contiguous share of the iteration's prompt groups."""
+        """This generator's fragment: its contiguous share of the iteration's samples."""
         return self.generator_ranks.index(self.ctx.rank)
 
     def advantages(self, batch: TrajectoryBatch, score: ScoreResult) -> TrajectoryBatch:
@@ -39,14 +39,20 @@ class SeparateSync(SeparateSystem):
 
     # ------------------------------------------------------------------ generator pool
     def rollout(self, iteration: int) -> tuple[TrajectoryBatch, ScoreResult]:
-        """Generate, score and normalise this generator's groups with the weights it holds."""
-        events, version = self.parts.events, self.version.current
+        """Generate, score and normalise this generator's samples with the weights it holds (a share that
+        cuts a group: its groups started and cut to the share before any step runs, as a TAG helper does)."""
+        events, version, engine = self.parts.events, self.version.current, self.parts.engine
         prompts = self.parts.prompts.prompts_for(iteration, self.cfg.algo.prompts_per_iteration)
-        ids = list(self.stream.plan.prompt_ids(self.my_fragment()))
-        with events.span("generate", iteration=iteration, policy_version=version, samples=len(ids)):
-            batch = self.parts.engine.generate(
-                [prompts[i] for i in ids], ids, iteration=iteration, policy_version=version
-            )
+        plan, fragment = self.stream.plan, self.my_fragment()
+        ids = list(plan.prompt_ids(fragment))
+        texts = [prompts[i] for i in ids]
+        samples = plan.fragment_samples(self.cfg.algo.group_size)
+        with events.span("generate", iteration=iteration, policy_version=version, samples=samples):
+            if plan.splits_groups:
+                batch = engine.start(texts, ids, iteration=iteration, policy_version=version)
+                batch = engine.advance(self.stream.cut(batch, fragment), engine.sampler.num_steps)
+            else:
+                batch = engine.generate(texts, ids, iteration=iteration, policy_version=version)
         with events.span(self.score_phase, iteration=iteration, policy_version=version):
             score = self.score(batch, iteration, self.my_fragment())
             batch = self.advantages(batch, score)

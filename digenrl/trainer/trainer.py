@@ -105,7 +105,11 @@ class PolicyTrainer:
     ``exact_backend``: use ``trainer.backend`` as named even with one trainer process (backend benchmarks).
     ``steps`` counts optimizer steps (several per policy version with ``algo.num_updates_per_batch`` > 1;
     the version itself is owned by :class:`digenrl.runtime.policy_version.PolicyVersion`).
+    ``micro_batch_size``: this rank's micro-batch size when it differs from ``trainer.micro_batch_size``
+    (None = that; ``colocated.split=speed`` sets it per rank, :mod:`digenrl.data.rank_shares`).
     """
+
+    micro_batch_size: int | None = None
 
     def __init__(
         self,
@@ -212,7 +216,8 @@ class PolicyTrainer:
             raise ValueError(f"unit_weight must be a positive finite number, got {unit_weight!r}")
         if batch.advantages is None:
             raise ValueError("batch.advantages is None: compute advantages before training on a batch")
-        plan = plan_micro_batches(batch.batch_size, batch.num_train_steps, self.cfg.trainer.micro_batch_size)
+        micro_batch_size = self.micro_batch_size or self.cfg.trainer.micro_batch_size
+        plan = plan_micro_batches(batch.batch_size, batch.num_train_steps, micro_batch_size)
         rounds = self.backend.max_over_ranks(len(plan)) if self.backend.lockstep else len(plan)
         # Sums stay on the device until the end: a host read per micro-batch would stall the queue.
         # float64 accumulators add the fp32 per-micro-batch sums exactly as Python floats would.

@@ -211,7 +211,7 @@ def test_enumerations_are_the_tuples_the_runtime_checks():
             ["reward.weights={brightness: 1, jpeg-compressibility: -.inf}"],
             ["reward.weights.jpeg-compressibility"],
         ),
-        (["profile=cpu-3"], ["profile='cpu-3'", "cpu-1, cpu-2, cpu-4", "h200-8"]),
+        (["profile=cpu-3"], ["profile='cpu-3'", "cpu-1, cpu-2, cpu-2-hetero, cpu-4", "h200-8"]),
         (["trainer.betas=[0.9]"], ["trainer.betas", "two numbers"]),
         # cross-key checks that used to fail inside the workers
         (["sampler.sde_type=cps", "sampler.noise_level=1.5"], ["sampler.noise_level=1.5", "cps", "[0, 1]"]),

@@ -85,9 +85,9 @@ def test_parse_errors_name_the_key(overrides, needle):
         (["reward.nonfinite_policy=ignore"], 1, ["reward.nonfinite_policy", "drop-group"]),
         (["profile=cpu-2"], 4, ["4 ranks", "profile='cpu-2'", "2 devices"]),
         (
-            ["system=colocated-sync", "profile=cpu-4", "algo.prompts_per_iteration=6"],
+            ["system=colocated-sync", "profile=cpu-4", "algo.prompts_per_iteration=6", "algo.group_size=3"],
             4,
-            ["algo.prompts_per_iteration=6", "divisible"],
+            ["algo.prompts_per_iteration=6", "algo.group_size=3", "do not divide evenly over 4 ranks"],
         ),
         (["trainer.lr=.nan"], 1, ["trainer.lr", "finite"]),
         (["trainer.weight_decay=-1"], 1, ["trainer.weight_decay=-1", "[0, 100]"]),

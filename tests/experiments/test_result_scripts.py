@@ -123,6 +123,15 @@ def test_the_committed_throughput_table_never_puts_digenrl_below_a_baseline():
     assert {"colocated-sync speed-split", "colocated-overlap speed-split"} <= hetero
     scenarios = {r.extra["scenario"] for r in rows}
     assert {"flux.1-dev full-FT", "flux.1-dev + 7B reward", "wan2.1-14b", "hunyuan-video 33f"} <= scenarios
+    # every plan is a run_train.py command (issue 21 item 4) and every system has a plan on h800-32 video
+    # (the baselines cut a prompt group over GPUs when groups are fewer, issue 24 item 4)
+    assert not [r.model for r in rows if "simulator only" in r.extra["plan"]]
+    video = [
+        r
+        for r in rows
+        if r.extra["profile"] == "h800-32" and r.extra["scenario"] in ("wan2.1-14b", "hunyuan-video 33f")
+    ]
+    assert len(video) >= 10 and all(r.throughput["samples_per_s"] > 0 for r in video), video
 
 
 def test_scaling_quick_table(tmp_path):

@@ -22,6 +22,7 @@ EXPECTED = {
     "cpu-1": ("gloo", 1, 1, ["cpu-worker"]),
     "cpu-2": ("gloo", 2, 1, ["cpu-worker"]),
     "cpu-4": ("gloo", 4, 1, ["cpu-worker"]),
+    "cpu-2-hetero": ("gloo", 2, 2, ["cpu-fast", "cpu-slow"]),
     "h200-1": ("nccl", 1, 1, ["h200"]),
     "h200-8": ("nccl", 8, 1, ["h200"]),
     "a100-16": ("nccl", 16, 2, ["a100"] * 2),

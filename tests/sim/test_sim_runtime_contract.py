@@ -126,6 +126,35 @@ def test_a_helper_fragment_is_a_generate_span_marked_helper_in_both():
     assert {s["phase"] for s in result.spans} >= {"generate", "score", "train", "optimizer", "tag_switch"}
 
 
+def test_both_share_a_colocated_batch_alike():
+    """The simulator's colocated ranks get the runtime's shares (digenrl/data/rank_shares.py): a cut group
+    on equal devices, samples and micro-batch size by speed on the heterogeneous CPU profile."""
+    from digenrl.config import load_config
+    from digenrl.systems.colocated_sync import colocated_shares
+    from tests.systems.launcher import TINY
+
+    for profile, split, world in (("cpu-4", "equal", 4), ("cpu-2-hetero", "speed", 2), ("cpu-2", "equal", 2)):
+        overrides = [f"profile={profile}", "system=colocated-sync", "algo.prompts_per_iteration=1"]
+        cfg = load_config(TINY, [*overrides, f"colocated.split={split}"])
+        plan = SchedulePlan("colocated-sync", work_split=split)
+        sim = plan.colocated_shares(Workload.from_config(cfg), load_profile(profile).relative_speeds)
+        assert colocated_shares(cfg, world) == sim
+        costs = toy_costs(step=0.1, unit=0.01)
+        if split == "speed":
+            costs = DeviceCosts(load_profile(profile), costs, reference_type="cpu-slow")
+        result = simulate(profile, costs, Workload.from_config(cfg), plan)
+        trained = {s["rank"] for s in result.spans if s["phase"] == "train"}
+        assert trained == set(range(world))
+
+
+def test_a_colocated_plan_runs_where_groups_are_fewer_than_ranks():
+    """16 prompt groups of 8 on 32 GPUs (the h800-32 video rows): half a group per rank."""
+    w = Workload(prompts_per_iteration=16, group_size=8, num_steps=4, train_steps=2, cfg=False)
+    for system in ("colocated-sync", "colocated-overlap"):
+        result = simulate("h800-32", toy_costs(step=0.1, unit=0.01), w, SchedulePlan(system))
+        assert result.samples_per_s > 0
+
+
 def test_split_groups_need_the_runtimes_buffered_sends():
     """A trainer holding a split group's fragment waits for the rest of its rewards; with rendezvous sends
     the producer would wait for that trainer to receive the next fragment first."""

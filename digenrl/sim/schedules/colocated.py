@@ -20,56 +20,44 @@ stays resident (it runs beside generation) and the background scorer does not sl
 generation (an optimistic bound for the baseline: decode and reward models are small next to the DiT
 forward). Full fine-tuning shards the model over every rank (FSDP2): each generator forward gathers the
 weights, each micro-batch gathers them twice and reduce-scatters the gradients
-(:mod:`digenrl.sim.training`). ``work_split="speed"`` gives faster devices more groups (simulator only).
+(:mod:`digenrl.sim.training`). Each rank's share — its samples, which may cut a prompt group, and its
+micro-batch size — is the runtime's (``colocated.split``, :func:`digenrl.data.rank_shares.rank_shares`):
+``work_split="speed"`` gives faster devices more samples and larger micro-batches, the same number of
+micro-batch steps everywhere.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from digenrl.runtime.profiles import HardwareProfile
+from digenrl.data.rank_shares import RankShare
 from digenrl.sim.cluster import SimCluster
 from digenrl.sim.des import Process, Signal
 from digenrl.sim.residency import colocated_moves, move_s
 from digenrl.sim.schedule_plan import SchedulePlan
 from digenrl.sim.training import generation_s, optimizer_s, sharded, units_s
-from digenrl.sim.workload import split_evenly
+from digenrl.sim.workload import Workload, split_evenly
 
 
 def run_colocated(cluster: SimCluster, plan: SchedulePlan) -> None:
     """Spawn one process per rank of the profile."""
     ranks = tuple(range(cluster.profile.world_size))
-    groups = colocated_shares(cluster.profile, cluster.workload.prompts_per_iteration, plan.work_split)
+    shares = plan.colocated_shares(cluster.workload, cluster.profile.relative_speeds)
     for rank in ranks:
-        cluster.spawn(_colocated_rank(cluster, plan, rank, ranks, groups[rank]), f"colocated rank {rank}")
-
-
-def colocated_shares(profile: HardwareProfile, prompts: int, work_split: str) -> list[int]:
-    """Prompt groups per rank: ``equal`` (the runtime: the same number everywhere) or ``speed``
-    (proportional to ``relative_speed``, whole groups by largest remainder)."""
-    world = profile.world_size
-    if work_split == "equal":
-        return split_evenly(prompts, world)
-    speeds = [profile.device_type(r).relative_speed for r in range(world)]
-    exact = [prompts * s / sum(speeds) for s in speeds]
-    shares = [int(x) for x in exact]
-    by_remainder = sorted(range(world), key=lambda r: (-(exact[r] - shares[r]), r))
-    for r in by_remainder[: prompts - sum(shares)]:
-        shares[r] += 1
-    return shares
+        cluster.spawn(_colocated_rank(cluster, plan, rank, ranks, shares[rank]), f"colocated rank {rank}")
 
 
 def _colocated_rank(
-    cluster: SimCluster, plan: SchedulePlan, rank: int, ranks: tuple[int, ...], groups: int
+    cluster: SimCluster, plan: SchedulePlan, rank: int, ranks: tuple[int, ...], share: RankShare
 ) -> Process:
     w, cost, net = cluster.workload, cluster.cost(rank), cluster.net
-    samples = groups * w.group_size
+    samples = share.samples
     trainers = ranks  # every rank trains: FSDP2 shards a full fine-tune over all of them
     for k in range(w.iterations):
         tags = {"iteration": k, "policy_version": k}
         yield from _move(cluster, plan, rank, "generate", tags)
         if plan.system == "colocated-overlap":
-            yield from _generate_overlapped(cluster, plan, rank, groups, tags)
+            yield from _generate_overlapped(cluster, plan, rank, samples, tags)
         else:
             yield from cluster.work(rank, "generate", generation_s(cluster, rank, ranks, samples), **tags)
             yield from _move(cluster, plan, rank, "score", tags)
@@ -77,9 +65,8 @@ def _colocated_rank(
             yield from _move(cluster, plan, rank, "after_score", tags)
         # advantages need every rank's rewards (assign_advantages gathers them): a barrier.
         yield from cluster.collective(("advantages", k), rank, ranks, 0.0, "advantages", **tags)
-        yield from cluster.work(
-            rank, "train", units_s(cluster, rank, trainers, samples * w.train_steps), **tags
-        )
+        seconds = units_s(cluster, rank, trainers, samples * w.train_steps, share.micro_batch_size)
+        yield from cluster.work(rank, "train", seconds, **tags)
         if not sharded(cluster, trainers):
             seconds = net.allreduce_s(ranks, cost.grad_bytes)
             yield from cluster.collective(("allreduce", k), rank, ranks, seconds, "allreduce", **tags)
@@ -103,22 +90,26 @@ def _move(cluster: SimCluster, plan: SchedulePlan, rank: int, phase: str, tags: 
         yield from cluster.work(rank, "residency", seconds, extra=extra, **tags)
 
 
+def overlap_sub_batches(workload: Workload, plan: SchedulePlan, samples: int) -> list[int]:
+    """Samples per sub-batch of a ``colocated-overlap`` rank's share of ``samples``: the runtime's rule
+    (``samples_per_forward`` rounded down to whole groups, at least one group's worth;
+    systems/colocated_overlap.py) or ``overlap_sub_batches`` equal parts."""
+    w = workload
+    if plan.overlap_sub_batches is None:
+        size = (max(1, w.samples_per_forward // w.group_size) if w.samples_per_forward else 1) * w.group_size
+        return [min(size, samples - i) for i in range(0, samples, size)]
+    return [n for n in split_evenly(samples, plan.overlap_sub_batches) if n > 0]
+
+
 def _generate_overlapped(
-    cluster: SimCluster, plan: SchedulePlan, rank: int, groups: int, tags: dict
+    cluster: SimCluster, plan: SchedulePlan, rank: int, samples: int, tags: dict
 ) -> Process:
     """Generate sub-batch j+1 while a background worker scores sub-batch j."""
-    w = cluster.workload
-    if plan.overlap_sub_batches is None:  # the runtime's rule (systems/colocated_overlap.py)
-        per = max(1, w.samples_per_forward // w.group_size) if w.samples_per_forward else 1
-        parts = [min(per, groups - i) for i in range(0, groups, per)]
-    else:
-        parts = [g for g in split_evenly(groups, plan.overlap_sub_batches) if g > 0]
     last_scored = None
-    for j, part in enumerate(parts):
-        samples = part * w.group_size
-        seconds = generation_s(cluster, rank, tuple(range(cluster.profile.world_size)), samples)
+    for j, part in enumerate(overlap_sub_batches(cluster.workload, plan, samples)):
+        seconds = generation_s(cluster, rank, tuple(range(cluster.profile.world_size)), part)
         yield from cluster.work(rank, "generate", seconds, fragment=j, **tags)
-        scorer = _background_score(cluster, rank, last_scored, samples, fragment=j, **tags)
+        scorer = _background_score(cluster, rank, last_scored, part, fragment=j, **tags)
         last_scored = cluster.spawn(scorer, f"rank {rank} background scorer {tags['iteration']}.{j}")
     if last_scored is not None:
         yield from cluster.wait_signal(rank, "wait_score", last_scored, **tags)

@@ -63,8 +63,9 @@ class _AsyncRun:
         self.weights = GeneratorWeights(cluster, self.trainers[0], self.generators, self.trainers)
         ranks = (*self.generators, *self.trainers)
         self.commands = {r: Mailbox(cluster.sim, f"rank {r} commands") for r in ranks}
-        shares = split_evenly(cluster.workload.prompts_per_iteration, len(self.generators))
-        self.groups = dict(zip(self.generators, shares, strict=True))
+        w = cluster.workload  # one fragment of P·G / generators samples each (systems/separate.py)
+        shares = split_evenly(w.prompts_per_iteration * w.group_size, len(self.generators))
+        self.samples = dict(zip(self.generators, shares, strict=True))
 
     def channel(self, batch: _Batch, generator: int, trainer: int):
         return self.cluster.channel(("reap", batch.index, generator, trainer), generator, trainer)
@@ -99,7 +100,7 @@ def _generator(run: _AsyncRun, rank: int) -> Process:
     """Serve commands in order: ``("generate", batch)``, ``("send", batch)`` or ``("stop",)``."""
     cluster = run.cluster
     w, cost = cluster.workload, cluster.cost(rank)
-    samples = run.groups[rank] * w.group_size
+    samples = run.samples[rank]
     while True:
         command = yield from cluster.wait_signal(rank, "wait_command", run.commands[rank].get())
         if command[0] == "stop":

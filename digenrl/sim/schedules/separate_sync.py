@@ -27,23 +27,28 @@ def run_separate_sync(cluster: SimCluster, plan: SchedulePlan) -> None:
     trainers, generators = plan.trainer_ranks(world), plan.generator_ranks(world)
     weights = GeneratorWeights(cluster, trainers[0], generators, trainers)
     rendezvous = plan.transport_mode == "rendezvous"
-    groups = split_evenly(cluster.workload.prompts_per_iteration, len(generators))
-    for rank, share in zip(generators, groups, strict=True):
+    for rank, share in zip(generators, generator_samples(cluster, generators), strict=True):
         cluster.spawn(_generator(cluster, rank, share, trainers, weights, rendezvous), f"generator {rank}")
     for rank in trainers:
         cluster.spawn(_trainer(cluster, rank, trainers, generators, weights), f"trainer {rank}")
 
 
+def generator_samples(cluster: SimCluster, generators: tuple[int, ...]) -> list[int]:
+    """Samples per generator: one fragment of P·G / generators each (``systems/separate.py``
+    ``fragment_plan``; part of a group when groups are fewer than generators)."""
+    w = cluster.workload
+    return split_evenly(w.prompts_per_iteration * w.group_size, len(generators))
+
+
 def _generator(
     cluster: SimCluster,
     rank: int,
-    groups: int,
+    samples: int,
     trainers: tuple[int, ...],
     weights: GeneratorWeights,
     rendezvous: bool,
 ) -> Process:
     w, cost = cluster.workload, cluster.cost(rank)
-    samples = groups * w.group_size
     for k in range(w.iterations):
         tags = {"iteration": k, "policy_version": k}
         yield from weights.wait_for(rank, k, iteration=k)
@@ -61,9 +66,8 @@ def trainer_units(
 ) -> int:
     """Units trainer ``rank`` receives: from every generator its ``tensor_split`` share of samples."""
     w = cluster.workload
-    groups = split_evenly(w.prompts_per_iteration, len(generators))
     position = trainers.index(rank)
-    samples = sum(split_evenly(g * w.group_size, len(trainers))[position] for g in groups)
+    samples = sum(split_evenly(n, len(trainers))[position] for n in generator_samples(cluster, generators))
     return samples * w.train_steps
 
 
