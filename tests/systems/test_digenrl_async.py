@@ -205,6 +205,9 @@ def test_the_timing_switch_runs_and_a_checkpoint_taken_with_it_resumes_exactly(t
 @pytest.mark.parametrize("kind", ["raise", "kill"])
 def test_a_helper_failing_mid_generation_ends_the_job_naming_the_rank(tmp_path, monkeypatch, kind):
     monkeypatch.setenv("DIGENRL_INJECT_FAULT", f"rank=0,iteration=1,kind={kind},phase=tag")
+    # a slow generator (timing only): TAG leaves the generators their share, so the helper generates (and
+    # fails) only when the generator cannot finish the fragments in time
+    monkeypatch.setenv("DIGENRL_INJECT_DELAY", "rank=1,phase=generate,seconds=0.3")
     start = time.monotonic()
     proc = run_train(
         [
@@ -229,9 +232,14 @@ def test_a_helper_failing_mid_generation_ends_the_job_naming_the_rank(tmp_path, 
         assert "rank      : 0" in proc.stderr or "local_rank: 0" in proc.stderr
 
 
-def test_tag_with_sharded_full_finetuning_gathers_the_weights_and_computes_the_same_update(tmp_path):
+def test_tag_with_sharded_full_finetuning_gathers_the_weights_and_computes_the_same_update(
+    tmp_path, monkeypatch
+):
     """FSDP2 full fine-tuning: the trainer ranks gather the full parameters together at the head of the
     iteration, generate fragments alone, release them, and the update is separate-sync's."""
+    # a slow generator (timing only, no computed value changes): TAG claims fragments only when the
+    # generator pool cannot finish them in time
+    monkeypatch.setenv("DIGENRL_INJECT_DELAY", "rank=2,phase=generate,seconds=0.3")
     common = [
         "profile=cpu-4",
         "pools.trainers=2",
