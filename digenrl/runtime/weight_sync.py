@@ -34,7 +34,10 @@ verification succeeded, so an error surfaces on the whole pool.
 
 Timeouts: every wait here is a collective on the sync or trainer group, bounded by that group's timeout
 (``build_process_groups(..., timeout_s)``, default: the default group's ``runtime.timeout_s``). gloo
-raises when it expires; NCCL's watchdog aborts the process (set ``TORCH_NCCL_BLOCKING_WAIT=1`` to get an
+raises when it expires, and :meth:`WeightSync.push` / :meth:`WeightSync.receive` re-raise its terse error
+as a :class:`~digenrl.runtime.errors.DistributedTimeoutError` naming this rank, its role, the version and
+the sync group's ranks (a member that never joined, blocked in another wait, is then found from the
+others' errors); NCCL's watchdog aborts the process (set ``TORCH_NCCL_BLOCKING_WAIT=1`` to get an
 exception instead). Generators must call :meth:`WeightSync.pull` while the source pushes, so the timeout
 must exceed the longest fragment a generator finishes before it joins; a generator learns that a push is
 pending from the store (:meth:`WeightSync.pending_version`, published by the source before the handshake).
@@ -45,7 +48,8 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -56,6 +60,7 @@ from torch import nn
 from digenrl.config import TRAINER_MODES
 from digenrl.data.dtypes import WIRE_DTYPES
 from digenrl.runtime.control_plane import ControlPlane
+from digenrl.runtime.errors import DistributedTimeoutError
 from digenrl.runtime.layout import Layout, ProcessGroups
 
 if TYPE_CHECKING:
@@ -351,6 +356,10 @@ class WeightSync:
         if self.role != "trainer":
             raise ValueError(f"push is for trainer ranks; rank {self.rank} is a {self.role}")
         _check_version(version)
+        with self._named_waits("pushing", version):
+            return self._push(trainer, version)
+
+    def _push(self, trainer: SyncSource, version: int) -> SyncStats:
         start = self._now()
         named = sorted(trainer.backend.named_trainable(), key=lambda item: item[0])
         if self.rank != self.source:
@@ -409,6 +418,10 @@ class WeightSync:
         if self.role != "generator":
             raise ValueError(f"receive is for generator ranks; rank {self.rank} is a {self.role}")
         _check_version(version)
+        with self._named_waits("receiving", version):
+            return self._receive(flow_model, version)
+
+    def _receive(self, flow_model: nn.Module, version: int) -> StagedPolicy:
         start = self._now()
         named = generator_sync_parameters(flow_model, self.mode)
         specs = [TensorSpec(n, tuple(p.shape), p.dtype) for n, p in named]
@@ -443,6 +456,26 @@ class WeightSync:
         return staged.stats
 
     # ------------------------------------------------------------------ collectives
+    @contextmanager
+    def _named_waits(self, doing: str, version: int) -> Iterator[None]:
+        """Re-raise a failed collective (gloo: "Timed out waiting 300000ms for recv operation") naming this
+        rank, the version and the members, so a hung sync says who waited for what (module docstring)."""
+        try:
+            yield
+        except (WeightSyncError, ValueError):
+            raise
+        except RuntimeError as error:
+            generators = [r for r in self._sync_ranks if r != self.source]
+            message = (
+                f"rank {self.rank} ({self.role}) failed {doing} policy version {version} in the weight sync "
+                f"from trainer rank {self.source} to generator ranks {generators} (sync group; its timeout "
+                f"is runtime.timeout_s): every member must join each push, and one that never did is "
+                f"blocked elsewhere: {error}"
+            )
+            if "timed out" in str(error).lower():
+                raise DistributedTimeoutError(message) from error
+            raise RuntimeError(message) from error
+
     def _handshake(self, version: int, specs: list[TensorSpec], *, is_source: bool) -> None:
         shape_digest, dtype_digest = manifest_digests(specs)
         mine = torch.tensor(
