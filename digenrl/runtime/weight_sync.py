@@ -48,8 +48,8 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -60,7 +60,7 @@ from torch import nn
 from digenrl.config import TRAINER_MODES
 from digenrl.data.dtypes import WIRE_DTYPES
 from digenrl.runtime.control_plane import ControlPlane
-from digenrl.runtime.errors import DistributedTimeoutError
+from digenrl.runtime.distributed import named_collective
 from digenrl.runtime.layout import Layout, ProcessGroups
 
 if TYPE_CHECKING:
@@ -456,25 +456,15 @@ class WeightSync:
         return staged.stats
 
     # ------------------------------------------------------------------ collectives
-    @contextmanager
-    def _named_waits(self, doing: str, version: int) -> Iterator[None]:
-        """Re-raise a failed collective (gloo: "Timed out waiting 300000ms for recv operation") naming this
-        rank, the version and the members, so a hung sync says who waited for what (module docstring)."""
-        try:
-            yield
-        except (WeightSyncError, ValueError):
-            raise
-        except RuntimeError as error:
-            generators = [r for r in self._sync_ranks if r != self.source]
-            message = (
-                f"rank {self.rank} ({self.role}) failed {doing} policy version {version} in the weight sync "
-                f"from trainer rank {self.source} to generator ranks {generators} (sync group; its timeout "
-                f"is runtime.timeout_s): every member must join each push, and one that never did is "
-                f"blocked elsewhere: {error}"
-            )
-            if "timed out" in str(error).lower():
-                raise DistributedTimeoutError(message) from error
-            raise RuntimeError(message) from error
+    def _named_waits(self, doing: str, version: int) -> AbstractContextManager[None]:
+        """A failed collective of this sync names the rank, the version and the members (module docstring)."""
+        generators = [r for r in self._sync_ranks if r != self.source]
+        return named_collective(
+            f"rank {self.rank} ({self.role}) failed {doing} policy version {version} in the weight sync from "
+            f"trainer rank {self.source} to generator ranks {generators} (every member must join each push; "
+            "one that never did is blocked elsewhere)",
+            passthrough=(WeightSyncError, ValueError),
+        )
 
     def _handshake(self, version: int, specs: list[TensorSpec], *, is_source: bool) -> None:
         shape_digest, dtype_digest = manifest_digests(specs)
