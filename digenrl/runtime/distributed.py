@@ -14,7 +14,8 @@ which names them on every rank. NCCL's own ``barrier`` has no per-call timeout a
 environment of the processes it starts.
 
 ``global_sum`` sums a scalar over a process group (metrics, pool-wide checks); ``comm_device`` says where a
-collective's tensors live for a group's backend.
+collective's tensors live for a group's backend; ``named_collective`` makes a collective that fails — gloo's
+"Timed out waiting 300000ms for recv operation" names nobody — say which rank waited for what, with whom.
 
 Shared-device mode (``runtime.share_device=true``, docs/operations.md "Shared-device mode"): several ranks
 of one job on the same GPU. NCCL refuses two ranks on one GPU, so the group runs on gloo while every rank
@@ -25,7 +26,8 @@ send/recv, which :mod:`digenrl.runtime.transfer` stages through pinned host memo
 from __future__ import annotations
 
 import os
-from collections.abc import MutableMapping
+from collections.abc import Iterator, MutableMapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -202,6 +204,23 @@ def barrier(ctx: DistContext, what: str, timeout_s: float) -> None:
             ) from error
         return
     _barrier_plane(ctx).barrier(what, range(ctx.world_size), timeout_s=timeout_s)
+
+
+@contextmanager
+def named_collective(description: str, *, passthrough: tuple[type[Exception], ...] = ()) -> Iterator[None]:
+    """Re-raise a collective's failure inside the block prefixed with ``description`` (the waiting rank,
+    what it waited for, the group's members): a ``DistributedTimeoutError`` when the backend timed out (the
+    group's timeout, ``runtime.timeout_s``), else a ``RuntimeError``. ``passthrough``: this code's own
+    errors, raised unchanged."""
+    try:
+        yield
+    except passthrough:
+        raise
+    except RuntimeError as error:
+        message = f"{description}: {error}"
+        if "timed out" in str(error).lower():
+            raise DistributedTimeoutError(message) from error
+        raise RuntimeError(message) from error
 
 
 def comm_device(group: dist.ProcessGroup | None = None) -> torch.device:

@@ -16,9 +16,11 @@ exists (at most ``AFTER_TIMEOUT_S``): a generator rank runs ahead of the trainer
 checkpoint, so a test that asserts which checkpoint survives a fault names the file the fault must follow
 (e.g. ``<out_dir>/checkpoints/latest``) instead of racing the writer.
 
-``DIGENRL_INJECT_DELAY="rank=R,phase=P,seconds=S"`` makes rank R sleep S seconds each time it enters
-phase P (``train``: before each fragment it trains; ``generate``: before each fragment a generator rank
-runs its steps of; ``exit``: after the run, before the watchdog stops) — a deliberately slow rank.
+``DIGENRL_INJECT_DELAY="rank=R,phase=P,seconds=S[;rank=R2,phase=P2,seconds=S2…]"`` makes rank R sleep S
+seconds each time it enters phase P (``train``: before each fragment it trains; ``generate``: before each
+fragment a generator rank runs its steps of; ``exit``: after the run, before the watchdog stops) — a
+deliberately slow rank. Several delays, separated by ``;``, force an interleaving of several ranks (a slow
+trainer and a slower generator).
 
 Neither variable is meant for users; unset, both cost one environment lookup.
 """
@@ -80,6 +82,10 @@ def _wait_for(path: str, rank: int) -> None:
 
 
 def inject_delay(rank: int, phase: str) -> None:
-    fields = _spec(DELAY_VAR)
-    if fields is not None and int(fields["rank"]) == rank and fields["phase"] == phase:
-        time.sleep(float(fields["seconds"]))
+    raw = os.environ.get(DELAY_VAR)
+    if not raw:
+        return
+    for spec in raw.split(";"):
+        fields = dict(item.split("=", 1) for item in spec.split(","))
+        if int(fields["rank"]) == rank and fields["phase"] == phase:
+            time.sleep(float(fields["seconds"]))

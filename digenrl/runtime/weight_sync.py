@@ -34,7 +34,10 @@ verification succeeded, so an error surfaces on the whole pool.
 
 Timeouts: every wait here is a collective on the sync or trainer group, bounded by that group's timeout
 (``build_process_groups(..., timeout_s)``, default: the default group's ``runtime.timeout_s``). gloo
-raises when it expires; NCCL's watchdog aborts the process (set ``TORCH_NCCL_BLOCKING_WAIT=1`` to get an
+raises when it expires, and :meth:`WeightSync.push` / :meth:`WeightSync.receive` re-raise its terse error
+as a :class:`~digenrl.runtime.errors.DistributedTimeoutError` naming this rank, its role, the version and
+the sync group's ranks (a member that never joined, blocked in another wait, is then found from the
+others' errors); NCCL's watchdog aborts the process (set ``TORCH_NCCL_BLOCKING_WAIT=1`` to get an
 exception instead). Generators must call :meth:`WeightSync.pull` while the source pushes, so the timeout
 must exceed the longest fragment a generator finishes before it joins; a generator learns that a push is
 pending from the store (:meth:`WeightSync.pending_version`, published by the source before the handshake).
@@ -46,6 +49,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -56,6 +60,7 @@ from torch import nn
 from digenrl.config import TRAINER_MODES
 from digenrl.data.dtypes import WIRE_DTYPES
 from digenrl.runtime.control_plane import ControlPlane
+from digenrl.runtime.distributed import named_collective
 from digenrl.runtime.layout import Layout, ProcessGroups
 
 if TYPE_CHECKING:
@@ -351,6 +356,10 @@ class WeightSync:
         if self.role != "trainer":
             raise ValueError(f"push is for trainer ranks; rank {self.rank} is a {self.role}")
         _check_version(version)
+        with self._named_waits("pushing", version):
+            return self._push(trainer, version)
+
+    def _push(self, trainer: SyncSource, version: int) -> SyncStats:
         start = self._now()
         named = sorted(trainer.backend.named_trainable(), key=lambda item: item[0])
         if self.rank != self.source:
@@ -409,6 +418,10 @@ class WeightSync:
         if self.role != "generator":
             raise ValueError(f"receive is for generator ranks; rank {self.rank} is a {self.role}")
         _check_version(version)
+        with self._named_waits("receiving", version):
+            return self._receive(flow_model, version)
+
+    def _receive(self, flow_model: nn.Module, version: int) -> StagedPolicy:
         start = self._now()
         named = generator_sync_parameters(flow_model, self.mode)
         specs = [TensorSpec(n, tuple(p.shape), p.dtype) for n, p in named]
@@ -443,6 +456,16 @@ class WeightSync:
         return staged.stats
 
     # ------------------------------------------------------------------ collectives
+    def _named_waits(self, doing: str, version: int) -> AbstractContextManager[None]:
+        """A failed collective of this sync names the rank, the version and the members (module docstring)."""
+        generators = [r for r in self._sync_ranks if r != self.source]
+        return named_collective(
+            f"rank {self.rank} ({self.role}) failed {doing} policy version {version} in the weight sync from "
+            f"trainer rank {self.source} to generator ranks {generators} (every member must join each push; "
+            "one that never did is blocked elsewhere)",
+            passthrough=(WeightSyncError, ValueError),
+        )
+
     def _handshake(self, version: int, specs: list[TensorSpec], *, is_source: bool) -> None:
         shape_digest, dtype_digest = manifest_digests(specs)
         mine = torch.tensor(

@@ -17,7 +17,7 @@ from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.gap.unit_packer import UnitPacker
 from digenrl.rollout.sampler import Sampler
 from digenrl.rollout.scoring import ScoreResult
-from digenrl.runtime.distributed import comm_device
+from digenrl.runtime.distributed import comm_device, named_collective
 from digenrl.runtime.events import EventLogger
 from digenrl.runtime.fault_injection import inject_delay
 from digenrl.trainer.trainer import PolicyTrainer
@@ -48,7 +48,14 @@ def assign_advantages(
         all_rewards, all_ids = local_rewards, masked_ids
     else:
         device = comm_device(group) if dist.is_available() and dist.is_initialized() else torch.device("cpu")
-        all_rewards, all_ids = gather_rewards(local_rewards.to(device), masked_ids.to(device), group=group)
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        members = f"ranks {dist.get_process_group_ranks(group)}" if group is not None else "all ranks"
+        with named_collective(
+            f"rank {rank} gathering the rewards of iteration {batch.iteration} over {members}"
+        ):
+            all_rewards, all_ids = gather_rewards(
+                local_rewards.to(device), masked_ids.to(device), group=group
+            )
         all_rewards, all_ids = all_rewards.cpu(), all_ids.cpu()
     all_keep = all_ids >= 0
     if not bool(all_keep.any()):

@@ -9,8 +9,9 @@ schedules are made of:
   it with one fragment per generator and whole-sample shards; ``digenrl`` with GAP fragments and unit
   shards;
 * weight sync — the trainer pool's source rank pushes θ_{k+1} (:meth:`push_weights`); a generator joins
-  every push as soon as it is announced (:meth:`service_weight_sync`, called between fragments and from
-  inside every wait), receiving into a staging buffer; :class:`~digenrl.runtime.policy_version.
+  every push (:meth:`service_weight_sync`) — ``digenrl``'s as soon as it is announced (between fragments
+  and from inside every wait), the separate baselines' in :meth:`wait_for_version` (see below) —
+  receiving into a staging buffer; :class:`~digenrl.runtime.policy_version.
   PolicyVersion` decides when the staged weights take effect;
 * the staleness bound (``self.bound``, :class:`~digenrl.async_policy.tcss.StalenessBound`) — every system's
   one check of every received fragment: one policy version per trajectory, no older than the system
@@ -18,9 +19,15 @@ schedules are made of:
 * ``generator_pool_group`` — advantages are normalised over the generator pool when it holds the whole
   logical batch (separate baselines).
 
-Every wait of a generator services weight syncs, because a push is a collective over the trainer source
-and *all* generators: a generator blocked on something else while the others sit in the broadcast would
-deadlock the run until the timeout.
+Where a generator joins a push matters, because a push is a collective over the trainer source and *all*
+generators: a generator blocked on something else while the others sit in the broadcast deadlocks the run
+until the timeout. ``digenrl`` generators join from inside every wait (``joins_pushes_while_waiting``):
+their timeline has no other collective, so joining early is always safe. The separate baselines join only
+in :meth:`wait_for_version`, at the same point of every generator's iteration: their rollout ends in a
+collective over the generator pool (the reward gather of the advantages), and a generator that joined the
+push θ_{j+1} while waiting for its rewards, when its peer already had them and sat in that gather, left
+the two generators in different collectives — the one-in-three-runs hang of ``separate-async`` with a
+scorer rank (docs/design.md §3).
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -218,8 +226,7 @@ class SeparateSystem(System):
         """Decode and score a finished fragment: on this rank, or on its scorer rank (``pools.scorers``)."""
         if self.scorer_pool is None:
             return self.parts.scorer(batch)
-        idle = self.service_weight_sync if self.is_generator else None
-        return self.scorer_pool.score(batch, iteration, fragment, idle=idle)
+        return self.scorer_pool.score(batch, iteration, fragment, idle=self.idle_hook())
 
     def serve_scoring(self, iteration: int) -> IterationReport:
         """A scorer rank's iteration: score every fragment of ``iteration`` that maps to it (requests of
@@ -233,6 +240,14 @@ class SeparateSystem(System):
 
     # ------------------------------------------------------------------ what the subclass decides
     sharding = "samples"  # how a fragment is cut over the trainer ranks (FragmentStream)
+    #: Whether a generator joins an announced push from inside its waits for other things (scoring
+    #: replies, shipped fragments), or only in :meth:`wait_for_version` (module docstring).
+    joins_pushes_while_waiting = True
+
+    def idle_hook(self) -> Callable[[], bool] | None:
+        """What this rank does while it waits for a peer: a generator joins announced pushes when the
+        schedule allows it anywhere (``joins_pushes_while_waiting``); otherwise nothing."""
+        return self.service_weight_sync if self.is_generator and self.joins_pushes_while_waiting else None
 
     def trainer_generates(self) -> bool:
         """Whether trainer ranks also need a rollout engine (TAG)."""
@@ -276,12 +291,17 @@ class SeparateSystem(System):
         return sent
 
     def drain(self, pending: list, *, keep: int = 0, what: str) -> list:
-        """Wait until at most ``keep`` sends are in flight, joining weight syncs meanwhile."""
+        """Wait until at most ``keep`` sends are in flight, joining weight syncs meanwhile where the
+        schedule allows it (:meth:`idle_hook`)."""
         from digenrl.runtime.transfer import drain_sends
 
-        idle = self.service_weight_sync if self.is_generator else None
         return drain_sends(
-            pending, self.plane, keep=keep, what=what, timeout_s=self.cfg.runtime.timeout_s, idle=idle
+            pending,
+            self.plane,
+            keep=keep,
+            what=what,
+            timeout_s=self.cfg.runtime.timeout_s,
+            idle=self.idle_hook(),
         )
 
     def receive_all(self, iteration: int, version: int, staleness: StalenessStats) -> TrajectoryBatch:
@@ -342,7 +362,8 @@ class SeparateSystem(System):
 
     def service_weight_sync(self) -> bool:
         """Generators: join a push the trainer source announced, receiving into staging. Returns whether
-        one was received. Called at fragment boundaries and from inside every wait (``idle`` hooks)."""
+        one was received. Called at fragment boundaries, from :meth:`wait_for_version` and, where the
+        schedule allows it, from inside every wait (:meth:`idle_hook`)."""
         announced = self.weight_sync.pending_version()
         if announced is None or announced <= self.version.latest:
             return False

@@ -15,8 +15,18 @@ the ratio correct for the one-version-stale batches (FlowGRPO's importance ratio
 
 Order of the matched operations (deadlock-free by construction): the trainer does
 ``recv j, train j, push θ_{j+1}`` for every j; a generator does ``pull`` of every version ≤ j before
-``ship j`` and of every version ≤ j − max_staleness before ``generate j``. With one generation in
-flight a generator can never be more than one version ahead, so ``max_staleness`` is 0 or 1.
+``ship j`` and of every version ≤ j − max_staleness before ``generate j``, and nowhere else
+(``wait_for_version``; ``joins_pushes_while_waiting`` is off, docs/design.md §3). Every generator's
+rollout j ends in one collective over the generator pool, the gather of batch j's rewards for the
+advantages, so each push must meet every generator on the same side of that gather. Pulling only at
+those two points does: θ_j is joined before gather j when batch j is on-policy (staleness 0, or after a
+checkpoint) and between gathers j and j + 1 otherwise — on every generator alike, whatever the timing.
+A generator that joined θ_{j+1} while waiting for its rewards of batch j + 1 from a scorer rank (as
+generators once did), when its peer already had its rewards and sat in the gather, left one in the push
+and the other in the gather, each waiting for the other (tests/systems/test_scorer_pools.py forces that
+interleaving). Scoring on a scorer rank needs neither the trainer nor a push, so a generator waiting for
+its rewards without joining the push holds the trainer up only until its rollout ends. With one
+generation in flight a generator can never be more than one version ahead, so ``max_staleness`` is 0 or 1.
 
 Checkpoints: the iteration after a checkpoint is generated on-policy, as TCSS does
 (:class:`~digenrl.async_policy.tcss.StalenessBound`): batch k waits for θ_k when a checkpoint is written

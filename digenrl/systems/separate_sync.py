@@ -18,6 +18,7 @@ from digenrl.async_policy.tcss import StalenessStats
 from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.rollout.scoring import ScoreResult
 from digenrl.runtime.distributed import global_sum
+from digenrl.runtime.fault_injection import inject_delay
 from digenrl.systems.base import IterationReport
 from digenrl.systems.phases import Accumulation, assign_advantages, train_logical_batch
 from digenrl.systems.separate import SeparateSystem, generator_report
@@ -25,6 +26,8 @@ from digenrl.systems.separate import SeparateSystem, generator_report
 
 class SeparateSync(SeparateSystem):
     name = "separate-sync"
+    # the rollout ends in a gather over the generator pool: pushes are joined in wait_for_version only
+    joins_pushes_while_waiting = False
 
     def before_first_iteration(self) -> None:
         self.initial_sync()
@@ -48,6 +51,7 @@ class SeparateSync(SeparateSystem):
         texts = [prompts[i] for i in ids]
         samples = plan.fragment_samples(self.cfg.algo.group_size)
         with events.span("generate", iteration=iteration, policy_version=version, samples=samples):
+            inject_delay(self.ctx.rank, "generate")  # robustness tests only: a deliberately slow generator
             if plan.splits_groups:
                 batch = engine.start(texts, ids, iteration=iteration, policy_version=version)
                 batch = engine.advance(self.stream.cut(batch, fragment), engine.sampler.num_steps)

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from digenrl.runtime import fault_injection
-from digenrl.runtime.fault_injection import FAULT_VAR, inject_fault
+from digenrl.runtime.fault_injection import DELAY_VAR, FAULT_VAR, inject_delay, inject_fault
 
 
 def test_fires_only_on_its_rank_iteration_and_phase(monkeypatch):
@@ -52,3 +52,12 @@ def test_after_names_the_file_that_never_came(monkeypatch, tmp_path):
     monkeypatch.setenv(FAULT_VAR, f"rank=2,iteration=0,after={tmp_path / 'never'}")
     with pytest.raises(TimeoutError, match=r"\[rank 2\] DIGENRL_INJECT_FAULT: after=.*never did not appear"):
         inject_fault(2, 0)
+
+
+def test_several_delays_each_slow_their_own_rank_and_phase(monkeypatch):
+    slept: list[float] = []
+    monkeypatch.setattr(fault_injection.time, "sleep", slept.append)
+    monkeypatch.setenv(DELAY_VAR, "rank=0,phase=train,seconds=1.5;rank=2,phase=generate,seconds=3")
+    for rank, phase in [(0, "train"), (0, "generate"), (2, "generate"), (2, "train"), (1, "train")]:
+        inject_delay(rank, phase)
+    assert slept == [1.5, 3.0]

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from digenrl.runtime.control_plane import ControlPlane
-from digenrl.runtime.distributed import barrier, init_distributed, shutdown_distributed
+from digenrl.runtime.distributed import barrier, init_distributed, named_collective, shutdown_distributed
 from digenrl.runtime.errors import DistributedTimeoutError, PeerFailureError
 from digenrl.runtime.events import agree_clock_origin
 from tests.runtime.spawn import spawn_workers
@@ -125,3 +125,21 @@ def test_two_process_gloo_world(tmp_path):
     failure_error = results[0]["peer_failure_error"]
     assert "rank 1 (generator) reported failure: generator crashed: simulated" in failure_error
     assert "rank 0 (trainer)" in failure_error and "fragment 0" in failure_error
+
+
+def test_named_collective_says_who_waited_for_what():
+    what = "rank 1 gathering X over ranks [1, 2]"
+    timeout = RuntimeError("[gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 3000ms for recv")
+    expected = r"^rank 1 gathering X over ranks \[1, 2\]: \[gloo.*3000ms"
+    with pytest.raises(DistributedTimeoutError, match=expected), named_collective(what):
+        raise timeout
+    closed = RuntimeError("Connection closed by peer [127.0.0.1]:9623")
+    with pytest.raises(RuntimeError, match=r"^rank 1 .*: Connection") as caught, named_collective(what):
+        raise closed
+    assert not isinstance(caught.value, DistributedTimeoutError)
+
+    class OwnError(RuntimeError):
+        pass
+
+    with pytest.raises(OwnError, match=r"^as it was$"), named_collective(what, passthrough=(OwnError,)):
+        raise OwnError("as it was")

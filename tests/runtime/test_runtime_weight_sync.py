@@ -210,11 +210,11 @@ def _snapshot(named) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in named}
 
 
-def _expect_error(fn) -> str:
+def _expect_error(fn, kind: type[Exception] = WeightSyncError) -> str:
     try:
         fn()
-    except WeightSyncError as error:
-        return str(error)
+    except kind as error:
+        return f"{type(error).__name__}: {error}"
     return "no error"
 
 
@@ -372,6 +372,17 @@ def _worker(rank: int, world: int, tmp: str, seed: int) -> None:
                 "after": _snapshot(generator_sync_parameters(model, "full")),
                 "failure": _expect_error(lambda: ws.pull(model, 9)),
             }
+        # -- generator rank 2 never joins (blocked elsewhere): the others' waits end naming who waited -----
+        cfg = _config("lora")
+        groups_c = build_process_groups(one_trainer, timeout_s=3)
+        ws = WeightSync(SyncConfig(), layout=one_trainer, groups=groups_c, device="cpu", mode="lora")
+        if is_trainer:
+            trainer = _trainer(cfg, seed, groups_a, 1)
+            out["stuck"] = _expect_error(lambda: ws.push(trainer, 1), RuntimeError)
+        elif rank == 1:
+            model = prepare_generator_model(_model(seed), cfg)
+            out["stuck"] = _expect_error(lambda: ws.pull(model, 1), RuntimeError)
+        plane.barrier("stuck", range(world), timeout_s=30)  # rank 2 keeps its connections open meanwhile
         torch.save(out, f"{tmp}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -456,3 +467,8 @@ def test_weight_sync_in_three_processes(tmp_path):
     for r in (0, 2):
         assert "pushes policy version 8 but generator rank 2 expected 9" in ranks[r]["fsdp2"]["failure"]
     assert "weight sync failed on the source trainer rank 0" in ranks[1]["fsdp2"]["failure"]
+
+    # a member that never joins: the source's wait times out naming its rank, the version and the members
+    assert ranks[0]["stuck"].startswith("DistributedTimeoutError: rank 0 (trainer) failed pushing policy")
+    assert "from trainer rank 0 to generator ranks [1, 2]" in ranks[0]["stuck"]
+    assert "rank 1 (generator) failed receiving policy version 1" in ranks[1]["stuck"]

@@ -1,6 +1,7 @@
 """Scorer pools: ranks that only run the reward model (``pools.scorers``), fed by the generators' last
 stage over the same transport. digenrl and separate-sync with a scorer rank compute the same update on
-the same trajectories; separate-async runs with one too; the scorer rank's timeline shows the scoring."""
+the same trajectories; separate-async runs with one too, through the interleaving that once deadlocked it;
+the scorer rank's timeline shows the scoring."""
 
 from __future__ import annotations
 
@@ -22,6 +23,13 @@ POOLS = [
 ]
 
 
+#: The interleaving that deadlocked separate-async with a scorer rank: the trainer (rank 0) announces θ1
+#: while generator 1 has its rewards of batch 1 and sits in the generator pool's reward gather, and
+#: generator 2 is still generating batch 1 (then waits for its rewards). A generator that joined the push
+#: from inside its reward wait left the two generators in different collectives until the timeout.
+DELAYS = {"separate-async": "rank=0,phase=train,seconds=1.5;rank=2,phase=generate,seconds=3.5"}
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("scorers")
@@ -29,11 +37,24 @@ def runs(tmp_path_factory):
     variants = {
         "digenrl": ["system=digenrl", "tsp_stages=2", "tag=false"],
         "separate-sync": ["system=separate-sync", "sampler.samples_per_forward=4"],
-        "separate-async": ["system=separate-async", "asynchrony.max_staleness=1"],
+        # a regression shows as a timeout after a minute, not as a hang of the whole test
+        "separate-async": ["system=separate-async", "asynchrony.max_staleness=1", "runtime.timeout_s=60"],
     }
     for name, overrides in variants.items():
-        run_train([*POOLS, *reward, *overrides, f"out_dir={root / name}"], nproc=4)
+        with pytest.MonkeyPatch.context() as patch:
+            if name in DELAYS:
+                patch.setenv("DIGENRL_INJECT_DELAY", DELAYS[name])
+            run_train([*POOLS, *reward, *overrides, f"out_dir={root / name}"], nproc=4)
     return {name: root / name for name in variants}
+
+
+def _spans(out_dir, rank: int) -> list[dict]:
+    lines = (out_dir / "events" / f"rank{rank}.jsonl").read_text().splitlines()
+    return [s for s in map(json.loads, lines) if s.get("type") == "span"]
+
+
+def _first(spans: list[dict], phase: str, **fields) -> dict:
+    return next(s for s in spans if s["phase"] == phase and all(s[k] == v for k, v in fields.items()))
 
 
 def test_digenrl_and_separate_sync_score_on_the_scorer_rank_and_agree(runs):
@@ -76,3 +97,21 @@ def test_a_colocated_run_parks_the_reward_model_around_scoring_and_measures_each
         (0, "offload"), (0, "onload"), (0, "offload"), (1, "onload"), (1, "offload")
     ]  # fmt: skip
     assert all(s["extra"]["bytes"] > 0 for s in swaps)
+
+
+def test_separate_async_generators_join_a_push_announced_during_scoring_after_the_reward_gather(runs):
+    out = runs["separate-async"]
+    push = _first(_spans(out, 0), "sync", iteration=0, policy_version=1)
+    scored_first = _first(_spans(out, 3), "score", iteration=1, fragment=0)
+    generated_last = _first(_spans(out, 2), "generate", iteration=1)
+    # the delays forced the interleaving: θ1 was announced after generator 1's rewards of batch 1 were
+    # back and before generator 2 had generated batch 1
+    assert scored_first["t_end"] < push["t_start"] < generated_last["t_end"], (
+        "the injected delays did not force the interleaving (a very loaded machine?)"
+    )
+    for rank in (1, 2):
+        spans = _spans(out, rank)
+        joined = _first(spans, "sync", policy_version=1)
+        rollout = _first(spans, "wait_score", iteration=1)  # scoring and the reward gather
+        assert joined["t_start"] >= rollout["t_end"], f"generator {rank} joined θ1 before its reward gather"
+    assert len(read_metrics(out)) == 2
