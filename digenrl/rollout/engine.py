@@ -13,7 +13,7 @@ rank, since the noise of step i is keyed by (sample seed, i) — and ``generate 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import torch
@@ -110,6 +110,25 @@ class RolloutEngine:
         bit."""
         batch = self.start(prompts, prompt_ids, iteration=iteration, policy_version=policy_version)
         return self._advance(batch, self.sampler.num_steps, on_step, in_place=True)
+
+    def generate_rows(
+        self,
+        prompts: list[str],
+        prompt_ids: list[int],
+        rows: Sequence[int] | None,
+        *,
+        iteration: int,
+        policy_version: int,
+    ) -> TrajectoryBatch:
+        """Roll out only ``rows`` of the groups' samples (row ``n * group_size + j`` = sample j of prompt n;
+        ``None`` = all of them, i.e. :meth:`generate`): the groups are started and cut to those rows before
+        any step runs. Every draw is keyed by its (group, sample index), so the rows are exactly the samples a
+        whole-group rollout makes — how a GAP fragment, a TAG fragment or a rank's share smaller than a
+        group is generated."""
+        if rows is None:
+            return self.generate(prompts, prompt_ids, iteration=iteration, policy_version=policy_version)
+        batch = self.start(prompts, prompt_ids, iteration=iteration, policy_version=policy_version)
+        return self.advance(batch.select(list(rows)), self.sampler.num_steps)
 
     @torch.no_grad()
     def start(

@@ -143,12 +143,9 @@ class ColocatedSync(System):
         prompts = self.parts.prompts.prompts_for(iteration, self.cfg.algo.prompts_per_iteration)
         picks = share.picks(g)
         texts, ids = [prompts[i] for i, _ in picks], [i for i, _ in picks]
-        engine = self.parts.engine
-        if all(len(samples) == g for _, samples in picks):
-            return engine.generate(texts, ids, iteration=iteration, policy_version=version)
-        batch = engine.start(texts, ids, iteration=iteration, policy_version=version)
-        rows = [n * g + j for n, (_, samples) in enumerate(picks) for j in samples]
-        return engine.advance(batch.select(rows), engine.sampler.num_steps)
+        whole = all(len(samples) == g for _, samples in picks)
+        rows = None if whole else [n * g + j for n, (_, samples) in enumerate(picks) for j in samples]
+        return self.parts.engine.generate_rows(texts, ids, rows, iteration=iteration, policy_version=version)
 
     def rollout(self, iteration: int, version: int) -> tuple[TrajectoryBatch, ScoreResult]:
         """Generate this rank's samples, then decode and score them all."""

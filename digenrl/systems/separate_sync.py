@@ -52,11 +52,8 @@ class SeparateSync(SeparateSystem):
         samples = plan.fragment_samples(self.cfg.algo.group_size)
         with events.span("generate", iteration=iteration, policy_version=version, samples=samples):
             inject_delay(self.ctx.rank, "generate")  # robustness tests only: a deliberately slow generator
-            if plan.splits_groups:
-                batch = engine.start(texts, ids, iteration=iteration, policy_version=version)
-                batch = engine.advance(self.stream.cut(batch, fragment), engine.sampler.num_steps)
-            else:
-                batch = engine.generate(texts, ids, iteration=iteration, policy_version=version)
+            rows = plan.rows(fragment) if plan.splits_groups else None
+            batch = engine.generate_rows(texts, ids, rows, iteration=iteration, policy_version=version)
         with events.span(self.score_phase, iteration=iteration, policy_version=version):
             score = self.score(batch, iteration, self.my_fragment())
             batch = self.advantages(batch, score)

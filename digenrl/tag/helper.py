@@ -154,11 +154,8 @@ class TagHelper:
             extra={"helper": True},
         ):
             texts = [prompts[i] for i in ids]
-            if self.plan.splits_groups:  # start the groups, keep the fragment's samples, run them
-                batch = self.engine.start(texts, ids, iteration=iteration, policy_version=version)
-                batch = self.engine.advance(self.stream.cut(batch, fragment), self.engine.sampler.num_steps)
-            else:
-                batch = self.engine.generate(texts, ids, iteration=iteration, policy_version=version)
+            rows = self.plan.rows(fragment) if self.plan.splits_groups else None  # a fragment below a group
+            batch = self.engine.generate_rows(texts, ids, rows, iteration=iteration, policy_version=version)
         tags["steps_s"] = time.perf_counter() - start
         return InFlight(batch, tags)
 
