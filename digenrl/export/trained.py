@@ -17,12 +17,12 @@ from digenrl.config import Config, ConfigError, load_config
 from digenrl.models.spec_types import ModelSpec
 from digenrl.models.specs import get_model_spec
 from digenrl.trainer.checkpoint import (
-    CHECKPOINT_DIR,
-    LATEST,
+    CheckpointChoiceError,
     CheckpointError,
-    checkpoint_steps,
+    LatestMissingError,
+    StepNotFoundError,
+    choose_checkpoint,
     full_trainer_state,
-    latest_checkpoint_dir,
     load_checkpoint,
     step_dir_name,
     verify_checkpoint,
@@ -55,35 +55,31 @@ class TrainedPolicy:
 
 
 def find_checkpoint(run_dir: str | Path, step: int | None = None) -> Path:
-    """The checkpoint directory of ``run_dir`` to export: ``step_<step>``, or the one ``latest`` names."""
+    """The checkpoint directory of ``run_dir`` to export: ``step_<step>``, or the one ``latest`` names
+    (:func:`~digenrl.trainer.checkpoint.choose_checkpoint`; its errors reworded for the command line)."""
     run = Path(run_dir)
     if not run.is_dir():
         raise ConfigError(f"RUN_DIR {str(run)!r} is not a directory; give the out_dir of a training run")
-    steps = checkpoint_steps(run)
-    root = run / CHECKPOINT_DIR
-    listed = f"complete checkpoints there: {', '.join(map(step_dir_name, steps))}" if steps else ""
-    if not steps:
-        raise ConfigError(
-            f"RUN_DIR {str(run)!r} holds no checkpoint ({root}/step_<n>/meta.json): the run stopped before "
-            "its first checkpoint (one is written every checkpoint_every iterations and at the end), or "
-            "this is not a run folder"
-        )
-    if step is not None:
-        if step not in steps:
-            raise ConfigError(
-                f"--step {step}: {root / step_dir_name(step)} is not a complete checkpoint; {listed}"
-            )
-        return root / step_dir_name(step)
     try:
-        latest = latest_checkpoint_dir(run)
-    except CheckpointError as error:
-        raise ConfigError(f"{error}; {listed}; choose one with --step N") from None
-    if latest is None:
-        raise ConfigError(
-            f"{root / LATEST} is missing, so which checkpoint is the run's newest is not recorded; "
-            f"{listed}; choose one with --step N"
-        )
-    return latest
+        return choose_checkpoint(run, step)
+    except CheckpointChoiceError as error:
+        if not error.steps:
+            raise ConfigError(
+                f"RUN_DIR {str(run)!r} holds no checkpoint ({error.root}/step_<n>/meta.json): the run "
+                "stopped before its first checkpoint (one is written every checkpoint_every iterations and "
+                "at the end), or this is not a run folder"
+            ) from None
+        listed = f"complete checkpoints there: {', '.join(map(step_dir_name, error.steps))}"
+        if isinstance(error, StepNotFoundError):
+            raise ConfigError(
+                f"--step {error.step}: {error.path} is not a complete checkpoint; {listed}"
+            ) from None
+        if isinstance(error, LatestMissingError):
+            raise ConfigError(
+                f"{error.pointer} is missing, so which checkpoint is the run's newest is not recorded; "
+                f"{listed}; choose one with --step N"
+            ) from None
+        raise ConfigError(f"{error}; {listed}; choose one with --step N") from None  # LatestInvalidError
 
 
 def load_trained(run_dir: str | Path, step: int | None = None, *, ema: bool = False) -> TrainedPolicy:

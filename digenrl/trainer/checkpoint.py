@@ -383,6 +383,73 @@ def latest_checkpoint_dir(out_dir: str | Path) -> Path | None:
     return path
 
 
+class CheckpointChoiceError(CheckpointError):
+    """Which checkpoint of a run folder to use cannot be decided (:func:`choose_checkpoint`); ``steps``: the
+    complete checkpoints there (:func:`checkpoint_steps`), so a caller can list them in its own words."""
+
+    def __init__(self, message: str, *, root: Path, steps: list[int]) -> None:
+        super().__init__(message)
+        self.root = root  # the run's checkpoints/ folder
+        self.steps = steps
+
+
+class NoCheckpointError(CheckpointChoiceError):
+    """The run folder holds no checkpoint: no complete ``step_<n>`` and no ``latest``."""
+
+
+class StepNotFoundError(CheckpointChoiceError):
+    """The step asked for has no complete checkpoint directory (``path``)."""
+
+    def __init__(self, message: str, *, root: Path, steps: list[int], step: int) -> None:
+        super().__init__(message, root=root, steps=steps)
+        self.step = step
+        self.path = root / step_dir_name(step)
+
+
+class LatestMissingError(CheckpointChoiceError):
+    """``latest`` (``pointer``) is missing beside complete checkpoints, so which is newest is not recorded."""
+
+    @property
+    def pointer(self) -> Path:
+        return self.root / LATEST
+
+
+class LatestInvalidError(CheckpointChoiceError):
+    """``latest`` names no complete step directory inside the run folder (the message says what it names)."""
+
+
+def choose_checkpoint(out_dir: str | Path, step: int | None = None) -> Path:
+    """The checkpoint directory of run folder ``out_dir`` that ``step`` names, or (``None``) the one
+    ``latest`` names: what a resume (``resume.step``) and an export (``--step``) load. Raises a
+    :class:`CheckpointChoiceError` subclass saying why none can be chosen; each caller words its message."""
+    root = Path(out_dir) / CHECKPOINT_DIR
+    steps = checkpoint_steps(out_dir)
+    if step is not None:
+        if step not in steps:
+            raise StepNotFoundError(
+                f"{root / step_dir_name(step)} is not a complete checkpoint",
+                root=root,
+                steps=steps,
+                step=step,
+            )
+        return root / step_dir_name(step)
+    try:
+        latest = latest_checkpoint_dir(out_dir)
+    except CheckpointError as error:
+        raise LatestInvalidError(str(error), root=root, steps=steps) from None
+    if latest is None:
+        if steps:
+            raise LatestMissingError(
+                f"{root / LATEST} is missing, so which checkpoint is the newest is not recorded",
+                root=root,
+                steps=steps,
+            )
+        raise NoCheckpointError(
+            f"{out_dir} holds no checkpoint ({root}/step_<n>/{META_FILE})", root=root, steps=[]
+        )
+    return latest
+
+
 def read_meta(path: str | Path) -> dict[str, Any]:
     """``meta.json`` of the checkpoint directory ``path``: step, files, and the run identity when saved."""
     path = Path(path)

@@ -48,11 +48,14 @@ from digenrl.runtime.run_lock import acquire_run_lock, holds_run_lock
 from digenrl.runtime.sample_grid import SAMPLES_DIR
 from digenrl.trainer.checkpoint import (
     CHECKPOINT_DIR,
-    LATEST,
     CheckpointError,
+    LatestInvalidError,
+    LatestMissingError,
+    NoCheckpointError,
+    StepNotFoundError,
     checkpoint_steps,
+    choose_checkpoint,
     inside,
-    latest_checkpoint_dir,
     point_latest,
     step_dir_name,
     verify_checkpoint,
@@ -174,26 +177,25 @@ def plan_run_start(cfg: Config) -> RunStart:
 
 
 def _checkpoint_to_resume(cfg: Config) -> Path | None:
-    """The step directory ``resume.step`` or ``latest`` names; None when there is no checkpoint at all."""
-    out, wanted = cfg.out_dir, cfg.resume.step
-    root = Path(out) / CHECKPOINT_DIR
-    if wanted is not None:
-        if wanted not in checkpoint_steps(out):
-            raise ConfigError(
-                f"resume.step={wanted}: out_dir={out!r} holds no complete checkpoint "
-                f"{root / step_dir_name(wanted)}{_other_checkpoints(out)}"
-            )
-        return root / step_dir_name(wanted)
+    """The step directory ``resume.step`` or ``latest`` names (:func:`choose_checkpoint`, its errors worded
+    for the config keys); None when there is no checkpoint at all."""
+    out = cfg.out_dir
     try:
-        latest = latest_checkpoint_dir(out)
-    except CheckpointError as error:
-        raise ConfigError(f"resume=true: {error}{_other_checkpoints(out)}") from None
-    if latest is None and checkpoint_steps(out):
+        return choose_checkpoint(out, cfg.resume.step)
+    except NoCheckpointError:
+        return None
+    except StepNotFoundError as error:
         raise ConfigError(
-            f"resume=true: {root / LATEST} is missing, so which checkpoint continues the run is not recorded"
+            f"resume.step={error.step}: out_dir={out!r} holds no complete checkpoint {error.path}"
             f"{_other_checkpoints(out)}"
-        )
-    return latest
+        ) from None
+    except LatestMissingError as error:
+        raise ConfigError(
+            f"resume=true: {error.pointer} is missing, so which checkpoint continues the run is not recorded"
+            f"{_other_checkpoints(out)}"
+        ) from None
+    except LatestInvalidError as error:
+        raise ConfigError(f"resume=true: {error}{_other_checkpoints(out)}") from None
 
 
 def _other_checkpoints(out_dir: str, but: Path | None = None) -> str:

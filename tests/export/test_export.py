@@ -17,8 +17,9 @@ from peft import PeftModel
 from safetensors.torch import load_file
 
 from digenrl.config import ConfigError
-from digenrl.export import main
+from digenrl.export import find_checkpoint, main
 from digenrl.models import build_model_bundle
+from digenrl.trainer.checkpoint import save_checkpoint
 from digenrl.trainer.lora_export import DIFFUSERS_LORA_FILE, PEFT_CONFIG_FILE, PEFT_WEIGHTS_FILE
 from digenrl.validation import check_declared, check_unread_knobs, validate_config
 from tests.export.helpers import (
@@ -200,6 +201,28 @@ def test_a_missing_step_is_refused_listing_the_checkpoints(lora_run, tmp_path, c
         "--step 7:",
         "step_7 is not a complete checkpoint; complete checkpoints there: step_3",
     )
+
+
+def test_a_missing_or_bad_latest_is_refused_listing_the_checkpoints_and_naming_step(tmp_path):
+    run = tmp_path / "run"
+    for step in (2, 4):
+        save_checkpoint(run, step, {"x": torch.ones(1)}, rank=0, is_writer=True)
+    assert find_checkpoint(run) == run / "checkpoints" / "step_4"
+    (run / "checkpoints" / "latest").write_text("nonsense\n")
+    with pytest.raises(
+        ConfigError,
+        match=r"names 'nonsense', which is not a step directory \(step_<n>\); complete checkpoints there: "
+        r"step_2, step_4; choose one with --step N",
+    ):
+        find_checkpoint(run)
+    (run / "checkpoints" / "latest").unlink()
+    with pytest.raises(
+        ConfigError,
+        match=r"latest is missing, so which checkpoint is the run's newest is not recorded; complete "
+        r"checkpoints there: step_2, step_4; choose one with --step N",
+    ):
+        find_checkpoint(run)
+    assert find_checkpoint(run, 2) == run / "checkpoints" / "step_2"
 
 
 def test_ema_on_a_run_without_ema_and_peft_for_full_fine_tuning_are_refused(full_run, tmp_path, capsys):

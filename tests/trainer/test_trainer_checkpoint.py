@@ -16,7 +16,16 @@ from digenrl.trainer import (
     restore_rng_state,
     save_checkpoint,
 )
-from digenrl.trainer.checkpoint import checkpoint_steps, nonfinite_entries, read_meta
+from digenrl.trainer.checkpoint import (
+    LatestInvalidError,
+    LatestMissingError,
+    NoCheckpointError,
+    StepNotFoundError,
+    checkpoint_steps,
+    choose_checkpoint,
+    nonfinite_entries,
+    read_meta,
+)
 
 from .fixtures import build_model, make_config, make_sampler, rollout_batch, select
 
@@ -35,6 +44,28 @@ def _save(tmp_path, step, payload):
 def test_no_checkpoint_gives_none(tmp_path):
     assert load_latest_checkpoint(tmp_path) is None
     assert latest_checkpoint_dir(tmp_path) is None
+
+
+def test_choose_checkpoint_by_step_or_latest_raises_a_typed_error_listing_the_steps(tmp_path):
+    with pytest.raises(NoCheckpointError) as info:
+        choose_checkpoint(tmp_path)
+    assert info.value.steps == []
+    for step in (2, 4):
+        _save(tmp_path, step, {"x": torch.ones(1)})
+    root = tmp_path / "checkpoints"
+    assert choose_checkpoint(tmp_path) == root / "step_4"
+    assert choose_checkpoint(tmp_path, 2) == root / "step_2"
+    with pytest.raises(StepNotFoundError, match=r"step_3 is not a complete checkpoint") as info:
+        choose_checkpoint(tmp_path, 3)
+    assert (info.value.step, info.value.path, info.value.steps) == (3, root / "step_3", [2, 4])
+    (root / "latest").write_text("step_9\n")
+    with pytest.raises(LatestInvalidError, match=r"names step_9, which is not a complete checkpoint") as info:
+        choose_checkpoint(tmp_path)
+    assert info.value.steps == [2, 4]
+    (root / "latest").unlink()
+    with pytest.raises(LatestMissingError, match=r"latest is missing") as info:
+        choose_checkpoint(tmp_path)
+    assert (info.value.pointer, info.value.steps) == (root / "latest", [2, 4])
 
 
 def test_crash_while_writing_keeps_the_previous_checkpoint(tmp_path):
