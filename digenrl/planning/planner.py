@@ -332,7 +332,11 @@ class Planner:
         w = self.workload
         g = w.group_size
         default = (max(1, w.samples_per_forward // g) if w.samples_per_forward else 1) * g
-        largest = max(share.samples for share in plan.colocated_shares(w, self.profile.relative_speeds))
+        try:
+            shares = plan.colocated_shares(w, self.profile.relative_speeds)
+        except ValueError:  # the runtime cannot cut this batch: score() rejects the plan with the reason
+            return [None]
+        largest = max(share.samples for share in shares)
         sizes = [k * g for k in (1, 2, 4) if k == 1 or k * g // 2 < largest]
         return [None, *(size for size in sizes if size != default)]
 

@@ -267,3 +267,7 @@ def test_the_colocated_overlap_baseline_searches_its_sub_batches():
     effective = overlap.plan.effective_workload(planner.workload)
     assert len(overlap_sub_batches(effective, overlap.plan, share)) > 1
     assert overlap.samples_per_s > sync.samples_per_s
+    # a batch the runtime cannot cut over the ranks: one plan, rejected with the runtime's reason
+    odd = Planner(profile, costs, replace(w, prompts_per_iteration=3), planning_iterations=4)
+    (plan,) = odd.baseline_plans("colocated-overlap")
+    assert odd.score(plan) is None and "divide evenly" in odd.invalid[plan.describe()]
