@@ -258,10 +258,13 @@ def _all_fit(profile: HardwareProfile, costs: DeviceCosts, loads: dict[int, Rank
 
 
 def fit_plan(profile: HardwareProfile, costs: DeviceCosts, workload: Workload, plan: SchedulePlan) -> Fit:
-    """``plan`` with the cheapest memory knobs every rank can run: micro-batch (the workload's or smaller),
-    activation checkpointing, samples per generator forward, and — colocated — parking the optimizer state
-    or the reward model (:mod:`digenrl.sim.residency`). Cheapest = least estimated busy time (training per
-    unit at that micro-batch, generation per sample at that batch, bytes moved). None if nothing fits."""
+    """``plan`` with the cheapest memory knobs every rank can run: micro-batch (the plan's, else up to the
+    largest measured, or smaller), activation checkpointing, samples per generator forward (the plan's or
+    the workload's, or smaller), and — colocated — parking the optimizer state or the reward model
+    (:mod:`digenrl.sim.residency`). Cheapest = least estimated busy time (training per unit at that
+    micro-batch, generation per sample at that batch, bytes moved). That estimate does not see
+    ``colocated-overlap``'s overlap, so such a plan keeps its samples per forward — its sub-batch — unless
+    no other knob makes it fit. None if nothing fits."""
     w = workload
     types = list(costs.by_type.values())
     if not all(c.has_memory(w.cfg) for c in types):
@@ -271,18 +274,23 @@ def fit_plan(profile: HardwareProfile, costs: DeviceCosts, workload: Workload, p
     measured = max(max(c.train_points.get(CFG_KEYS[w.cfg], {1: 0})) for c in types)
     mbs = _halvings(plan.micro_batch_size or max(w.micro_batch_size, measured))
     ckpts = (False, True)
-    spfs = (
-        [0, *_halvings(w.samples_per_forward or 64)]
-        if not w.samples_per_forward
-        else _halvings(w.samples_per_forward)
-    )
+    # samples per generator forward: the plan's (else the workload's) or smaller. colocated-overlap keeps
+    # its sub-batch — the planner proposes several (Planner.baseline_plans), the score below does not see
+    # the overlap — and lowers it only where memory requires, largest first (0: one group, the runtime's
+    # rule, schedules/colocated.py overlap_sub_batches); other systems may also grow an unset one
+    top = plan.samples_per_forward if plan.samples_per_forward is not None else w.samples_per_forward
+    keep_spf = plan.system == "colocated-overlap"
+    if keep_spf:
+        spfs = [top, *_halvings(top or w.group_size)[1:]]
+    else:
+        spfs = [0, *_halvings(top or 64)] if not top else _halvings(top)
     residencies = [(True, True)]
     if plan.colocated:
         residencies += [(False, True), (True, False), (False, False)]
         if plan.system == "colocated-overlap":  # the runtime scores during generation: reward resident
             residencies = [r for r in residencies if r[1]]
     slowest = max(types, key=lambda c: c.train_unit_s(1, w.cfg))
-    best: tuple[float, tuple] | None = None
+    best: tuple[int, float, tuple] | None = None
     for train_res, reward_res in residencies:
         moved = (0 if train_res else 2 * slowest.optimizer_bytes) + (
             0 if reward_res else 2 * slowest.reward_param_bytes
@@ -299,8 +307,9 @@ def fit_plan(profile: HardwareProfile, costs: DeviceCosts, workload: Workload, p
                     batch = max(load.gen_batch for load in loads.values())
                     per_sample = w.num_steps * slowest.generator_step_s(max(batch, 1), w.cfg) / max(batch, 1)
                     score = unit * w.units_per_iteration + per_sample * w.samples_per_iteration + move_s
-                    if best is None or score < best[0] - 1e-12:
-                        best = (score, choice)
+                    lowered = spfs.index(spf) if keep_spf else 0  # how far the kept batch was lowered
+                    if best is None or lowered < best[0] or (lowered == best[0] and score < best[1] - 1e-12):
+                        best = (lowered, score, choice)
     if best is None:
         frugal_reward = not plan.colocated or plan.system == "colocated-overlap"
         frugal = plan.with_(
@@ -314,7 +323,7 @@ def fit_plan(profile: HardwareProfile, costs: DeviceCosts, workload: Workload, p
         return Fit(
             None, (f"does not fit even at micro-batch 1 with activation checkpointing: {worst.describe()}",)
         )
-    mb, ckpt, spf, train_res, reward_res = best[1]
+    mb, ckpt, spf, train_res, reward_res = best[2]
     changes = {
         "micro_batch_size": mb if mb != w.micro_batch_size else None,
         "activation_checkpointing": ckpt if ckpt != w.activation_checkpointing else None,
@@ -328,7 +337,7 @@ def fit_plan(profile: HardwareProfile, costs: DeviceCosts, workload: Workload, p
         notes.append(f"micro-batch {w.micro_batch_size} -> {mb}")
     if ckpt != w.activation_checkpointing:
         notes.append("activation checkpointing on" if ckpt else "activation checkpointing off")
-    if spf != w.samples_per_forward:
+    if spf != top:
         notes.append(f"{spf} samples per generator forward")
     if not train_res:
         notes.append("optimizer state parked")

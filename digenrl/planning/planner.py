@@ -308,9 +308,11 @@ class Planner:
         if system == "colocated-sync":
             return [SchedulePlan(system, work_split=work_split)]
         if system == "colocated-overlap":
-            # the runtime's sub-batches (samples_per_forward, which the memory fit tunes); overlap_sub_batches
-            # is a simulator what-if that run_train.py cannot run, so no table row carries it
-            return [SchedulePlan(system, work_split=work_split)]
+            # the runtime's sub-batches (sampler.samples_per_forward, kept by the memory fit unless memory
+            # lowers it); overlap_sub_batches is a simulator what-if that run_train.py cannot run, so no
+            # table row carries it
+            plan = SchedulePlan(system, work_split=work_split)
+            return [plan.with_(samples_per_forward=s) for s in self._overlap_sub_batch_sizes(plan)]
         splits = range(1, world)
         if system == "separate-sync":
             return [SchedulePlan(system, trainers=n, generators=world - n) for n in splits]
@@ -320,6 +322,23 @@ class Planner:
                 for n in splits
             ]
         raise ValueError(f"unknown baseline {system!r}; choose one of: {', '.join(BASELINES)}")
+
+    def _overlap_sub_batch_sizes(self, plan: SchedulePlan) -> list[int | None]:
+        """Sub-batch sizes of ``colocated-overlap`` worth simulating: the workload's (None; one group per
+        sub-batch when ``samples_per_forward`` is unset) and G, 2G, 4G samples, each only while the next
+        smaller one still cuts the largest rank's share. Smaller sub-batches overlap more scoring with
+        generation, larger ones generate faster per sample; one that covers the share is the schedule
+        without overlap (what the memory fit chose before it kept the plan's sub-batch)."""
+        w = self.workload
+        g = w.group_size
+        default = (max(1, w.samples_per_forward // g) if w.samples_per_forward else 1) * g
+        try:
+            shares = plan.colocated_shares(w, self.profile.relative_speeds)
+        except ValueError:  # the runtime cannot cut this batch: score() rejects the plan with the reason
+            return [None]
+        largest = max(share.samples for share in shares)
+        sizes = [k * g for k in (1, 2, 4) if k == 1 or k * g // 2 < largest]
+        return [None, *(size for size in sizes if size != default)]
 
     def best_of(self, plans: Iterable[SchedulePlan]) -> PlanScore | None:
         scores = [s for s in (self.score(p) for p in plans) if s is not None]

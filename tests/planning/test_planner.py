@@ -209,3 +209,65 @@ def test_the_bound_holds_when_memory_lets_a_plan_train_at_a_larger_micro_batch()
     assert direct
     # the pruned search never loses a plan that beats its best
     assert planner.search(max_staleness=1).best.samples_per_s >= max(direct) * (1 - 1e-12)
+
+
+def _overlap_setup():
+    """8 H200s, 16 samples (4 groups of 4) per rank; generation per sample falls with the batch (so a
+    fit that ignored the overlap would pick one sub-batch per rank) and scoring costs as much as
+    generating, so sub-batches that overlap scoring with generation pay."""
+    profile = load_profile("h200-8")
+    w = Workload(
+        prompts_per_iteration=32, group_size=4, num_steps=4, train_steps=2, cfg=False, micro_batch_size=2
+    )
+    costs = toy_costs(step=0.05, reward=0.2, unit=0.01, device="h200")
+    sublinear = {1: 0.05, 2: 0.075}  # t(b) = 0.05 + 0.025 (b - 1), extrapolated on that line
+    costs = replace(costs, generator_step_points={"cfg": sublinear, "no_cfg": sublinear})
+    return profile, w, costs
+
+
+def test_the_memory_fit_keeps_a_colocated_overlap_sub_batch_and_lowers_it_only_when_memory_must():
+    profile, w, costs = _overlap_setup()
+    roomy = DeviceCosts(
+        profile, _with_memory(costs, weights_gib=20, train_gib_per_unit=1, gen_gib_per_sample=1)
+    )
+    for spf in (4, 8, 16):  # G, 2G, 4G: kept, though the fit's estimate prefers the largest batch
+        fit = fit_plan(profile, roomy, w, SchedulePlan("colocated-overlap", samples_per_forward=spf))
+        assert fit.plan.samples_per_forward == spf and not any("forward" in n for n in fit.notes)
+    # unset: the runtime's rule, one group per sub-batch, is not grown to the whole share
+    fit = fit_plan(profile, roomy, w, SchedulePlan("colocated-overlap"))
+    assert fit.plan.samples_per_forward is None
+    # colocated-sync has no sub-batches: its fit still picks the cheapest generator batch, the whole share
+    # (unset), over any explicit one
+    sync = fit_plan(profile, roomy, w, SchedulePlan("colocated-sync", samples_per_forward=8))
+    assert sync.plan.samples_per_forward == 8  # the plan's cap is not grown either
+    assert fit_plan(profile, roomy, w, SchedulePlan("colocated-sync")).plan.samples_per_forward is None
+    # 20 GiB of weights + 15 GiB per sample: a forward of 8 samples cannot fit in 128.6 GiB, 4 can
+    tight = DeviceCosts(
+        profile, _with_memory(costs, weights_gib=20, train_gib_per_unit=1, gen_gib_per_sample=15)
+    )
+    fit = fit_plan(profile, tight, w, SchedulePlan("colocated-overlap", samples_per_forward=16))
+    assert fit.plan.samples_per_forward == 4 and "4 samples per generator forward" in fit.notes
+    assert all(m.fits for m in check_plan(profile, tight, w, fit.plan))
+
+
+def test_the_colocated_overlap_baseline_searches_its_sub_batches():
+    from digenrl.sim.schedules.colocated import overlap_sub_batches
+
+    profile, w, costs = _overlap_setup()
+    costs = DeviceCosts(
+        profile, _with_memory(costs, weights_gib=20, train_gib_per_unit=1, gen_gib_per_sample=1)
+    )
+    planner = Planner(profile, costs, w, planning_iterations=4)
+    # the runtime's rule (one group), then 2G and 4G (4G covers the 16-sample share: no overlap)
+    sizes = [p.samples_per_forward for p in planner.baseline_plans("colocated-overlap")]
+    assert sizes == [None, 8, 16]
+    baselines = planner.baselines()
+    overlap, sync = baselines["colocated-overlap"], baselines["colocated-sync"]
+    share = overlap.plan.colocated_shares(planner.workload, profile.relative_speeds)[0].samples
+    effective = overlap.plan.effective_workload(planner.workload)
+    assert len(overlap_sub_batches(effective, overlap.plan, share)) > 1
+    assert overlap.samples_per_s > sync.samples_per_s
+    # a batch the runtime cannot cut over the ranks: one plan, rejected with the runtime's reason
+    odd = Planner(profile, costs, replace(w, prompts_per_iteration=3), planning_iterations=4)
+    (plan,) = odd.baseline_plans("colocated-overlap")
+    assert odd.score(plan) is None and "divide evenly" in odd.invalid[plan.describe()]
