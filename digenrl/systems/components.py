@@ -25,6 +25,7 @@ from digenrl.rollout.scoring import Scorer
 from digenrl.runtime.distributed import DistContext
 from digenrl.runtime.events import EventLogger
 from digenrl.runtime.metrics import MetricsWriter, open_tensorboard, open_wandb
+from digenrl.trainer.lora import prepare_generator_model
 from digenrl.trainer.run_dir import RunStart
 from digenrl.trainer.trainer import PolicyTrainer
 
@@ -98,6 +99,10 @@ def build_rank_components(
     sampler = Sampler.from_config(cfg, bundle.spec, latent_tokens)
 
     trainer = None
+    if generate and not train:
+        # a generator rank of a separate system: the trainer's adapter first, as PolicyTrainer applies it
+        # before the model is optimised below, so both ranks build the same module in the same order
+        prepare_generator_model(bundle.flow_model, cfg)
     if train:
         uncond = bundle.text_encoder.negative_condition(1) if sampler.true_cfg else None
         trainer = PolicyTrainer(

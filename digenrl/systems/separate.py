@@ -58,7 +58,6 @@ from digenrl.runtime.weight_sync import (
 from digenrl.systems.base import IterationReport, System
 from digenrl.systems.components import RankComponents, build_rank_components
 from digenrl.systems.phases import Accumulation, reward_summary
-from digenrl.trainer.lora import prepare_generator_model
 
 log = logging.getLogger(__name__)
 
@@ -168,8 +167,6 @@ class SeparateSystem(System):
             run=self.run_start,
             process_group=self.groups.trainer_group,
         )
-        if self.is_generator:
-            prepare_generator_model(parts.bundle.flow_model, cfg)
         if self.role == "scorer":
             self.server = ScoringServer(
                 parts.scorer, self.plane, device=ctx.device, timeout_s=cfg.runtime.timeout_s

@@ -160,12 +160,13 @@ def prepare_generator_model(flow_model: nn.Module, cfg: Config) -> nn.Module:
     LoRA mode applies the same adapter as ``PolicyTrainer`` (``trainer.lora_rank`` / ``lora_alpha`` /
     ``lora_targets`` via :func:`apply_lora`), so parameter names and shapes match the trainer's by
     construction (what :class:`digenrl.runtime.weight_sync.WeightSync` checks and writes into). Everything
-    is frozen and put in eval mode: generators never backpropagate.
+    is frozen (generators never backpropagate) but stays in the module mode the trainer's model is in (train):
+    a generator rank must run the forward a colocated rank runs, and it is built in the trainer's order
+    (adapter first, then attention kernels / autocast / compile: digenrl/systems/components.py).
     """
     mode = resolve_sync_mode(cfg)
     if mode == "lora" and not has_lora(flow_model):
         tcfg = cfg.trainer
         apply_lora(flow_model, rank=tcfg.lora_rank, alpha=tcfg.lora_alpha, targets=tcfg.lora_targets)
     flow_model.requires_grad_(False)
-    flow_model.eval()
     return flow_model

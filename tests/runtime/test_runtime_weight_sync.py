@@ -144,7 +144,9 @@ def test_prepare_generator_model_mirrors_the_trainer_adapter():
     synced = generator_sync_parameters(generator, "lora")
     trained = sorted(trainer.backend.named_trainable(), key=lambda item: item[0])
     assert [(n, tuple(p.shape)) for n, p in synced] == [(n, tuple(p.shape)) for n, p in trained]
-    assert not any(p.requires_grad for p in generator.parameters()) and not generator.training
+    # frozen, but in the trainer's module mode: a generator rank runs the forward a colocated rank runs
+    assert not any(p.requires_grad for p in generator.parameters())
+    assert generator.training == trainer_model.training
     full = generator_sync_parameters(generator, "full")
     assert len(full) == len(list(generator.transformer.parameters()))
     with pytest.raises(ValueError, match="has no LoRA adapter"):
