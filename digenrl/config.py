@@ -126,6 +126,9 @@ class ModelConfig:
     width: int | None = field(default=None, metadata=_PIXELS)
     frames: int | None = field(default=None, metadata=within(1, 10_000))  # video models only
     attention_backend: str = "native"  # a diffusers backend (checked against diffusers' list)
+    # auto: cuDNN's fused SDPA stays on where digenrl/models/attention_safety.py's table allows it for this
+    # model's attention shape; disabled: off on every rank (A/B, or a failure the table does not know yet)
+    cudnn_sdpa: str = field(default="auto", metadata=among(("auto", "disabled")))
     # torch.compile the transformer's repeated blocks (digenrl/models/optimize.py); None = on for a CUDA
     # device, off on CPU (the GPU path the cost files measure, docs/design.md §5)
     compile: bool | None = None

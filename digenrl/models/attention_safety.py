@@ -41,10 +41,37 @@ SAGE_BACKENDS = (
 )
 
 
+CUDNN_SDPA_SETTINGS = ("auto", "disabled")
+"""``model.cudnn_sdpa``: ``auto`` lets :data:`KNOWN_BAD_ATTENTION` decide per model shape; ``disabled`` takes
+cuDNN out of SDPA on every rank whatever the table says (an A/B switch, and an escape hatch for a new
+failure)."""
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """What of a model's attention decides whether a shape-bound row applies: its head dim and whether its
+    keys are masked (Qwen-Image and HunyuanVideo mask padded text tokens; SD3, FLUX and Wan do not)."""
+
+    head_dim: int
+    masked: bool
+
+    @classmethod
+    def of(cls, flow_model: FlowModel) -> AttentionShape | None:
+        """From the model's spec; None when its config names no head dim (every row then applies)."""
+        head_dim = flow_model.spec.transformer_config.get("attention_head_dim")
+        if head_dim is None:
+            return None
+        text_encoder = getattr(flow_model.spec, "text_encoder", None)
+        return cls(int(head_dim), bool(getattr(text_encoder, "uses_mask", True)))
+
+
 @dataclass(frozen=True)
 class KnownBadAttention:
     """One combination seen (or reported) to fail. Versions are inclusive (major, minor) ranges; ``None``
-    matches any version (also a missing cuDNN)."""
+    matches any version (also a missing cuDNN). ``masked_only``: the failure needs an attention mask, so a
+    model without one is exempt. ``verified_head_dims``: unmasked head dims this (torch, cuDNN) pair ran
+    through the backward regression check (digenrl/perf/backward_check.py) with the gradients of the safe
+    kernels; a model of such a shape is exempt. A model of unknown shape matches every row."""
 
     backends: tuple[str, ...]
     direction: str  # forward | backward | both
@@ -53,6 +80,8 @@ class KnownBadAttention:
     device_type: str = "cuda"
     torch_versions: tuple[tuple[int, int], tuple[int, int]] | None = None
     cudnn_versions: tuple[tuple[int, int], tuple[int, int]] | None = None
+    masked_only: bool = False
+    verified_head_dims: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.direction not in DIRECTIONS:
@@ -68,8 +97,13 @@ class KnownBadAttention:
         device_type: str,
         torch_version: tuple[int, int],
         cudnn_version: tuple[int, int] | None,
+        shape: AttentionShape | None = None,
     ) -> bool:
         if backend not in self.backends or device_type != self.device_type:
+            return False
+        if shape is not None and self.masked_only and not shape.masked:
+            return False
+        if shape is not None and not shape.masked and shape.head_dim in self.verified_head_dims:
             return False
         if self.direction == "backward" and not needs_backward:
             return False
@@ -93,6 +127,10 @@ _CUDNN_SDPA_BACKWARD_MASK_NAN = (
     "default SDPA kernel since torch 2.11 (pytorch/pytorch#196678; seen with cuDNN 9.19 and 9.20)"
 )
 
+_VERIFIED_UNMASKED_HEAD_DIMS = (64,)
+"""SD3.5-medium's blocks (24 heads of 64, no mask) at 512² and 1024²: cuDNN SDPA backward ran with finite
+gradients matching the flash kernel's on an H200, torch 2.11 + cuDNN 9.19 (experiments/results/gpu/loops/)."""
+
 KNOWN_BAD_ATTENTION: tuple[KnownBadAttention, ...] = (
     KnownBadAttention(
         backends=("native",),
@@ -101,6 +139,7 @@ KNOWN_BAD_ATTENTION: tuple[KnownBadAttention, ...] = (
         reason=_CUDNN_SDPA_BACKWARD_FLUX,
         torch_versions=((2, 11), (2, 11)),
         cudnn_versions=((9, 19), (9, 19)),
+        verified_head_dims=_VERIFIED_UNMASKED_HEAD_DIMS,
     ),
     KnownBadAttention(
         backends=("_native_cudnn",),
@@ -109,6 +148,7 @@ KNOWN_BAD_ATTENTION: tuple[KnownBadAttention, ...] = (
         reason=_CUDNN_SDPA_BACKWARD_FLUX,
         torch_versions=((2, 11), (2, 11)),
         cudnn_versions=((9, 19), (9, 19)),
+        verified_head_dims=_VERIFIED_UNMASKED_HEAD_DIMS,
     ),
     KnownBadAttention(
         backends=("native",),
@@ -117,6 +157,7 @@ KNOWN_BAD_ATTENTION: tuple[KnownBadAttention, ...] = (
         reason=_CUDNN_SDPA_BACKWARD_MASK_NAN,
         torch_versions=((2, 11), (2, 13)),
         cudnn_versions=((9, 19), (9, 20)),
+        masked_only=True,
     ),
     KnownBadAttention(
         backends=("_native_cudnn",),
@@ -125,6 +166,7 @@ KNOWN_BAD_ATTENTION: tuple[KnownBadAttention, ...] = (
         reason=_CUDNN_SDPA_BACKWARD_MASK_NAN,
         torch_versions=((2, 11), (2, 13)),
         cudnn_versions=((9, 19), (9, 20)),
+        masked_only=True,
     ),
     KnownBadAttention(
         backends=SAGE_BACKENDS,
@@ -217,6 +259,8 @@ def select_attention_backend(
     torch_version: str | None = None,
     cudnn_version: int | None = INSTALLED_CUDNN,
     known_bad: tuple[KnownBadAttention, ...] = KNOWN_BAD_ATTENTION,
+    shape: AttentionShape | None = None,
+    cudnn_sdpa: str = "auto",
 ) -> AttentionChoice:
     """The diffusers attention backend to use instead of ``requested`` (``model.attention_backend``).
 
@@ -226,8 +270,12 @@ def select_attention_backend(
     ``torch.backends.cuda.enable_cudnn_sdp(False)`` is called (a process-wide switch, so a colocated rank's
     generation also loses the cuDNN forward kernel). ``torch_version`` / ``cudnn_version`` default to the
     installed ones (tests pass others; ``cudnn_version=None`` means "no cuDNN", not "the installed one").
-    Raises ValueError for a name diffusers does not know.
+    ``shape`` (:meth:`AttentionShape.of`) exempts the model from rows bound to other shapes; ``cudnn_sdpa``
+    is ``model.cudnn_sdpa`` (``disabled``: cuDNN SDPA off whatever the rows say). Raises ValueError for a
+    name diffusers does not know or a ``cudnn_sdpa`` outside :data:`CUDNN_SDPA_SETTINGS`.
     """
+    if cudnn_sdpa not in CUDNN_SDPA_SETTINGS:
+        raise ValueError(f"model.cudnn_sdpa={cudnn_sdpa!r}; allowed: {', '.join(CUDNN_SDPA_SETTINGS)}")
     allowed = available_attention_backends()
     if requested not in allowed:
         raise ValueError(
@@ -266,6 +314,7 @@ def select_attention_backend(
                 device_type=device_type,
                 torch_version=torch_v,
                 cudnn_version=cudnn_v,
+                shape=shape,
             )
         ]
         fallback_rows = [row for row in rows if row.remedy == "fallback"]
@@ -277,6 +326,9 @@ def select_attention_backend(
                 disable_cudnn = True
                 reasons.append(f"cuDNN SDPA disabled: {row.reason}")
         break
+    if cudnn_sdpa == "disabled" and device_type == "cuda":
+        disable_cudnn = True
+        reasons.append("cuDNN SDPA disabled: model.cudnn_sdpa=disabled")
     if disable_cudnn:
         torch.backends.cuda.enable_cudnn_sdp(False)
     for reason in reasons:

@@ -33,7 +33,12 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
-from digenrl.models.attention_safety import AttentionChoice, apply_attention_backend, select_attention_backend
+from digenrl.models.attention_safety import (
+    AttentionChoice,
+    AttentionShape,
+    apply_attention_backend,
+    select_attention_backend,
+)
 from digenrl.models.flow_model import FlowModel
 
 log = logging.getLogger(__name__)
@@ -144,6 +149,7 @@ def optimize_flow_model(
     compile_settings: CompileSettings | None = None,
     autocast: bool = False,
     compute_dtype: torch.dtype | None = None,
+    cudnn_sdpa: str = "auto",
 ) -> AppliedOptimizations:
     """Apply the safe attention backend and, if ``compile``, ``torch.compile`` to ``flow_model`` in place.
 
@@ -155,7 +161,11 @@ def optimize_flow_model(
     shards of FSDP2 full fine-tuning); default the model's own.
     """
     choice = select_attention_backend(
-        attention_backend, needs_backward=needs_backward, device=flow_model.device
+        attention_backend,
+        needs_backward=needs_backward,
+        device=flow_model.device,
+        shape=AttentionShape.of(flow_model),
+        cudnn_sdpa=cudnn_sdpa,
     )
     apply_attention_backend(flow_model, choice.backend)
     flow_model.set_autocast(autocast, compute_dtype)

@@ -12,7 +12,9 @@ Attention settings:
 * ``safe``: :func:`~digenrl.models.attention_safety.select_attention_backend` for training (the project's
   trainer path);
 * ``cudnn``: diffusers' ``_native_cudnn`` backend forced, bypassing the safety table (to see whether the
-  bad combination still reproduces).
+  bad combination still reproduces);
+* ``no-cudnn``: ``native`` with cuDNN taken out of SDPA (flash / memory-efficient kernels): the reference a
+  cuDNN result's ``grad_norm`` is compared with before a shape joins the table's verified head dims.
 
 Each setting should run in its own process (:func:`run_in_subprocess`): a failing fused kernel can leave a
 sticky CUDA error that poisons every later call in the process. ``python -m digenrl.perf.backward_check
@@ -36,7 +38,7 @@ import torch
 from digenrl.data.dtypes import TORCH_DTYPES
 from digenrl.perf import bench_cli
 
-SETTINGS = ("default", "safe", "cudnn")
+SETTINGS = ("default", "safe", "cudnn", "no-cudnn")
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -72,6 +74,7 @@ def check_backward(
     """Build the slice, apply ``setting``, run forward + backward at each height (square images)."""
     from digenrl.models import FlowModel, TextCondition, set_attention_backend
     from digenrl.models.attention_safety import (
+        AttentionShape,
         apply_attention_backend,
         process_attention_backend,
         select_attention_backend,
@@ -95,10 +98,15 @@ def check_backward(
     choice = None
     process_default = process_attention_backend()
     if setting == "safe":
-        choice = select_attention_backend("native", needs_backward=True, device=torch_device).to_dict()
+        choice = select_attention_backend(
+            "native", needs_backward=True, device=torch_device, shape=AttentionShape.of(flow_model)
+        ).to_dict()
         apply_attention_backend(flow_model, choice["backend"])
     elif setting == "cudnn":
         set_attention_backend(flow_model, "_native_cudnn")
+    elif setting == "no-cudnn":
+        torch.backends.cuda.enable_cudnn_sdp(False)
+        apply_attention_backend(flow_model, "native")
     result: dict = {
         "model": model,
         "setting": setting,
@@ -113,6 +121,7 @@ def check_backward(
         "cudnn_sdp_enabled": torch.backends.cuda.cudnn_sdp_enabled(),
         "attention_backends": sorted(current_attention_backends(flow_model)),
         "attention_choice": choice,
+        "attention_shape": dataclasses.asdict(shape) if (shape := AttentionShape.of(flow_model)) else None,
         "lora_params": sum(p.numel() for p in params),
         "runs": [],
     }
@@ -138,10 +147,15 @@ def check_backward(
             grads = [p.grad for p in params if p.grad is not None]
             finite = bool(torch.isfinite(loss)) and all(bool(torch.isfinite(g).all()) for g in grads)
             nonzero = any(bool(g.abs().sum() > 0) for g in grads)
+            # compared across settings (same seed, same inputs): another kernel must give the same gradient
+            grad_norm = (
+                float(torch.stack([g.double().square().sum() for g in grads]).sum().sqrt()) if grads else 0.0
+            )
             run.update(
                 seconds=time.perf_counter() - t0,
                 loss=float(loss.detach()),
                 grads=len(grads),
+                grad_norm=grad_norm,
                 finite=finite,
                 nonzero_grad=nonzero,
                 passed=finite and nonzero and len(grads) == len(params),

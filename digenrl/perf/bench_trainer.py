@@ -61,7 +61,12 @@ from digenrl.data.dtypes import TORCH_DTYPES
 from digenrl.data.micro_batches import plan_micro_batches
 from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.models import MODEL_SPECS, FlowModel, TextCondition, build_flow_model
-from digenrl.models.attention_safety import KNOWN_BAD_ATTENTION, parse_cudnn_version, parse_torch_version
+from digenrl.models.attention_safety import (
+    KNOWN_BAD_ATTENTION,
+    AttentionShape,
+    parse_cudnn_version,
+    parse_torch_version,
+)
 from digenrl.models.optimize import CompileSettings, optimize_flow_model
 from digenrl.perf import backward_check, bench_cli, roofline
 from digenrl.perf.bench_cli import DYNAMIC, PATHS, fmt, int_list, name_list, output_paths
@@ -510,7 +515,10 @@ def regression_verdict(result: dict) -> str:
     device_type = str(result.get("device", "cpu")).split(":")[0]
     if setting == "cudnn" and device_type != "cuda":
         return f"not applicable: cuDNN attention needs CUDA, this is {device_type}"
+    if setting == "no-cudnn":  # the flash / memory-efficient reference the cuDNN gradients are compared with
+        return "reference (cuDNN SDPA off) OK" if passed else "REFERENCE FAILS: cuDNN SDPA off fails too"
     backend = "_native_cudnn" if setting == "cudnn" else "native"
+    shape = result.get("attention_shape")
     listed = any(
         row.matches(
             backend,
@@ -518,6 +526,7 @@ def regression_verdict(result: dict) -> str:
             device_type=device_type,
             torch_version=parse_torch_version(torch_text),
             cudnn_version=parse_cudnn_version(cudnn),
+            shape=AttentionShape(**shape) if shape else None,
         )
         for row in KNOWN_BAD_ATTENTION
     )

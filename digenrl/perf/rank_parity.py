@@ -3,9 +3,10 @@
 The separate systems promise that a generator rank samples what a colocated (trainer) rank would from the same
 seed: same base weights, same text conditions, same kernels, hence an on-policy ratio of exactly 1 when the
 trainer recomputes the generator's log-probs (docs/algorithm.md, "Loss"). Each role is built in its own
-process here, as a run builds it (:func:`digenrl.systems.components.build_rank_components`, plus
-:func:`digenrl.trainer.lora.prepare_generator_model` on the generator), because process-wide switches (SDPA
-kernels, matmul precision, diffusers' active attention backend) are part of what may differ. Each process
+process here, as a run builds it (:func:`digenrl.systems.components.build_rank_components`, which gives a
+generator the trainer's adapter through :func:`digenrl.trainer.lora.prepare_generator_model`), because
+process-wide switches (SDPA kernels, matmul precision, diffusers' active attention backend) are part of what
+may differ. Each process
 records its numerics-relevant settings, digests of its frozen weights, the text conditions and the rollout of
 one prompt group at policy version 0 (LoRA B = 0, so no weight sync is needed); the parent compares them
 field by field and names the first that differs.

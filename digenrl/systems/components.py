@@ -127,6 +127,7 @@ def build_rank_components(
             attention_backend=cfg.model.attention_backend,
             needs_backward=True,
             autocast=autocast,
+            cudnn_sdpa=cfg.model.cudnn_sdpa,
         )
     engine = scorer = None
     prompt_sets = configured_prompt_sets(cfg.data)

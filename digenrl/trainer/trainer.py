@@ -159,6 +159,7 @@ class PolicyTrainer:
             needs_backward=True,
             autocast=cfg.model.optimised(torch.device(device).type)[1],
             compute_dtype=compute_dtype,
+            cudnn_sdpa=cfg.model.cudnn_sdpa,
         )
         if self.checkpoint_format == "sharded" and self.backend.name == "deepspeed":
             raise ValueError("trainer.checkpoint_format=sharded needs trainer.backend=fsdp2, not deepspeed")

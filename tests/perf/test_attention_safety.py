@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ import torch
 from digenrl.models.attention_safety import (
     FALLBACK_BACKEND,
     KNOWN_BAD_ATTENTION,
+    AttentionShape,
     KnownBadAttention,
     parse_cudnn_version,
     parse_torch_version,
@@ -139,3 +141,54 @@ def test_table_rejects_unknown_direction_and_remedy():
         KnownBadAttention(backends=("native",), direction="sideways", remedy="fallback", reason="x")
     with pytest.raises(ValueError, match="remedy"):
         KnownBadAttention(backends=("native",), direction="both", remedy="pray", reason="x")
+
+
+def _train_choice(shape, **kwargs):
+    return select_attention_backend(
+        "native",
+        needs_backward=True,
+        device="cuda",
+        torch_version=BAD_TORCH,
+        cudnn_version=BAD_CUDNN,
+        shape=shape,
+        **kwargs,
+    )
+
+
+def test_verified_unmasked_shape_keeps_cudnn_for_training():
+    """SD3.5-medium's attention (head dim 64, no mask) passed the backward regression check on the H200."""
+    choice = _train_choice(AttentionShape(head_dim=64, masked=False))
+    assert not choice.disable_cudnn_sdp and choice.reasons == ()
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+
+
+@pytest.mark.parametrize(
+    ("shape", "rows"),
+    [
+        (AttentionShape(head_dim=128, masked=False), ["FLUX-size"]),  # FLUX, Wan: not verified
+        (AttentionShape(head_dim=128, masked=True), ["FLUX-size", "attention mask"]),  # Qwen-Image
+        (AttentionShape(head_dim=64, masked=True), ["FLUX-size", "attention mask"]),  # verified unmasked only
+        (None, ["FLUX-size", "attention mask"]),  # unknown shape: every row applies
+    ],
+)
+def test_unverified_or_masked_shapes_disable_cudnn_naming_each_row(shape, rows):
+    choice = _train_choice(shape)
+    assert choice.disable_cudnn_sdp and not torch.backends.cuda.cudnn_sdp_enabled()
+    assert len(choice.reasons) == len(rows)
+    for reason, row in zip(choice.reasons, rows, strict=True):
+        assert row in reason
+
+
+def test_cudnn_sdpa_disabled_overrides_the_table_and_bad_values_are_named():
+    choice = _train_choice(AttentionShape(head_dim=64, masked=False), cudnn_sdpa="disabled")
+    assert choice.disable_cudnn_sdp and choice.reasons == ("cuDNN SDPA disabled: model.cudnn_sdpa=disabled",)
+    with pytest.raises(ValueError, match=re.escape("model.cudnn_sdpa='off'; allowed: auto, disabled")):
+        _train_choice(None, cudnn_sdpa="off")
+
+
+def test_shape_of_reads_the_spec():
+    from digenrl.models import build_flow_model
+
+    shape = AttentionShape.of(build_flow_model("tiny-sd3", device="meta"))
+    assert shape == AttentionShape(head_dim=8, masked=False)
+    assert AttentionShape.of(build_flow_model("tiny-qwen-image", device="meta")).masked

@@ -168,6 +168,12 @@ def test_regression_verdicts_read_the_known_bad_table(trainer):
     assert trainer.regression_verdict({**fine, "setting": "default", "passed": True}) == "not listed, passes"
     assert "FAILS" in trainer.regression_verdict({"setting": "safe", "passed": False})
     assert "not applicable" in trainer.regression_verdict({**fine, "device": "cpu", "setting": "cudnn"})
+    # a verified shape (SD3.5-medium: head dim 64, no mask) is not listed; FLUX's shape still is
+    sd35 = {**bad, "setting": "cudnn", "passed": True, "attention_shape": {"head_dim": 64, "masked": False}}
+    assert trainer.regression_verdict(sd35) == "not listed, passes"
+    flux = {**sd35, "attention_shape": {"head_dim": 128, "masked": False}}
+    assert "stale" in trainer.regression_verdict(flux)
+    assert "reference" in trainer.regression_verdict({**bad, "setting": "no-cudnn", "passed": True})
 
 
 def rows_of(out: Path, path: str) -> list[dict]:
