@@ -76,7 +76,7 @@ summary() {
 
 # the reference of the equivalence too: generation in batches of one prompt group (4 samples), as the digenrl
 # fragments are made, so both runs compute on the same shapes
-run colocated-sync 105 system=colocated-sync sampler.samples_per_forward=4 profile=$ONE
+run colocated-sync 130 system=colocated-sync sampler.samples_per_forward=4 profile=$ONE
 run separate-sync 120 system=separate-sync pools.trainers=1 pools.generators=1
 run separate-async 110 system=separate-async asynchrony.max_staleness=1 pools.trainers=1 pools.generators=1
 # GAP fragments of one prompt group; TAG always: the trainer generates fragments itself

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The full FlowGRPO loop on ONE H200 (issue 23): each model's colocated run on the GPU default path (compile +
+# autocast, cuDNN SDPA where the safety table allows it for the model's attention shape) beside the same run
+# with cuDNN SDPA off (the path before the shape-aware table) and the eager path (no compile, no autocast).
+# Before the loops: the backward regression check that lets SD3.5-medium's shape (head dim 64, no mask) keep
+# cuDNN SDPA (gradients of the cuDNN kernel against the flash kernel's, 512² and 1024²), and the rank-parity
+# check of issue 21 (a generator rank and a trainer rank roll out the same trajectories).
+#
+#   device run (kind nvidia-h200, carry [".whl"], timeout 600):
+#     bash experiments/gpu/h200_loops.sh                      # every step below, as far as 10 minutes go
+#     ONLY="sd35-8x8 sd35-8x8-nocudnn" bash experiments/gpu/h200_loops.sh   # a second call for the rest
+#   CPU dry run of the same commands with the tiny model: DRY=1 bash experiments/gpu/h200_loops.sh
+#
+# Results under $OUT: log.txt, summary.md, results.tgz (summary.json/md from experiments/gpu/loops_summary.py,
+# each run's config.yaml and metrics.jsonl; regression JSON; rank_parity.json/md), summary.json also on its own.
+DRY=${DRY:-0}
+OUT=${OUT:-/tmp/h200_loops_out} WORK=${WORK:-/tmp/h200_loops} DEADLINE_S=${DEADLINE_S:-560}
+RUNS=${RUNS:-/tmp/h200_loops_runs}
+source experiments/gpu/steps.sh
+mkdir -p "$RUNS"
+if [[ $DRY == 1 ]]; then
+    export PYTHONPATH=$PWD
+    PY=python
+    SD35="--config experiments/configs/tiny.yaml system=colocated-sync profile=cpu-1 model.dtype=bfloat16"
+    FLUX=$SD35
+    ITER="iterations=2"
+else
+    gpu_setup
+    PY=python3
+    SD35="--config experiments/configs/sd35-medium-lora.yaml"
+    FLUX="--config experiments/configs/flux-dev-lora.yaml"
+    ITER="iterations=4"
+fi
+ONLY=${ONLY:-"regression parity sd35 sd35-nocudnn sd35-eager"}
+wanted() { [[ " $ONLY " == *" $1 "* ]]; }
+
+# loop NAME BUDGET_S CONFIG_ARGS OVERRIDES...: one colocated run into $RUNS/NAME (skipped unless NAME is in $ONLY)
+loop() {
+    local name=$1 budget=$2 config=$3
+    shift 3
+    wanted "$name" || return 0
+    # shellcheck disable=SC2086
+    step "$name" "$budget" $PY experiments/run_train.py $config $ITER checkpoint_every=0 eval.every=0 \
+        out_dir="$RUNS/$name" overwrite=true "$@"
+    mkdir -p "$WORK/runs/$name" "$RUNS/$name"
+    local file=${config#--config }
+    echo "{\"config\": \"${file%% *}\"}" >"$RUNS/$name/loop.json"
+    # traces stay on the device (tens of MB each: the device call brings back less)
+    (cd "$RUNS/$name" 2>/dev/null && cp -r config.yaml metrics.jsonl loop.json "$WORK/runs/$name/" 2>/dev/null)
+    $PY experiments/gpu/loops_summary.py "$RUNS" --out "$WORK" --hardware "$(hardware)" >/dev/null
+}
+hardware() { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep . || echo cpu; }
+
+# 1. cuDNN SDPA backward on SD3.5-medium's blocks (4 joint blocks at the real width): flash reference, cuDNN forced,
+#    and the project's choice, each in its own process; the gradient norms must agree
+if wanted regression && [[ $DRY != 1 ]]; then
+    step regression 100 $PY experiments/measure.py trainer --regression-only --regression-model sd3.5-medium \
+        --regression-blocks 4,1 --regression-heights 512,1024 --regression-settings no-cudnn,cudnn,safe \
+        --regression-timeout-s 60 --out "$WORK/regression-sd3.5-medium.json"
+fi
+# 2. issue 21: does a generator rank roll out what a trainer rank does (same seed, policy v0)?
+if wanted parity; then
+    # shellcheck disable=SC2086
+    step parity 150 $PY -m digenrl.perf.rank_parity $SD35 --out "$WORK/parity" --roles trainer,generator,trainer sampler.num_steps=6 \
+        algo.group_size=4 trainer.micro_batch_size=8
+fi
+# 3. where the trainer's time goes: one accumulate of 16 units (micro-batch 16, CFG, cfg_grad=cond) on the
+#    optimised path under the profiler (top kernels, device-busy fraction)
+if wanted trainer-profile && [[ $DRY != 1 ]]; then
+    step trainer-profile 120 $PY experiments/measure.py trainer --model sd3.5-medium --modes lora \
+        --micro-batch-sizes 16 --samples 16 --train-steps 1 --cfg on --paths optimized --compile --autocast \
+        --warmup 1 --iters 2 --profile --out "$WORK/trainer-profile"
+fi
+# 4. the loops: SD3.5-medium 2 x 8 (the config as committed), then 8 x 8; FLUX.1-dev
+loop sd35 140 "$SD35"
+loop sd35-nocudnn 140 "$SD35" model.cudnn_sdpa=disabled
+loop sd35-eager 90 "$SD35" model.compile=false model.autocast=false
+loop sd35-8x8 170 "$SD35" algo.prompts_per_iteration=8 iterations=3
+loop sd35-8x8-nocudnn 170 "$SD35" algo.prompts_per_iteration=8 iterations=3 model.cudnn_sdpa=disabled
+loop flux 200 "$FLUX" iterations=3
+loop flux-eager 150 "$FLUX" iterations=3 model.compile=false model.autocast=false
+$PY experiments/gpu/loops_summary.py "$RUNS" --out "$WORK" --hardware "$(hardware)" \
+    --command "ONLY=\"$ONLY\" bash experiments/gpu/h200_loops.sh"
+cp "$WORK/summary.json" "$OUT/" 2>/dev/null
+pack
+finish

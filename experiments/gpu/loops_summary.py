@@ -1,0 +1,116 @@
+"""Summarise the full-loop runs of experiments/gpu/h200_loops.sh: one row per run directory.
+
+Each run is a plain ``run_train.py`` colocated run; its ``metrics.jsonl`` holds per-iteration seconds and the
+FLOP accounting of :mod:`digenrl.costs.flops`. A row reports medians over the iterations after the first
+(the first compiles), the peak memory over all iterations, and the code path the run executed (from its
+resolved ``config.yaml``). ``loop.json`` beside a run (written by the script) names the config file.
+
+    python experiments/gpu/loops_summary.py RUNS_DIR --out OUT_DIR [--command "..."] [--hardware "..."]
+
+Writes ``OUT_DIR/summary.json`` (a list of objects with ``model``, ``config``, ``prompts``, ``samples_per_s``,
+``rollout_s``, ``train_s``, ``fraction_of_bound``, ``peak_mem_gib``, ``path`` and more) and ``summary.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import yaml
+
+
+def _median(values: list[float]) -> float | None:
+    values = [v for v in values if v is not None]
+    return round(statistics.median(values), 4) if values else None
+
+
+def _median6(values: list[float]) -> float | None:
+    """Ratios: 1 - 2e-5 must not print as 1.0."""
+    values = [v for v in values if v is not None]
+    return round(statistics.median(values), 6) if values else None
+
+
+def code_path(cfg: dict) -> str:
+    """What the run executed: compile / autocast as resolved on a GPU (None = on), and cuDNN SDPA's switch."""
+    model = cfg.get("model", {})
+    compiled = model.get("compile") is not False
+    autocast = model.get("autocast") is not False and model.get("dtype") in ("bfloat16", "float16")
+    path = "compiled+autocast" if compiled and autocast else "compiled" if compiled else "eager"
+    if autocast and not compiled:
+        path = "autocast"
+    if model.get("cudnn_sdpa", "auto") == "disabled":
+        path += ", cuDNN SDPA off"
+    return path
+
+
+def summarise_run(run: Path) -> dict:
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    later = rows[1:] or rows
+    source = json.loads((run / "loop.json").read_text()) if (run / "loop.json").exists() else {}
+    algo = cfg.get("algo", {})
+    by_phase: dict[str, float | None] = {}
+    for phase in ("rollout", "score", "train", "optimizer"):
+        by_phase[phase] = _median([r.get("fraction_of_bound_by_phase", {}).get(phase) for r in later])
+    return {
+        "run": run.name,
+        "model": cfg["model"]["name"],
+        "config": source.get("config"),
+        "prompts": f"{algo.get('prompts_per_iteration')} x {algo.get('group_size')}",
+        "samples": rows[-1].get("samples") if rows else None,
+        "iterations": len(rows),
+        "samples_per_s": _median([r.get("samples_per_s") for r in later]),
+        "rollout_s": _median([r.get("rollout_s") for r in later]),
+        "train_s": _median([r.get("train_s") for r in later]),
+        "first_iteration_s": round(rows[0]["wall_s"], 2) if rows else None,
+        "fraction_of_bound": _median([r.get("fraction_of_bound") for r in later]),
+        "fraction_of_bound_by_phase": by_phase,
+        "ratio_mean": _median6([r.get("ratio_mean") for r in later]),
+        "ratio_min": min((r["ratio_min"] for r in later if r.get("ratio_min") is not None), default=None),
+        "peak_mem_gib": round(max((r.get("peak_mem_gib") or 0.0) for r in rows), 2) if rows else None,
+        "path": code_path(cfg),
+    }
+
+
+def table(rows: list[dict]) -> str:
+    lines = [
+        "| run | model | config | prompts | path | samples/s | rollout s | train s | fraction of bound "
+        "(rollout / train) | ratio (min) | peak GiB | iterations |",
+        "|---" * 12 + "|",
+    ]
+    for r in rows:
+        ph = r["fraction_of_bound_by_phase"]
+        cells = [r["run"], r["model"], r["config"], r["prompts"], r["path"], r["samples_per_s"]]
+        cells += [r["rollout_s"], r["train_s"], f"{r['fraction_of_bound']} ({ph['rollout']} / {ph['train']})"]
+        cells += [f"{r['ratio_mean']} ({r['ratio_min']})", r["peak_mem_gib"], r["iterations"]]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("runs", help="directory holding one run directory per loop")
+    p.add_argument("--out", required=True)
+    p.add_argument("--command", default="bash experiments/gpu/h200_loops.sh")
+    p.add_argument("--hardware", default="")
+    args = p.parse_args(argv)
+    runs = sorted(d for d in Path(args.runs).iterdir() if (d / "metrics.jsonl").exists())
+    rows = []
+    for run in runs:
+        try:
+            rows.append(summarise_run(run))
+        except (OSError, KeyError, ValueError) as exc:  # a run cut short: say so, keep the others
+            print(f"[loops_summary] {run.name}: not summarised ({type(exc).__name__}: {exc})")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(rows, indent=1) + "\n")
+    md = f"# Full loops ({args.hardware})\n\nCommand: `{args.command}`\n\n" + table(rows)
+    (out / "summary.md").write_text(md)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
