@@ -8,7 +8,8 @@
 #
 #   device run (kind nvidia-h200, carry [".whl"], timeout 600):
 #     bash experiments/gpu/h200_loops.sh                      # every step below, as far as 10 minutes go
-#     ONLY="sd35-8x8 sd35-8x8-nocudnn" bash experiments/gpu/h200_loops.sh   # a second call for the rest
+#     ONLY="sd35-8x8 sd35-8x8-nocudnn trainer-profile" bash experiments/gpu/h200_loops.sh   # then the rest,
+#     ONLY="flux flux-eager" ..., ONLY="qwen" ..., ONLY="qwen-eager" ...: one call each (10 minutes a call)
 #   CPU dry run of the same commands with the tiny model: DRY=1 bash experiments/gpu/h200_loops.sh
 #
 # Results under $OUT: log.txt, summary.md, results.tgz (summary.json/md from experiments/gpu/loops_summary.py,
@@ -79,6 +80,10 @@ loop sd35-8x8 170 "$SD35" algo.prompts_per_iteration=8 iterations=3
 loop sd35-8x8-nocudnn 170 "$SD35" algo.prompts_per_iteration=8 iterations=3 model.cudnn_sdpa=disabled
 loop flux 200 "$FLUX" iterations=3
 loop flux-eager 150 "$FLUX" iterations=3 model.compile=false model.autocast=false
+# Qwen-Image: the SD3.5-medium settings (2 x 8, 10 steps, CFG 4.5) at micro-batch 2, as issue 23's table
+loop qwen 330 "$SD35" model=qwen-image trainer.micro_batch_size=2 iterations=3
+loop qwen-eager 330 "$SD35" model=qwen-image trainer.micro_batch_size=2 iterations=3 model.compile=false \
+    model.autocast=false
 $PY experiments/gpu/loops_summary.py "$RUNS" --out "$WORK" --hardware "$(hardware)" \
     --command "ONLY=\"$ONLY\" bash experiments/gpu/h200_loops.sh"
 cp "$WORK/summary.json" "$OUT/" 2>/dev/null
