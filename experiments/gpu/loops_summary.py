@@ -20,16 +20,13 @@ from pathlib import Path
 
 import yaml
 
+from digenrl.runtime.metrics import read_metrics
 
-def _median(values: list[float]) -> float | None:
+
+def _median(values: list[float], digits: int = 4) -> float | None:
+    """Median of the values present; ratios take ``digits=6`` (1 - 2e-5 must not print as 1.0)."""
     values = [v for v in values if v is not None]
-    return round(statistics.median(values), 4) if values else None
-
-
-def _median6(values: list[float]) -> float | None:
-    """Ratios: 1 - 2e-5 must not print as 1.0."""
-    values = [v for v in values if v is not None]
-    return round(statistics.median(values), 6) if values else None
+    return round(statistics.median(values), digits) if values else None
 
 
 def code_path(cfg: dict) -> str:
@@ -47,7 +44,7 @@ def code_path(cfg: dict) -> str:
 
 def summarise_run(run: Path) -> dict:
     cfg = yaml.safe_load((run / "config.yaml").read_text())
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = read_metrics(run)
     later = rows[1:] or rows
     source = json.loads((run / "loop.json").read_text()) if (run / "loop.json").exists() else {}
     algo = cfg.get("algo", {})
@@ -67,7 +64,7 @@ def summarise_run(run: Path) -> dict:
         "first_iteration_s": round(rows[0]["wall_s"], 2) if rows else None,
         "fraction_of_bound": _median([r.get("fraction_of_bound") for r in later]),
         "fraction_of_bound_by_phase": by_phase,
-        "ratio_mean": _median6([r.get("ratio_mean") for r in later]),
+        "ratio_mean": _median([r.get("ratio_mean") for r in later], digits=6),
         "ratio_min": min((r["ratio_min"] for r in later if r.get("ratio_min") is not None), default=None),
         "peak_mem_gib": round(max((r.get("peak_mem_gib") or 0.0) for r in rows), 2) if rows else None,
         "path": code_path(cfg),

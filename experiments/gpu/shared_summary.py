@@ -25,6 +25,8 @@ from pathlib import Path
 import torch
 import yaml
 
+from digenrl.runtime.metrics import read_metrics
+
 #: bf16 keeps 8 significant bits: one rounding is up to 2^-8 ≈ 0.39 % relative. Two schedules that run the
 #: same update on the same trajectories may still round differently where a kernel sees another batch
 #: shape (a fragment of one prompt group on the TAG trainer vs the same group inside a larger forward), so
@@ -86,10 +88,6 @@ def summarise_run(run: Path) -> dict:
 def _median(values: list) -> float | None:
     present = [v for v in values if v is not None]
     return round(statistics.median(present), 4) if present else None
-
-
-def read_metrics(run: Path) -> list[dict]:
-    return read_jsonl(run / "metrics.jsonl")
 
 
 def systems_table(rows: list[dict]) -> str:
