@@ -391,6 +391,9 @@ class RuntimeConfig:
     # models on the GPU, collectives run on gloo, point-to-point transfers stage through pinned host memory.
     # For testing every CUDA path of the schedules on one GPU; its timings are not a multi-GPU result.
     share_device: bool = False
+    # deterministic kernels (torch.use_deterministic_algorithms, docs/operations.md "Reproducible runs"):
+    # two runs, or two schedules, then round alike; slower, and an op without a deterministic kernel raises
+    deterministic: bool = False
     # shared-device mode's memory check prices each rank's activations from the measured cost file
     # <costs_dir>/<device>-<model>.json (experiments/results/costs in a checkout); None = not counted
     costs_dir: str | None = None

@@ -123,6 +123,10 @@ def main(argv: list[str]) -> int:
     from digenrl.trainer.run_dir import agree_run_start
 
     # the hardware profile says what the devices are: a CPU profile runs gloo on CPUs even where CUDA exists
+    if cfg.runtime.deterministic:  # before any CUDA work: cuBLAS reads its workspace setting once
+        from digenrl.runtime.determinism import use_deterministic_kernels
+
+        use_deterministic_kernels()
     share = cfg.runtime.share_device
     backend = configured_backend(cfg.runtime.backend, load_profile(cfg.profile).backend, share_device=share)
     ctx = init_distributed(backend, timeout_s=cfg.runtime.timeout_s, share_device=share)

@@ -1,13 +1,17 @@
 """How the training units of a trajectory batch are cut into micro-batches.
 
 A unit is one (sample b, trained transition k). FlowGRPO's rollout runs all samples of a batch through
-the transformer at the same timestep in one forward, and its training loop does the same per timestep
-(flow_grpo scripts/train_sd3.py: ``for j in train_timesteps: ... transformer(latents[:, j], ...)``). Units
-are therefore ordered timestep-major, and a micro-batch never mixes timesteps when the batch has at least
-``micro_batch_size`` samples: with ``micro_batch_size`` equal to the rollout's samples per forward, the
-training forward sees the same batch composition as the rollout, which is what makes the first PPO ratio
-exactly 1 (docs/algorithm.md, "Loss"). When the batch is smaller (e.g. a rank's share of a fragment), whole
-timestep rows are packed together so that micro-batches stay full.
+the transformer at the same timestep in one forward, and its training loop takes the samples in chunks
+and, for each chunk, every trained timestep in turn (flow_grpo scripts/train_sd3.py: ``for i, sample in
+enumerate(samples_batched): ... for j in train_timesteps: ... compute_log_prob(transformer, pipeline,
+sample, j, ...)``). The plan keeps both: a micro-batch never mixes timesteps when the batch has at least
+``micro_batch_size`` samples, and the micro-batches come chunk by chunk, each chunk's timesteps in order.
+With ``micro_batch_size`` equal to the rollout's samples per forward, the training forward sees the same
+batch composition as the rollout, which is what makes the first PPO ratio exactly 1 (docs/algorithm.md,
+"Loss"); and a GAP fragment of ``micro_batch_size`` samples is trained in exactly the micro-batches, and
+the order, in which a whole-batch schedule trains those samples, so the gradient sums round alike
+(docs/operations.md, "Reproducible runs"). When the batch is smaller (e.g. a rank's share of a fragment),
+whole timestep rows are packed together so that micro-batches stay full.
 
 Units given one after another (a rank's shares of successive fragments) fall into micro-batches by one
 rule, :func:`split_units`: GAP's packer trains them so (:class:`digenrl.gap.unit_packer.UnitPacker`), and
@@ -26,9 +30,9 @@ def plan_micro_batches(batch_size: int, num_steps: int, micro_batch_size: int) -
         raise ValueError(f"batch_size and num_steps must be >= 0, got {batch_size}, {num_steps}")
     rows = [[(b, k) for b in range(batch_size)] for k in range(num_steps)]
     plan: list[list[tuple[int, int]]] = []
-    if batch_size >= micro_batch_size:
-        for row in rows:
-            plan.extend(row[i : i + micro_batch_size] for i in range(0, batch_size, micro_batch_size))
+    if batch_size >= micro_batch_size:  # chunk by chunk, each chunk's timesteps in order (flow_grpo's loop)
+        for i in range(0, batch_size, micro_batch_size):
+            plan.extend(row[i : i + micro_batch_size] for row in rows)
         return plan
     rows_per_micro_batch = max(1, micro_batch_size // max(batch_size, 1))
     for i in range(0, len(rows), rows_per_micro_batch):

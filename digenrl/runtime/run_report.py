@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from digenrl.config import Config
 from digenrl.runtime.chrome_trace import merge_chrome_trace
+from digenrl.runtime.determinism import BANNER as DETERMINISTIC_BANNER
 from digenrl.runtime.event_summary import steady_window
 from digenrl.runtime.metrics import read_metrics, with_event_summary
 
@@ -59,6 +60,8 @@ def start_banner(
             "collectives on gloo, point-to-point transfers through pinned host memory. It is for testing "
             "every CUDA path of the schedule on one GPU; its timings are not a multi-GPU result"
         )
+    if cfg.runtime.deterministic:
+        lines.append(f"[digenrl] {DETERMINISTIC_BANNER}")
     if run is not None:
         if run.note:
             lines.append(f"[digenrl] {run.note}")

@@ -2,6 +2,7 @@
 
     python experiments/gpu/shared_summary.py systems RUNS_ROOT --out DIR [--hardware TEXT] [--command TEXT]
     python experiments/gpu/shared_summary.py equivalence REFERENCE CANDIDATE --out DIR [--iterations 3]
+        [--exact] [--name equivalence]
 
 ``systems``: one row per run folder under RUNS_ROOT (its ``config.yaml``, ``metrics.jsonl`` and the per-rank
 ``events/rank<r>.jsonl``): system, model, ranks, iterations done, seconds per iteration (median over the
@@ -11,7 +12,10 @@ docs/operations.md "Reading a run"), the trace, ``ok`` (the configured iteration
 
 ``equivalence``: per iteration reward, loss and update norm of both runs side by side, and the max abs
 difference of the trained LoRA weights in their checkpoints after ``--iterations`` iterations; writes
-``equivalence.json`` and ``equivalence.md``. The tolerance is bf16's (``TOLERANCE`` below, with why).
+``<name>.json`` and ``<name>.md``. The tolerance is bf16's (``TOLERANCE`` below, with why), or, with
+``--exact``, none: runs with deterministic kernels that train the same micro-batches in the same order
+(docs/operations.md, "Reproducible runs") must agree bit for bit on reward, update and gradient norm and
+weights (``EXACT_KEYS``); the loss, which the schedules sum over other partitions, within ``EXACT_LOSS_ABS``.
 """
 
 from __future__ import annotations
@@ -36,6 +40,10 @@ from digenrl.runtime.metrics import read_metrics
 #: up to bias correction), so after N steps a different update would show as a difference of order lr;
 #: equal updates differ by far less: the weight tolerance is lr / 10.
 TOLERANCE = {"relative": 0.02, "weights_in_lr": 0.1}
+#: what ``--exact`` requires to be equal: the update's inputs (trajectories, hence rewards) and its result
+EXACT_KEYS = ("reward_mean", "update_norm", "grad_norm")
+#: the reported loss is a float64 sum per training call (one per fragment, or one per batch): only close
+EXACT_LOSS_ABS = 1e-9
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -126,14 +134,14 @@ def lora_weights(run: Path, step: int) -> dict[str, torch.Tensor]:
     return found
 
 
-def equivalence(reference: Path, candidate: Path, iterations: int) -> dict:
+def equivalence(reference: Path, candidate: Path, iterations: int, *, exact: bool = False) -> dict:
     a, b = read_metrics(reference), read_metrics(candidate)
     cfg = yaml.safe_load((reference / "config.yaml").read_text())
     lr = float(cfg["trainer"]["lr"])
     rows = []
     for ra, rb in zip(a, b, strict=False):
         row = {"iteration": ra["iteration"]}
-        for key in ("reward_mean", "loss", "update_norm"):
+        for key in ("reward_mean", "loss", "update_norm", "grad_norm"):
             x, y = float(ra.get(key, float("nan"))), float(rb.get(key, float("nan")))
             row[key] = [x, y]
             # the loss of an on-policy step is ~0 (ratio 1 times advantages that average to 0): compared on
@@ -149,12 +157,22 @@ def equivalence(reference: Path, candidate: Path, iterations: int) -> dict:
     except (OSError, KeyError, RuntimeError) as error:
         tensors = f"unreadable: {error}"
     worst = max((r[f"{k}_rel"] for r in rows for k in ("reward_mean", "loss", "update_norm")), default=None)
-    holds = (
-        worst is not None
-        and worst <= TOLERANCE["relative"]
-        and diff is not None
-        and diff <= TOLERANCE["weights_in_lr"] * lr
-    )
+    if exact:
+        holds = (
+            bool(rows)
+            and all(r[k][0] == r[k][1] for r in rows for k in EXACT_KEYS)
+            and all(abs(r["loss"][0] - r["loss"][1]) <= EXACT_LOSS_ABS for r in rows)
+            and diff == 0.0
+        )
+        tolerance = {"exact": list(EXACT_KEYS), "loss_abs": EXACT_LOSS_ABS, "weights_abs": 0.0}
+    else:
+        holds = (
+            worst is not None
+            and worst <= TOLERANCE["relative"]
+            and diff is not None
+            and diff <= TOLERANCE["weights_in_lr"] * lr
+        )
+        tolerance = {**TOLERANCE, "weights_abs": TOLERANCE["weights_in_lr"] * lr}
     return {
         "reference": str(reference),
         "candidate": str(candidate),
@@ -162,7 +180,7 @@ def equivalence(reference: Path, candidate: Path, iterations: int) -> dict:
         "lora_max_abs_diff": diff,
         "lora_tensors_compared": tensors,
         "lr": lr,
-        "tolerance": {**TOLERANCE, "weights_abs": TOLERANCE["weights_in_lr"] * lr},
+        "tolerance": tolerance,
         "worst_relative": worst,
         "holds": holds,
     }
@@ -188,13 +206,24 @@ def equivalence_table(report: dict) -> str:
         f"Max abs difference of the trained LoRA weights after the checkpointed iterations: "
         f"{report['lora_max_abs_diff']} over {report['lora_tensors_compared']} tensors "
         f"(lr {report['lr']:g}).",
-        f"Tolerance (bf16): {report['tolerance']['relative']:.0%} relative per iteration on reward and "
-        f"update norm, {report['tolerance']['relative']:g} absolute on the loss (an on-policy loss is ~0; "
-        "the advantages' scale is ~1); "
-        f"{report['tolerance']['weights_abs']:.2g} abs on the weights (lr / 10). Holds: "
-        f"{'yes' if report['holds'] else 'NO'}.",
+        _tolerance_line(report),
     ]
     return "\n".join(lines)
+
+
+def _tolerance_line(report: dict) -> str:
+    tol, holds = report["tolerance"], "yes" if report["holds"] else "NO"
+    if "exact" in tol:
+        return (
+            f"Tolerance (deterministic kernels, same micro-batches in the same order): none — "
+            f"{', '.join(tol['exact'])} and the weights bit for bit, the reported loss within "
+            f"{tol['loss_abs']:g}. Holds: {holds}."
+        )
+    return (
+        f"Tolerance (bf16): {tol['relative']:.0%} relative per iteration on reward and update norm, "
+        f"{tol['relative']:g} absolute on the loss (an on-policy loss is ~0; the advantages' scale is ~1); "
+        f"{tol['weights_abs']:.2g} abs on the weights (lr / 10). Holds: {holds}."
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -210,6 +239,10 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("candidate")
     e.add_argument("--out", required=True)
     e.add_argument("--iterations", type=int, default=3)
+    e.add_argument(
+        "--exact", action="store_true", help="bit-for-bit (deterministic kernels, same micro-batches)"
+    )
+    e.add_argument("--name", default="equivalence", help="output files <name>.json and <name>.md")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -221,10 +254,11 @@ def main(argv: list[str] | None = None) -> int:
         (out / "summary.md").write_text("\n".join(head) + systems_table(rows) + "\n")
         print(systems_table(rows))
         return 0
-    report = equivalence(Path(args.reference), Path(args.candidate), args.iterations)
-    (out / "equivalence.json").write_text(json.dumps(report, indent=1) + "\n")
-    (out / "equivalence.md").write_text("# GPU equivalence\n\n" + equivalence_table(report) + "\n")
-    print(equivalence_table(report))
+    report = equivalence(Path(args.reference), Path(args.candidate), args.iterations, exact=args.exact)
+    (out / f"{args.name}.json").write_text(json.dumps(report, indent=1) + "\n")
+    table = equivalence_table(report)
+    (out / f"{args.name}.md").write_text(f"# GPU equivalence ({args.name})\n\n{table}\n")
+    print(table)
     return 0
 
 

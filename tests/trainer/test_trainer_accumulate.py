@@ -187,6 +187,9 @@ def test_micro_batch_plan_covers_every_unit_once():
         if b >= m:  # rollout-aligned: one timestep per micro-batch, samples in rollout order
             assert all(len({j for _, j in mb}) == 1 for mb in plan)
             assert all([i for i, _ in mb] == list(range(mb[0][0], mb[0][0] + len(mb))) for mb in plan)
+            # flow_grpo's loop order: chunk by chunk of samples, each chunk's timesteps in turn
+            chunks = [list(range(i, min(i + m, b))) for i in range(0, b, m)]
+            assert plan == [[(i, j) for i in chunk] for chunk in chunks for j in range(k)]
         elif b > 0:  # small shares: whole timestep rows packed together, micro-batches stay full
             assert all(len(mb) % b == 0 and len(mb) <= m for mb in plan)
     with pytest.raises(ValueError, match="micro_batch_size"):
