@@ -3,7 +3,8 @@
 # mode"): several ranks of one job on the same GPU, collectives on gloo, every point-to-point transfer through
 # pinned host memory. SD3.5-medium size (random weights, LoRA rank 32, bf16, the GPU default path: compile +
 # autocast), each run >= 4 iterations; then the GPU equivalence of digenrl (TCSS off, TAG on) with
-# colocated-sync on the same seed. What this tests: every CUDA path of the schedules (fragments, TSP
+# colocated-sync on the same seed (bit for bit, deterministic kernels: experiments/gpu/h200_equivalence.sh).
+# What this tests: every CUDA path of the schedules (fragments, TSP
 # hand-offs, scorer latents and rewards, weight sync into a compiled generator, the trainer generating for
 # TAG). What it does not: multi-GPU speed (the ranks share one GPU's compute; timings are not a multi-GPU
 # result).
@@ -15,11 +16,12 @@
 #     PART=all ...                                         # both (needs more than one device call's 10 min)
 #   ONLY="digenrl-tsp equivalence ..." runs just those (a second call re-running what failed);
 #   SCORER_EXTRA="model.compile=false" adds overrides to the scorer run (a short call on a cold compile cache);
-#   EXTRA="..." adds overrides to every run (e.g. the equivalence pair on the eager path)
+#   EXTRA="..." adds overrides to every run (e.g. model.compile=false)
 #   CPU dry run of the same commands with the tiny model (profile cpu-4, no sharing): DRY=1 PART=all bash ...
 #
 # Results under $OUT: log.txt, summary.md, results.tgz (each run's config.yaml, metrics.jsonl, events/, trace.json;
-# summary.json/md and equivalence.json/md from experiments/gpu/shared_summary.py); checkpoints stay on the device.
+# summary.json/md from experiments/gpu/shared_summary.py; equivalence/: h200_equivalence.sh's log, tables and
+# runs); checkpoints stay on the device.
 PART=${PART:-1}
 DRY=${DRY:-0}
 OUT=${OUT:-/tmp/h200_shared_out} WORK=${WORK:-/tmp/h200_shared} DEADLINE_S=${DEADLINE_S:-560}
@@ -74,16 +76,20 @@ summary() {
         --command "PART=$PART bash experiments/gpu/h200_shared_systems.sh"
 }
 
-# the reference of the equivalence too: generation in batches of one prompt group (4 samples), as the digenrl
-# fragments are made, so both runs compute on the same shapes
+# generation in batches of one prompt group (4 samples), as the digenrl fragments are made
 run colocated-sync 130 system=colocated-sync sampler.samples_per_forward=4 profile=$ONE
 run separate-sync 120 system=separate-sync pools.trainers=1 pools.generators=1
 run separate-async 110 system=separate-async asynchrony.max_staleness=1 pools.trainers=1 pools.generators=1
 # GAP fragments of one prompt group; TAG always: the trainer generates fragments itself
 run digenrl-gap-tag 100 system=digenrl pools.trainers=1 pools.generators=1 gap.fragment_groups=1 \
     tag.policy=always tcss=false
-wanted equivalence && step equivalence 20 $PY experiments/gpu/shared_summary.py equivalence \
-    "$RUNS/colocated-sync" "$RUNS/digenrl-gap-tag" --out "$WORK" --iterations 3
+# item 3, the equivalence: digenrl GAP+TAG against colocated-sync with deterministic kernels and micro-batches
+# of one fragment, compared bit for bit (experiments/gpu/h200_equivalence.sh; its log and tables land in
+# $WORK/equivalence). The runs above use the default kernels, with which colocated-sync does not reproduce
+# itself past the first update (docs/operations.md, "Reproducible runs").
+wanted equivalence && step equivalence 240 env ONLY="det-colocated det-digenrl exact" DEADLINE_S=230 DRY=$DRY \
+    OUT="$WORK/equivalence" WORK="$WORK/equivalence-work" RUNS="$RUNS-equivalence" \
+    bash experiments/gpu/h200_equivalence.sh
 # TSP: one pipeline of 2 generator stages (3 ranks on the GPU)
 run digenrl-tsp 120 system=digenrl pools.trainers=1 pools.generators=2 tsp_stages=2 gap.fragment_groups=1 tag=false
 run digenrl-tcss 85 system=digenrl pools.trainers=1 pools.generators=1 gap.fragment_groups=1 tcss=true tag=false
