@@ -394,6 +394,9 @@ class RuntimeConfig:
     # deterministic kernels (torch.use_deterministic_algorithms, docs/operations.md "Reproducible runs"):
     # two runs, or two schedules, then round alike; slower, and an op without a deterministic kernel raises
     deterministic: bool = False
+    # profile this iteration on every rank with torch.profiler: device time per phase and kind of kernel in
+    # out_dir/profile/rank<r>.{json,md} and the trace (docs/operations.md, "Profiling an iteration")
+    profile_iteration: int | None = field(default=None, metadata=within(0, 10_000_000))
     # shared-device mode's memory check prices each rank's activations from the measured cost file
     # <costs_dir>/<device>-<model>.json (experiments/results/costs in a checkout); None = not counted
     costs_dir: str | None = None

@@ -40,6 +40,7 @@ from digenrl.runtime.distributed import DistContext
 from digenrl.runtime.event_records import load_events, rank_log_path, span_record
 from digenrl.runtime.event_summary import summarize_events
 from digenrl.runtime.fault_injection import inject_fault
+from digenrl.runtime.iteration_profile import RANGE_PREFIX as PROFILER_RANGE_PREFIX
 
 __all__ = ["EventLogger", "agree_clock_origin", "load_events", "merge_chrome_trace", "summarize_events"]
 
@@ -152,7 +153,9 @@ class EventLogger:
         t_start = self.now()
         try:
             inject_fault(self.rank, iteration, phase=phase)
-            yield notes
+            # also a profiler range: runtime.profile_iteration attributes kernels to phases by it
+            with torch.profiler.record_function(PROFILER_RANGE_PREFIX + phase):
+                yield notes
         except BaseException as error:
             notes["error"] = type(error).__name__
             raise

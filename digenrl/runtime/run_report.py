@@ -115,6 +115,12 @@ def closing_summary(records: list[dict[str, Any]], out_dir: str | Path) -> str:
     if stale and max(stale) > 0:
         lines.append(f"[digenrl] one-version-stale samples (TCSS): {100 * statistics.mean(stale):.0f}%")
     out = Path(out_dir)
+    profiled = [r["iteration"] for r in records if r.get("profiled")]
+    if profiled:
+        lines.append(
+            f"[digenrl] iteration {profiled[0]} ran under the kernel profiler (its time includes the "
+            f"profiler's overhead): device time per phase and kernel kind in {out / 'profile'}/rank<r>.md"
+        )
     lines.append(
         f"[digenrl] metrics {out / 'metrics.jsonl'} | trace {out / 'trace.json'} (https://ui.perfetto.dev) | "
         f"checkpoints {out / 'checkpoints'}"

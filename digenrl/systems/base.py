@@ -24,6 +24,7 @@ from digenrl.rollout.evaluate import EvalPhases, EvalResult, eval_schedule
 from digenrl.runtime.distributed import DistContext
 from digenrl.runtime.events import agree_clock_origin, merge_chrome_trace
 from digenrl.runtime.fault_injection import inject_fault
+from digenrl.runtime.iteration_profile import profiled_iteration
 from digenrl.runtime.metrics import add_event_summary, read_metrics
 from digenrl.runtime.policy_version import PolicyVersion
 from digenrl.runtime.run_report import closing_summary, start_banner
@@ -190,6 +191,13 @@ class System:
             "fraction_of_bound": bound_s / wall_s if wall_s > 0 else None,
         }
 
+    def maybe_profiled(self, iteration: int) -> AbstractContextManager[None]:
+        """``runtime.profile_iteration``: that iteration under the kernel profiler on every rank (its wall
+        time then includes the profiler's overhead)."""
+        if iteration != self.cfg.runtime.profile_iteration:
+            return nullcontext()
+        return profiled_iteration(self.cfg.out_dir, self.ctx.rank, self.ctx.device, iteration)
+
     def run(self) -> list[dict]:
         cfg, ctx, run = self.cfg, self.ctx, self.run_start
         start = 0
@@ -220,7 +228,8 @@ class System:
                 torch.cuda.reset_peak_memory_stats(ctx.device)
             evaluation = self.evaluate(iteration, final=False)
             t0 = time.perf_counter()
-            report = self.run_iteration(iteration)
+            with self.maybe_profiled(iteration):
+                report = self.run_iteration(iteration)
             wall = time.perf_counter() - t0
             evaluation = self.evaluate(iteration, final=True) or evaluation
             record = {
@@ -237,6 +246,8 @@ class System:
                 "wall_s": wall,
                 **{f"{phase}_s": s for phase, s in report.phase_s.items()},
             }
+            if iteration == cfg.runtime.profile_iteration:
+                record["profiled"] = True  # its wall time includes the profiler's overhead
             if ctx.rank == 0:  # metrics.jsonl is rank 0's
                 record |= self.loop_bound(report, wall)
             if ctx.device.type == "cuda":

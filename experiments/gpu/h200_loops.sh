@@ -48,6 +48,12 @@ loop() {
     echo "{\"config\": \"${file%% *}\"}" >"$RUNS/$name/loop.json"
     # traces stay on the device (tens of MB each: the device call brings back less)
     (cd "$RUNS/$name" 2>/dev/null && cp -r config.yaml metrics.jsonl loop.json "$WORK/runs/$name/" 2>/dev/null)
+    # the kernel profile's summary of a profiled run (runtime.profile_iteration), not its trace
+    if [[ -d "$RUNS/$name/profile" ]]; then
+        mkdir -p "$WORK/runs/$name/profile"
+        cp "$RUNS/$name"/profile/rank*.json "$RUNS/$name"/profile/rank*.md "$WORK/runs/$name/profile/" 2>/dev/null
+        rm -f "$WORK/runs/$name"/profile/*.trace.json
+    fi
     $PY experiments/gpu/loops_summary.py "$RUNS" --out "$WORK" --hardware "$(hardware)" >/dev/null
 }
 hardware() { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep . || echo cpu; }
@@ -72,13 +78,17 @@ if wanted trainer-profile && [[ $DRY != 1 ]]; then
         --micro-batch-sizes 16 --samples 16 --train-steps 1 --cfg on --paths optimized --compile --autocast \
         --warmup 1 --iters 2 --profile --out "$WORK/trainer-profile"
 fi
-# 4. the loops: SD3.5-medium 2 x 8 (the config as committed), then 8 x 8; FLUX.1-dev
-loop sd35 140 "$SD35"
+# 4. the loops: SD3.5-medium 2 x 8 (the config as committed), then 8 x 8; FLUX.1-dev. A run with
+#    PROFILED gets one more iteration, run under the kernel profiler (runtime.profile_iteration) and left out
+#    of the medians: its device time per phase and kernel kind is the row's explanation
+PROFILED_SD35="iterations=5 runtime.profile_iteration=4"
+loop sd35 160 "$SD35" $PROFILED_SD35
 loop sd35-nocudnn 140 "$SD35" model.cudnn_sdpa=disabled
 loop sd35-eager 90 "$SD35" model.compile=false model.autocast=false
 loop sd35-8x8 170 "$SD35" algo.prompts_per_iteration=8 iterations=3
 loop sd35-8x8-nocudnn 170 "$SD35" algo.prompts_per_iteration=8 iterations=3 model.cudnn_sdpa=disabled
-loop flux 200 "$FLUX" iterations=3
+loop sd35-8x8-eager 200 "$SD35" algo.prompts_per_iteration=8 iterations=3 model.compile=false model.autocast=false
+loop flux 240 "$FLUX" iterations=4 runtime.profile_iteration=3
 loop flux-eager 150 "$FLUX" iterations=3 model.compile=false model.autocast=false
 # Qwen-Image: the SD3.5-medium settings (2 x 8, 10 steps, CFG 4.5) at micro-batch 2, as issue 23's table
 loop qwen 330 "$SD35" model=qwen-image trainer.micro_batch_size=2 iterations=3

@@ -45,7 +45,8 @@ def code_path(cfg: dict) -> str:
 def summarise_run(run: Path) -> dict:
     cfg = yaml.safe_load((run / "config.yaml").read_text())
     rows = read_metrics(run)
-    later = rows[1:] or rows
+    # the iterations after the first (it compiles), but not one run under the kernel profiler (slower)
+    later = [r for r in rows[1:] if not r.get("profiled")] or rows
     source = json.loads((run / "loop.json").read_text()) if (run / "loop.json").exists() else {}
     algo = cfg.get("algo", {})
     by_phase: dict[str, float | None] = {}
@@ -68,6 +69,29 @@ def summarise_run(run: Path) -> dict:
         "ratio_min": min((r["ratio_min"] for r in later if r.get("ratio_min") is not None), default=None),
         "peak_mem_gib": round(max((r.get("peak_mem_gib") or 0.0) for r in rows), 2) if rows else None,
         "path": code_path(cfg),
+        "profile": _profile(run),
+    }
+
+
+def _profile(run: Path) -> dict | None:
+    """Rank 0's kernel profile of the run's profiled iteration (runtime.profile_iteration): per phase wall,
+    device-busy and idle seconds and the busy seconds by kernel kind; None when the run was not profiled."""
+    path = run / "profile" / "rank0.json"
+    if not path.exists():
+        return None
+    summary = json.loads(path.read_text())
+    return {
+        "iteration": summary["iteration"],
+        "busy_fraction": summary["busy_fraction"],
+        "phases": {
+            phase: {
+                "wall_s": row["wall_s"],
+                "device_busy_s": row["device_busy_s"],
+                "idle_s": row["idle_s"],
+                "busy_by_kind_s": {k: round(v, 4) for k, v in row["busy_by_kind_s"].items()},
+            }
+            for phase, row in summary["phases"].items()
+        },
     }
 
 
@@ -104,6 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(rows, indent=1) + "\n")
     md = f"# Full loops ({args.hardware})\n\nCommand: `{args.command}`\n\n" + table(rows)
+    for run in runs:  # each profiled run's kernel tables (digenrl/runtime/iteration_profile.py)
+        profile = run / "profile" / "rank0.md"
+        if profile.exists():
+            md += f"\n## {run.name}: kernel profile\n\n" + profile.read_text().split("\n", 1)[1]
     (out / "summary.md").write_text(md)
     print(md)
     return 0

@@ -1,0 +1,103 @@
+"""``runtime.profile_iteration``: device time per phase and kind of kernel, from the profiler's trace."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from digenrl.runtime.iteration_profile import format_summary, kernel_kind, summarise_trace
+from tests.systems.launcher import run_train
+
+
+def _x(cat: str, name: str, ts: float, dur: float) -> dict:
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur}
+
+
+#: a Kineto-style trace: host ranges (user_annotation), their GPU-side ranges (gpu_user_annotation, later
+#: than the host's: kernels run after their launch) and device events; times in µs
+TRACE = {
+    "traceEvents": [
+        _x("user_annotation", "digenrl/generate", 0, 1000),
+        _x("gpu_user_annotation", "digenrl/generate", 50, 1000),
+        _x("kernel", "sm90_xmma_gemm_bf16bf16_bf16f32", 60, 300),
+        _x("kernel", "flash_fwd_kernel<...>", 400, 200),
+        _x("user_annotation", "digenrl/score", 1000, 500),  # nested in nothing: a phase of its own
+        _x("gpu_user_annotation", "digenrl/score", 1050, 500),
+        _x("kernel", "sm90_xmma_fprop_implicit_gemm_bf16", 1100, 100),
+        _x("gpu_memcpy", "Memcpy DtoH (Device -> Pinned)", 1300, 50),
+        _x("user_annotation", "digenrl/train", 2000, 3000),
+        _x("gpu_user_annotation", "digenrl/train", 2000, 3000),
+        _x("kernel", "flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel", 2100, 700),
+        _x("kernel", "triton_poi_fused_add_mul_0", 2900, 100),
+        _x("kernel", "void at::native::vectorized_elementwise_kernel<4>", 3100, 100),
+        _x("kernel", "sm90_xmma_gemm_bf16bf16_bf16f32", 3300, 1200),
+        _x("kernel", "ncclKernel_AllReduce", 6000, 10),  # after every phase
+        _x("cpu_op", "aten::mm", 10, 5),  # host ops are not device time
+        # launched in the last µs of generate, run after its GPU-side range: the launch decides
+        {**_x("cuda_runtime", "cudaLaunchKernel", 990, 5), "args": {"correlation": 7}},
+        {**_x("kernel", "flash_fwd_kernel<...>", 1060, 20), "args": {"correlation": 7}},
+        {"ph": "i", "cat": "kernel", "name": "instant", "ts": 0},  # not a complete event
+    ]
+}
+
+
+def test_kernel_kinds_follow_the_names():
+    assert kernel_kind("flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel") == "attention backward"
+    assert kernel_kind("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma") == "attention backward"
+    assert kernel_kind("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma") == "attention forward"
+    assert kernel_kind("sm90_xmma_fprop_implicit_gemm_bf16") == "convolution"  # not a matmul
+    assert kernel_kind("nvjet_hsh_128x256_64x4_2x1_v_bz_coopA_TNT") == "matmul"
+    assert kernel_kind("triton_red_fused_native_layer_norm_0") == "fused (inductor)"
+    assert kernel_kind("Memcpy HtoD", "gpu_memcpy") == "memcpy"
+    assert kernel_kind("ncclKernel_AllReduce") == "communication"
+    assert kernel_kind("some_custom_kernel") == "other"
+
+
+def test_trace_summary_attributes_every_device_event_to_its_phase():
+    s = summarise_trace(TRACE, wall_s=0.01)
+    assert s["device_events"] == 10 and s["device_busy_s"] == pytest.approx(2.78e-3)
+    assert s["busy_fraction"] == pytest.approx(0.278)
+    gen, score, train = (s["phases"][p] for p in ("generate", "score", "train"))
+    assert gen["busy_by_kind_s"] == pytest.approx({"matmul": 3e-4, "attention forward": 2.2e-4})
+    assert gen["wall_s"] == pytest.approx(1e-3) and gen["idle_s"] == pytest.approx(4.8e-4)
+    assert score["busy_by_kind_s"] == pytest.approx({"convolution": 1e-4, "memcpy": 5e-5})
+    assert train["busy_by_kind_s"] == pytest.approx(
+        {
+            "matmul": 1.2e-3,
+            "attention backward": 7e-4,
+            "fused (inductor)": 1e-4,
+            "element-wise / reduction": 1e-4,
+        }
+    )
+    assert list(train["busy_by_kind_s"]) == sorted(
+        train["busy_by_kind_s"], key=lambda k: -train["busy_by_kind_s"][k]
+    )
+    outside = s["phases"]["(outside any phase)"]
+    assert outside["wall_s"] is None and outside["busy_by_kind_s"] == {"communication": pytest.approx(1e-5)}
+    top = s["top_kernels"][0]
+    assert top["name"] == "sm90_xmma_gemm_bf16bf16_bf16f32" and top["calls"] == 2
+    assert top["seconds"] == pytest.approx(1.5e-3)
+    table = format_summary(s, "t")
+    assert "| train | 0.003 | 0.002 | 0.001 | matmul 0.001, attention backward 0.001 |" in table
+    assert "| `Memcpy DtoH (Device -> Pinned)` | memcpy | 0.0001 | 1 |" in table
+
+
+def test_a_run_writes_the_profile_of_the_asked_iteration(tmp_path):
+    out = tmp_path / "run"
+    run_train(
+        [
+            "system=colocated-sync",
+            "profile=cpu-1",
+            "iterations=2",
+            "runtime.profile_iteration=1",
+            f"out_dir={out}",
+        ]
+    )
+    summary = json.loads((out / "profile" / "rank0.json").read_text())
+    assert summary["iteration"] == 1 and summary["rank"] == 0
+    assert {"generate", "score", "train"} <= set(summary["phases"])  # the run's phases, with their wall time
+    assert all(summary["phases"][p]["wall_s"] > 0 for p in ("generate", "score", "train"))
+    assert (out / "profile" / "rank0.md").is_file() and (
+        out / "profile" / "rank0.trace.json"
+    ).stat().st_size > 0
