@@ -8,8 +8,9 @@
 #
 #   device run (kind nvidia-h200, carry [".whl"], timeout 600):
 #     bash experiments/gpu/h200_loops.sh                      # every step below, as far as 10 minutes go
-#     ONLY="sd35-8x8 sd35-8x8-nocudnn trainer-profile" bash experiments/gpu/h200_loops.sh   # then the rest,
-#     ONLY="flux flux-eager" ..., ONLY="qwen" ..., ONLY="qwen-eager" ...: one call each (10 minutes a call)
+#     ONLY="sd35 sd35-eager sd35-8x8 sd35-8x8-eager" bash experiments/gpu/h200_loops.sh   # then the rest,
+#     ONLY="sd35-profile flux" ..., ONLY="flux-eager" ..., ONLY="qwen" ..., ONLY="qwen-eager" ...: one call
+#     each (10 minutes a call; a cold compile cache costs ~130 s per model)
 #   CPU dry run of the same commands with the tiny model: DRY=1 bash experiments/gpu/h200_loops.sh
 #
 # Results under $OUT: log.txt, summary.md, results.tgz (summary.json/md from experiments/gpu/loops_summary.py,
@@ -78,18 +79,19 @@ if wanted trainer-profile && [[ $DRY != 1 ]]; then
         --micro-batch-sizes 16 --samples 16 --train-steps 1 --cfg on --paths optimized --compile --autocast \
         --warmup 1 --iters 2 --profile --out "$WORK/trainer-profile"
 fi
-# 4. the loops: SD3.5-medium 2 x 8 (the config as committed), then 8 x 8; FLUX.1-dev. A run with
-#    PROFILED gets one more iteration, run under the kernel profiler (runtime.profile_iteration) and left out
-#    of the medians: its device time per phase and kernel kind is the row's explanation
-PROFILED_SD35="iterations=5 runtime.profile_iteration=4"
-loop sd35 160 "$SD35" $PROFILED_SD35
+# 4. the loops: SD3.5-medium 2 x 8 (the config as committed), then 8 x 8; FLUX.1-dev. A profiled run has one
+#    iteration under the kernel profiler (runtime.profile_iteration), left out of the medians: its device
+#    time per phase and kernel kind is the row's explanation
+loop sd35 180 "$SD35"
+# the kernel profile of the same loop on its own (a cold compile cache takes ~130 s of a call): iteration 2
+loop sd35-profile 230 "$SD35" iterations=3 runtime.profile_iteration=2
 loop sd35-nocudnn 140 "$SD35" model.cudnn_sdpa=disabled
 loop sd35-eager 90 "$SD35" model.compile=false model.autocast=false
 loop sd35-8x8 170 "$SD35" algo.prompts_per_iteration=8 iterations=3
 loop sd35-8x8-nocudnn 170 "$SD35" algo.prompts_per_iteration=8 iterations=3 model.cudnn_sdpa=disabled
 loop sd35-8x8-eager 200 "$SD35" algo.prompts_per_iteration=8 iterations=3 model.compile=false model.autocast=false
-loop flux 240 "$FLUX" iterations=4 runtime.profile_iteration=3
-loop flux-eager 150 "$FLUX" iterations=3 model.compile=false model.autocast=false
+loop flux 300 "$FLUX" iterations=4 runtime.profile_iteration=3
+loop flux-eager 150 "$FLUX" iterations=2 model.compile=false model.autocast=false
 # Qwen-Image: the SD3.5-medium settings (2 x 8, 10 steps, CFG 4.5) at micro-batch 2, as issue 23's table
 loop qwen 330 "$SD35" model=qwen-image trainer.micro_batch_size=2 iterations=3
 loop qwen-eager 330 "$SD35" model=qwen-image trainer.micro_batch_size=2 iterations=3 model.compile=false \
