@@ -92,6 +92,8 @@ loop sd35-8x8-nocudnn 170 "$SD35" algo.prompts_per_iteration=8 iterations=3 mode
 loop sd35-8x8-eager 200 "$SD35" algo.prompts_per_iteration=8 iterations=3 model.compile=false model.autocast=false
 loop flux 300 "$FLUX" iterations=4 runtime.profile_iteration=3
 loop flux-eager 150 "$FLUX" iterations=2 model.compile=false model.autocast=false
+# FLUX's training idles between small kernels at micro-batch 2 (the profile of the flux row): micro-batch 8
+loop flux-mb8 240 "$FLUX" iterations=3 trainer.micro_batch_size=8
 # Qwen-Image: the SD3.5-medium settings (2 x 8, 10 steps, CFG 4.5) at micro-batch 2, as issue 23's table
 loop qwen 330 "$SD35" model=qwen-image trainer.micro_batch_size=2 iterations=3
 loop qwen-eager 330 "$SD35" model=qwen-image trainer.micro_batch_size=2 iterations=3 model.compile=false \
