@@ -122,6 +122,16 @@ def ensure_fork_server(env: dict[str, str]) -> None:
         _server_started = True
 
 
+def ready_fork_server(env: dict[str, str]) -> None:
+    """:func:`ensure_fork_server`, then wait until the server has imported the preload list (its first fork
+    waits for that): a test that times a run from its first fork (a hang timeout) then starts its clock after
+    those imports, however loaded the machine and whichever test ran first."""
+    ensure_fork_server(env)
+    process = multiprocessing.get_context("forkserver").Process(target=os.getpid)
+    process.start()
+    process.join()
+
+
 @contextlib.contextmanager
 def _signal_handlers_restored() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():  # the agent installs none there

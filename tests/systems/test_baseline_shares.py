@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from digenrl.config import ConfigError, load_config
-from digenrl.runtime.metrics import read_metrics
 from digenrl.trainer.checkpoint import full_trainer_state, load_latest_checkpoint
 from digenrl.validation import validate_config
+from tests.systems.equivalence import assert_same_update
 from tests.systems.launcher import TINY, run_train
 
 # one prompt group of 4 samples per iteration: 2 ranks each get half of it
@@ -57,14 +57,9 @@ def _train_samples(out_dir, rank: int) -> list[int]:
 
 @pytest.mark.parametrize("variant", ["split-group", "split-group-overlap", "speed", "split-group-separate"])
 def test_same_update_as_the_whole_group_run(runs, variant):
-    reference, other = read_metrics(runs["whole-group"]), read_metrics(runs[variant])
-    for a, b in zip(reference, other, strict=True):
-        assert a["samples"] == b["samples"] == 4 and a["train_units"] == b["train_units"]
-        assert b["reward_mean"] == pytest.approx(a["reward_mean"], abs=1e-6)
-        assert b["reward_std"] == pytest.approx(a["reward_std"], abs=1e-6)
-        assert b["update_norm"] == pytest.approx(a["update_norm"], rel=1e-5)
-        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5)
-        assert b["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert_same_update(
+        runs["whole-group"], runs[variant], rel=1e-5, samples=4, ratio_abs=1e-5, equal=("train_units",)
+    )
     wa = full_trainer_state(load_latest_checkpoint(runs["whole-group"]))["model"]
     wb = full_trainer_state(load_latest_checkpoint(runs[variant]))["model"]
     assert wa.keys() == wb.keys() and wa

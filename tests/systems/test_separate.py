@@ -17,6 +17,7 @@ from digenrl.config import ConfigError, load_config
 from digenrl.runtime.metrics import read_metrics
 from digenrl.trainer.checkpoint import load_latest_checkpoint
 from digenrl.validation import validate_config
+from tests.systems.equivalence import assert_same_update
 from tests.systems.launcher import RESUME_KEYS, TINY, assert_resumed_exactly, resume_from_copy, run_train
 
 COMMON = ["iterations=2", "seed=5", "checkpoint_every=1"]
@@ -45,18 +46,18 @@ def _model_state(out_dir) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("system", ["separate-sync", "separate-async"])
 def test_same_trajectories_and_update_as_colocated_sync(runs, system):
-    reference, other = read_metrics(runs["colocated-sync"]), read_metrics(runs[system])
-    assert len(reference) == len(other) == 2
-    # Iteration 0 starts from the same weights: bit-identical trajectories, hence identical rewards.
-    assert other[0]["reward_mean"] == reference[0]["reward_mean"]
-    assert other[0]["reward_std"] == pytest.approx(reference[0]["reward_std"], abs=1e-12)
-    for a, b in zip(reference, other, strict=True):
-        assert a["samples"] == b["samples"] == 16
-        # later iterations use θ_k that differs in the last fp32 bits (gradient summation order)
-        assert b["reward_mean"] == pytest.approx(a["reward_mean"], abs=1e-6)
-        assert b["update_norm"] == pytest.approx(a["update_norm"], rel=1e-4)
-        assert b["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
-        assert b["staleness"] == 0
+    # Iteration 0 starts from the same weights: bit-identical trajectories, hence identical rewards; later
+    # iterations use θ_k that differs in the last fp32 bits (gradient summation order).
+    assert_same_update(
+        runs["colocated-sync"],
+        runs[system],
+        rel=1e-4,
+        samples=16,
+        iterations=2,
+        first_rewards_exact=True,
+        ratio_abs=1e-5,
+        zero=("staleness",),
+    )
     ref_state, state = _model_state(runs["colocated-sync"]), _model_state(runs[system])
     assert ref_state.keys() == state.keys()
     # Adam normalises each element by its own gradient scale, so an element whose gradient is ~0 can
@@ -122,36 +123,47 @@ def test_async_with_staleness_one_overlaps_stays_within_one_version_and_resumes_
     assert_resumed_exactly(out, tmp_path / "resumed", (*RESUME_KEYS, "staleness"))
 
 
-@pytest.mark.parametrize("kind", ["raise", "kill"])
-def test_a_failing_rank_brings_the_job_down_and_the_checkpoint_loads(tmp_path, kind, monkeypatch):
-    """Generator rank 3 fails at the start of iteration 1, once iteration 0's checkpoint is published (it
-    runs ahead of the trainer ranks that write it: without ``after`` the job may be torn down first)."""
+@pytest.mark.parametrize(
+    ("kind", "pools", "generator"),
+    [
+        # raise: the teardown by torchrun's elastic agent, on forked ranks (tests/systems/preloaded_launch.py)
+        ("raise", SEPARATE, 3),
+        # kill: the job torchrun itself tears down, and its failure summary (the user's command, each rank a
+        # fresh interpreter importing torch: on the smallest separate job, 1 trainer + 1 generator)
+        ("kill", ["profile=cpu-2", "pools.trainers=1", "pools.generators=1"], 1),
+    ],
+    ids=["raise", "kill"],
+)
+def test_a_failing_rank_brings_the_job_down_and_the_checkpoint_loads(
+    tmp_path, kind, pools, generator, monkeypatch
+):
+    """The last generator rank fails at the start of iteration 1, once iteration 0's checkpoint is published
+    (it runs ahead of the trainer ranks that write it: without ``after`` the job may be torn down first)."""
     out = tmp_path / kind
     latest = out / "checkpoints" / "latest"
-    monkeypatch.setenv("DIGENRL_INJECT_FAULT", f"rank=3,iteration=1,kind={kind},after={latest}")
+    monkeypatch.setenv("DIGENRL_INJECT_FAULT", f"rank={generator},iteration=1,kind={kind},after={latest}")
     start = time.monotonic()
     proc = run_train(
         [
-            *SEPARATE,
+            *pools,
             "iterations=3",
             "system=separate-sync",
             "checkpoint_every=1",
             "runtime.timeout_s=30",
             f"out_dir={out}",
         ],
-        nproc=4,
+        nproc=generator + 1,
         check=False,
         timeout_s=120,
-        # kill: the job torchrun itself tears down, and its failure summary; raise: the same teardown by
-        # the same elastic agent on forked ranks (tests/systems/preloaded_launch.py), without the imports
         launcher="command" if kind == "kill" else "preloaded",
     )
     assert proc.returncode != 0
     assert time.monotonic() - start < 100
     if kind == "raise":
-        assert "[rank 3] FAILED: RuntimeError: injected fault on rank 3 at iteration 1 (start)" in proc.stderr
+        fault = f"injected fault on rank {generator} at iteration 1 (start)"
+        assert f"[rank {generator}] FAILED: RuntimeError: {fault}" in proc.stderr
     else:
-        assert "rank      : 3" in proc.stderr or "local_rank: 3" in proc.stderr
+        assert f"rank      : {generator}" in proc.stderr or f"local_rank: {generator}" in proc.stderr
     payload = load_latest_checkpoint(out)
     assert payload is not None and payload["next_iteration"] == 1
 
