@@ -38,18 +38,8 @@ COMMON="$COMMON iterations=4 checkpoint_every=3 seed=0 algo.prompts_per_iteratio
     sampler.samples_per_forward=4 trainer.micro_batch_size=4 ${EXTRA:-}"
 
 ONLY=${ONLY:-"det-colocated det-digenrl exact colocated-a colocated-b self digenrl default"}
-wanted() { [[ " $ONLY " == *" $1 "* ]]; }
-
-# run NAME BUDGET_S OVERRIDES...: one training run into $RUNS/NAME; its small files copied under $WORK
-run() {
-    local name=$1 budget=$2
-    shift 2
-    wanted "$name" || return 0
-    # shellcheck disable=SC2086
-    step "$name" "$budget" $PY experiments/run_train.py $COMMON out_dir="$RUNS/$name" overwrite=true "$@"
-    mkdir -p "$WORK/runs/$name"
-    (cd "$RUNS/$name" 2>/dev/null && cp -r config.yaml metrics.jsonl "$WORK/runs/$name/" 2>/dev/null)
-}
+# run NAME BUDGET_S OVERRIDES...: one training run into $RUNS/NAME; its config and metrics copied under $WORK
+run() { train_step "$1" "$2" "config.yaml metrics.jsonl" "${@:3}"; }
 
 # compare NAME REFERENCE CANDIDATE [--exact]: the equivalence table of two runs (after 3 iterations)
 compare() {

@@ -34,7 +34,6 @@ else
     ITER="iterations=4"
 fi
 ONLY=${ONLY:-"regression parity sd35 sd35-nocudnn sd35-eager"}
-wanted() { [[ " $ONLY " == *" $1 "* ]]; }
 
 # loop NAME BUDGET_S CONFIG_ARGS OVERRIDES...: one colocated run into $RUNS/NAME (skipped unless NAME is in $ONLY)
 loop() {

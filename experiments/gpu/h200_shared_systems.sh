@@ -56,25 +56,9 @@ case $PART in
 2) ONLY=${ONLY:-$PART2} ;;
 *) ONLY=${ONLY:-"$PART1 $PART2"} ;;
 esac
-wanted() { [[ " $ONLY " == *" $1 "* ]]; }
-
 # run NAME BUDGET_S OVERRIDES...: one training run into $RUNS/NAME (skipped unless NAME is in $ONLY); its
-# small files are copied under $WORK.
-run() {
-    local name=$1 budget=$2
-    shift 2
-    wanted "$name" || return 0
-    # shellcheck disable=SC2086
-    step "$name" "$budget" $PY experiments/run_train.py $COMMON out_dir="$RUNS/$name" overwrite=true "$@"
-    mkdir -p "$WORK/runs/$name"
-    (cd "$RUNS/$name" 2>/dev/null && cp -r config.yaml metrics.jsonl events trace.json "$WORK/runs/$name/" 2>/dev/null)
-}
-
-summary() {
-    $PY experiments/gpu/shared_summary.py systems "$RUNS" --out "$WORK" \
-        --hardware "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || echo cpu)" \
-        --command "PART=$PART bash experiments/gpu/h200_shared_systems.sh"
-}
+# small files are copied under $WORK
+run() { train_step "$1" "$2" "config.yaml metrics.jsonl events trace.json" "${@:3}"; }
 
 # generation in batches of one prompt group (4 samples), as the digenrl fragments are made
 run colocated-sync 130 system=colocated-sync sampler.samples_per_forward=4 profile=$ONE

@@ -5,6 +5,7 @@
 #   OUT=... WORK=... DEADLINE_S=530 source experiments/gpu/steps.sh
 #   gpu_setup
 #   step NAME BUDGET_S COMMAND...
+#   train_step NAME BUDGET_S FILES OVERRIDES...   # with PY, COMMON, RUNS and ONLY set
 #   finish
 #
 # Results: $OUT/log.txt (everything printed), $OUT/summary.md (every *.md a step wrote under $WORK) and
@@ -52,6 +53,22 @@ step() {
     timeout -k 5 "$budget" "$@"
     echo "## END $name: rc=$? t=$(elapsed)s"
     pack
+}
+
+# wanted NAME: is NAME in $ONLY (the steps a call runs)?
+wanted() { [[ " ${ONLY:-} " == *" $1 "* ]]; }
+
+# train_step NAME BUDGET_S FILES OVERRIDES...: one `run_train.py $COMMON` run into $RUNS/NAME as a step (skipped
+# unless wanted); FILES (space-separated names in the run folder) are copied under $WORK/runs/NAME
+train_step() {
+    local name=$1 budget=$2 files=$3
+    shift 3
+    wanted "$name" || return 0
+    # shellcheck disable=SC2086
+    step "$name" "$budget" $PY experiments/run_train.py $COMMON out_dir="$RUNS/$name" overwrite=true "$@"
+    mkdir -p "$WORK/runs/$name"
+    # shellcheck disable=SC2086
+    (cd "$RUNS/$name" 2>/dev/null && cp -r $files "$WORK/runs/$name/" 2>/dev/null)
 }
 
 finish() {
