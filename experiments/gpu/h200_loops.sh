@@ -95,6 +95,10 @@ loop flux-eager 150 "$FLUX" iterations=2 model.compile=false model.autocast=fals
 loop flux-mb8 240 "$FLUX" iterations=3 trainer.micro_batch_size=8
 # Qwen-Image: the SD3.5-medium settings (2 x 8, 10 steps, CFG 4.5) at micro-batch 2, as issue 23's table
 loop qwen 330 "$SD35" model=qwen-image trainer.micro_batch_size=2 iterations=3
+# what FLUX's profile suggests for Qwen-Image (micro-batch 2 idles between small kernels): a larger
+# micro-batch, with activation checkpointing to fit (not run yet)
+loop qwen-mb8-ckpt 330 "$SD35" model=qwen-image trainer.micro_batch_size=8 trainer.activation_checkpointing=true \
+    iterations=3
 loop qwen-eager 330 "$SD35" model=qwen-image trainer.micro_batch_size=2 iterations=3 model.compile=false \
     model.autocast=false
 $PY experiments/gpu/loops_summary.py "$RUNS" --out "$WORK" --hardware "$(hardware)" \
