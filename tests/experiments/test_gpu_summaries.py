@@ -1,0 +1,40 @@
+"""The device scripts' summaries (experiments/gpu/loops_summary.py) read the committed H200 runs as the
+results READMEs quote them."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+from pathlib import Path
+
+import pytest
+
+from experiments.gpu import loops_summary
+
+LOOPS = Path(__file__).resolve().parents[2] / "experiments" / "results" / "gpu" / "loops"
+
+
+def test_a_profiled_iteration_is_left_out_of_the_medians_and_its_profile_kept():
+    run = LOOPS / "runs" / "flux"  # 4 iterations, iteration 3 under the kernel profiler
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r.get("profiled", False) for r in records] == [False, False, False, True]
+    row = loops_summary.summarise_run(run)
+    assert row["samples_per_s"] == pytest.approx(
+        statistics.median(r["samples_per_s"] for r in records[1:3]), abs=1e-4
+    )
+    assert row["samples_per_s"] > records[3]["samples_per_s"]  # the profiled one was slower
+    train = row["profile"]["phases"]["train"]
+    assert train["wall_s"] > train["device_busy_s"] > 0 and "matmul" in train["busy_by_kind_s"]
+
+
+def test_the_summary_table_carries_each_profiled_runs_kernel_tables(tmp_path):
+    runs = tmp_path / "runs"
+    for name in ("flux", "flux-mb8"):
+        shutil.copytree(LOOPS / "runs" / name, runs / name)
+    assert loops_summary.main([str(runs), "--out", str(tmp_path / "out")]) == 0
+    rows = {r["run"]: r for r in json.loads((tmp_path / "out" / "summary.json").read_text())}
+    assert rows["flux-mb8"]["profile"] is None and rows["flux"]["profile"] is not None
+    assert rows["flux-mb8"]["samples_per_s"] > rows["flux"]["samples_per_s"]  # micro-batch 8 vs 2
+    md = (tmp_path / "out" / "summary.md").read_text()
+    assert "## flux: kernel profile" in md and "| train |" in md and "## flux-mb8: kernel profile" not in md
