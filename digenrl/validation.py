@@ -316,6 +316,11 @@ def validate_config(cfg: Config, world_size: int | None = None) -> None:
             "trainer.nonfinite=stop with trainer.backend=deepspeed (or another backend)"
         )
     check_checkpoint_format(cfg)
+    if cfg.runtime.profile_iteration is not None and cfg.runtime.profile_iteration >= cfg.iterations:
+        raise ConfigError(
+            f"runtime.profile_iteration={cfg.runtime.profile_iteration} is never reached: the run has "
+            f"iterations={cfg.iterations} (0 to {cfg.iterations - 1}); profile one of those"
+        )
     if cfg.trainer.ema_decay > 0 and cfg.trainer.backend == "deepspeed" and cfg.trainer.deepspeed_stage == 3:
         raise ConfigError(
             "trainer.ema_decay > 0 cannot average ZeRO-3's partitioned parameters (DeepSpeed owns their "

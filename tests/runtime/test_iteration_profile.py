@@ -101,3 +101,12 @@ def test_a_run_writes_the_profile_of_the_asked_iteration(tmp_path):
     assert (out / "profile" / "rank0.md").is_file() and (
         out / "profile" / "rank0.trace.json"
     ).stat().st_size > 0
+
+
+def test_an_iteration_the_run_never_reaches_is_refused_at_startup():
+    from digenrl.config import ConfigError, load_config
+    from digenrl.validation import validate_config
+
+    validate_config(load_config(None, ["iterations=3", "runtime.profile_iteration=2"]))
+    with pytest.raises(ConfigError, match=r"runtime.profile_iteration=3 is never reached.*iterations=3"):
+        validate_config(load_config(None, ["iterations=3", "runtime.profile_iteration=3"]))
