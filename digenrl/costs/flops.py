@@ -17,6 +17,11 @@ work are not model FLOPs):
   (``both``);
 * optimizer, sync: 0 (no matmul work; their seconds still count against the loop).
 
+The convention counts a backward as two forwards also for LoRA, whose backward computes the activation
+gradients of the frozen layers but not their weight gradients (about one forward of matmul work): a LoRA
+training phase does about 3/4 of the counted work at ``cfg_grad=cond``, so its fraction of the bound reads
+high by up to 4/3 against the hardware's (experiments/results/gpu/loops/README.md reads both).
+
 The loop's fraction of its bound = model FLOPs / (seconds x ceiling): per iteration over ``wall_s`` and the
 GPUs the run occupies, per phase over the device-seconds its spans took (``phase_seconds``, summed over
 ranks; :func:`digenrl.runtime.metrics.fractions_by_phase`). The ceiling is the profile's measured bf16
