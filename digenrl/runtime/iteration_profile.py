@@ -9,7 +9,8 @@ step. This answers which, for the phases a run's event log already names (``gene
 ``torch.profiler.record_function`` range, so in the profiler's trace each kernel's launch call lies in the
 host range of the phase that launched it (``user_annotation``; matched by the launch's ``correlation``,
 else the phase's GPU-side range, ``gpu_user_annotation``, holds the kernel), and the host range gives the
-phase's wall time. Phases nest (a ``transfer`` inside ``generate``): a kernel counts for the innermost.
+phase's wall time. Phases nest (a ``transfer`` inside ``generate``): a kernel counts for the innermost, and
+a phase's wall time is its own, without the phases nested in it.
 Per phase: wall seconds, device-busy seconds, idle = wall − busy, and the busy seconds by kernel kind
 (:func:`kernel_kind`); the slowest kernels overall. The trace format is Kineto's Chrome-trace JSON as
 ``torch.profiler.profile.export_chrome_trace`` writes it (PyTorch docs, "PyTorch Profiler").
@@ -65,22 +66,43 @@ def kernel_kind(name: str, category: str = "kernel") -> str:
     return "other"
 
 
-def _ranges(events: list[dict], category: str) -> list[tuple[str, float, float]]:
-    """(phase, start µs, end µs) of the project's profiler ranges of ``category``, shortest first (so the
-    first range that contains a point is the innermost)."""
+Range = tuple[str, float, float, Any]
+"""(phase, start µs, end µs, thread id) of one profiler range."""
+
+
+def _ranges(events: list[dict], category: str) -> list[Range]:
+    """The project's profiler ranges of ``category``, shortest first (so the first range that contains a
+    point is the innermost)."""
     found = [
-        (e["name"][len(RANGE_PREFIX) :], float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)))
+        (
+            e["name"][len(RANGE_PREFIX) :],
+            float(e["ts"]),
+            float(e["ts"]) + float(e.get("dur", 0.0)),
+            e.get("tid"),
+        )
         for e in events
         if e.get("cat") == category and str(e.get("name", "")).startswith(RANGE_PREFIX)
     ]
     return sorted(found, key=lambda r: r[2] - r[1])
 
 
-def _phase_of(start_us: float, ranges: list[tuple[str, float, float]]) -> str:
-    for phase, lo, hi in ranges:
-        if lo <= start_us < hi:
+def _phase_of(start_us: float, ranges: list[Range], tid: Any = None, *, any_thread: bool = False) -> str:
+    """The innermost range holding ``start_us`` on thread ``tid`` (on any thread with ``any_thread``)."""
+    for phase, lo, hi, range_tid in ranges:
+        if (any_thread or range_tid == tid) and lo <= start_us < hi:
             return phase
     return "(outside any phase)"
+
+
+def _exclusive_walls(ranges: list[Range]) -> dict[str, float]:
+    """Seconds per phase spent in its own code: each range's duration less its direct children's (ranges
+    of the same thread inside it), so a nested phase (a ``transfer`` inside ``generate``) counts once."""
+    walls: dict[str, float] = defaultdict(float)
+    for phase, lo, hi, tid in ranges:
+        inner = [r for r in ranges if r[3] == tid and lo <= r[1] and r[2] <= hi and r[2] - r[1] < hi - lo]
+        direct = [r for r in inner if not any(o is not r and o[1] <= r[1] and r[2] <= o[2] for o in inner)]
+        walls[phase] += (hi - lo - sum(r[2] - r[1] for r in direct)) / 1e6
+    return walls
 
 
 def summarise_trace(trace: dict[str, Any], *, wall_s: float, top: int = 20) -> dict[str, Any]:
@@ -89,10 +111,10 @@ def summarise_trace(trace: dict[str, Any], *, wall_s: float, top: int = 20) -> d
     device = [e for e in events if e.get("cat") in DEVICE_CATEGORIES]
     gpu_ranges = _ranges(events, "gpu_user_annotation")
     host_ranges = _ranges(events, "user_annotation")
-    # a kernel belongs to the phase that launched it: its launch call (same ``correlation``) lies in the
-    # phase's host range; without the launch, the phase's GPU-side range holds the kernel itself
+    # a kernel belongs to the phase that launched it: its launch call (same ``correlation``) lies in a host
+    # range of the launching thread; without the launch, the phase's GPU-side range holds the kernel itself
     launched_at = {
-        e["args"]["correlation"]: float(e["ts"])
+        e["args"]["correlation"]: (float(e["ts"]), e.get("tid"))
         for e in events
         if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})
     }
@@ -100,8 +122,8 @@ def summarise_trace(trace: dict[str, Any], *, wall_s: float, top: int = 20) -> d
     def phase_of(e: dict) -> str:
         launch = launched_at.get(e.get("args", {}).get("correlation"))
         if launch is not None:
-            return _phase_of(launch, host_ranges)
-        return _phase_of(float(e["ts"]), gpu_ranges or host_ranges)
+            return _phase_of(launch[0], host_ranges, launch[1])
+        return _phase_of(float(e["ts"]), gpu_ranges or host_ranges, any_thread=True)
 
     busy: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     by_kernel: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0])
@@ -112,9 +134,7 @@ def summarise_trace(trace: dict[str, Any], *, wall_s: float, top: int = 20) -> d
         entry = by_kernel[(str(e.get("name", ""))[:160], kind)]
         entry[0] += seconds
         entry[1] += 1
-    wall_by_phase: dict[str, float] = defaultdict(float)
-    for phase, lo, hi in host_ranges:
-        wall_by_phase[phase] += (hi - lo) / 1e6
+    wall_by_phase = _exclusive_walls(host_ranges)
     phases = {}
     for phase in sorted(set(wall_by_phase) | set(busy), key=lambda p: -wall_by_phase.get(p, 0.0)):
         kinds = dict(sorted(busy[phase].items(), key=lambda kv: -kv[1])) if phase in busy else {}

@@ -83,6 +83,33 @@ def test_trace_summary_attributes_every_device_event_to_its_phase():
     assert "| `Memcpy DtoH (Device -> Pinned)` | memcpy | 0.0001 | 1 |" in table
 
 
+def _t(event: dict, tid: int, correlation: int | None = None) -> dict:
+    out = {**event, "tid": tid}
+    return out if correlation is None else {**out, "args": {"correlation": correlation}}
+
+
+def test_nested_phases_count_once_and_threads_keep_their_own_kernels():
+    trace = {
+        "traceEvents": [
+            _t(_x("user_annotation", "digenrl/generate", 0, 1000), 1),
+            _t(_x("user_annotation", "digenrl/transfer", 600, 200), 1),  # nested in generate
+            _t(_x("user_annotation", "digenrl/score", 100, 300), 2),  # another thread, overlapping
+            _t(_x("cuda_runtime", "cudaLaunchKernel", 150, 5), 1, correlation=1),  # generate's, not score's
+            _t(_x("cuda_runtime", "cudaLaunchKernel", 160, 5), 2, correlation=2),
+            _t(_x("cuda_runtime", "cudaLaunchKernel", 650, 5), 1, correlation=3),
+            _t(_x("kernel", "gemm_a", 170, 100), 7, correlation=1),
+            _t(_x("kernel", "gemm_b", 280, 50), 7, correlation=2),
+            _t(_x("kernel", "Memcpy", 700, 80), 7, correlation=3),
+        ]
+    }
+    phases = summarise_trace(trace, wall_s=0.001)["phases"]
+    assert phases["generate"]["wall_s"] == pytest.approx(8e-4)  # 1000 µs less the nested 200
+    assert phases["transfer"]["wall_s"] == pytest.approx(2e-4)
+    assert phases["generate"]["busy_by_kind_s"] == {"matmul": pytest.approx(1e-4)}
+    assert phases["score"]["busy_by_kind_s"] == {"matmul": pytest.approx(5e-5)}
+    assert phases["transfer"]["device_busy_s"] == pytest.approx(8e-5)
+
+
 def test_a_run_writes_the_profile_of_the_asked_iteration(tmp_path):
     out = tmp_path / "run"
     run_train(
