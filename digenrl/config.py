@@ -105,6 +105,8 @@ RUNTIME_BACKENDS = ("gloo", "nccl")
 GAP_ASSIGNMENTS = ("dynamic", "round-robin")
 TRAIN_ORDERS = ("index", "arrival")
 TAG_POLICIES = ("auto", "always")
+#: ``model.cudnn_sdpa`` (digenrl/models/attention_safety.py): the safety table decides per shape, or off
+CUDNN_SDPA_SETTINGS = ("auto", "disabled")
 
 #: Bounds shared by several keys. A bound is the largest value a real run could want, with room to spare;
 #: what lies beyond it is a typo or an overflow, refused before any worker starts.
@@ -128,7 +130,7 @@ class ModelConfig:
     attention_backend: str = "native"  # a diffusers backend (checked against diffusers' list)
     # auto: cuDNN's fused SDPA stays on where digenrl/models/attention_safety.py's table allows it for this
     # model's attention shape; disabled: off on every rank (A/B, or a failure the table does not know yet)
-    cudnn_sdpa: str = field(default="auto", metadata=among(("auto", "disabled")))
+    cudnn_sdpa: str = field(default="auto", metadata=among(CUDNN_SDPA_SETTINGS))
     # torch.compile the transformer's repeated blocks (digenrl/models/optimize.py); None = on for a CUDA
     # device, off on CPU (the GPU path the cost files measure, docs/design.md §5)
     compile: bool | None = None

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from digenrl.config import CUDNN_SDPA_SETTINGS
 from digenrl.models.flow_model import FlowModel, available_attention_backends, set_attention_backend
 
 log = logging.getLogger(__name__)
@@ -39,12 +40,6 @@ SAGE_BACKENDS = (
     "_sage_qk_int8_pv_fp16_cuda",
     "_sage_qk_int8_pv_fp16_triton",
 )
-
-
-CUDNN_SDPA_SETTINGS = ("auto", "disabled")
-"""``model.cudnn_sdpa``: ``auto`` lets :data:`KNOWN_BAD_ATTENTION` decide per model shape; ``disabled`` takes
-cuDNN out of SDPA on every rank whatever the table says (an A/B switch, and an escape hatch for a new
-failure)."""
 
 
 @dataclass(frozen=True)
@@ -271,7 +266,8 @@ def select_attention_backend(
     generation also loses the cuDNN forward kernel). ``torch_version`` / ``cudnn_version`` default to the
     installed ones (tests pass others; ``cudnn_version=None`` means "no cuDNN", not "the installed one").
     ``shape`` (:meth:`AttentionShape.of`) exempts the model from rows bound to other shapes; ``cudnn_sdpa``
-    is ``model.cudnn_sdpa`` (``disabled``: cuDNN SDPA off whatever the rows say). Raises ValueError for a
+    is ``model.cudnn_sdpa`` (``auto``: the rows decide per shape; ``disabled``: cuDNN SDPA off on every rank
+    whatever the rows say, an A/B switch and an escape hatch for a new failure). Raises ValueError for a
     name diffusers does not know or a ``cudnn_sdpa`` outside :data:`CUDNN_SDPA_SETTINGS`.
     """
     if cudnn_sdpa not in CUDNN_SDPA_SETTINGS:
