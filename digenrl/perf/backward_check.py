@@ -97,9 +97,10 @@ def check_backward(
     params = apply_lora(flow_model, rank=lora_rank, alpha=2 * lora_rank)
     choice = None
     process_default = process_attention_backend()
+    attention_shape = AttentionShape.of(flow_model)
     if setting == "safe":
         choice = select_attention_backend(
-            "native", needs_backward=True, device=torch_device, shape=AttentionShape.of(flow_model)
+            "native", needs_backward=True, device=torch_device, shape=attention_shape
         ).to_dict()
         apply_attention_backend(flow_model, choice["backend"])
     elif setting == "cudnn":
@@ -121,7 +122,7 @@ def check_backward(
         "cudnn_sdp_enabled": torch.backends.cuda.cudnn_sdp_enabled(),
         "attention_backends": sorted(current_attention_backends(flow_model)),
         "attention_choice": choice,
-        "attention_shape": dataclasses.asdict(shape) if (shape := AttentionShape.of(flow_model)) else None,
+        "attention_shape": dataclasses.asdict(attention_shape) if attention_shape else None,
         "lora_params": sum(p.numel() for p in params),
         "runs": [],
     }
