@@ -191,13 +191,6 @@ class System:
             "fraction_of_bound": bound_s / wall_s if wall_s > 0 else None,
         }
 
-    def maybe_profiled(self, iteration: int) -> AbstractContextManager[None]:
-        """``runtime.profile_iteration``: that iteration under the kernel profiler on every rank (its wall
-        time then includes the profiler's overhead)."""
-        if iteration != self.cfg.runtime.profile_iteration:
-            return nullcontext()
-        return profiled_iteration(self.cfg.out_dir, self.ctx.rank, self.ctx.device, iteration)
-
     def run(self) -> list[dict]:
         cfg, ctx, run = self.cfg, self.ctx, self.run_start
         start = 0
@@ -227,8 +220,15 @@ class System:
             if ctx.device.type == "cuda":  # peak_mem_gib: this iteration's peak on this rank's GPU
                 torch.cuda.reset_peak_memory_stats(ctx.device)
             evaluation = self.evaluate(iteration, final=False)
+            # runtime.profile_iteration: this iteration under the kernel profiler on every rank
+            profiled = iteration == cfg.runtime.profile_iteration
+            profiler = (
+                profiled_iteration(cfg.out_dir, ctx.rank, ctx.device, iteration)
+                if profiled
+                else nullcontext()
+            )
             t0 = time.perf_counter()
-            with self.maybe_profiled(iteration):
+            with profiler:
                 report = self.run_iteration(iteration)
             wall = time.perf_counter() - t0
             evaluation = self.evaluate(iteration, final=True) or evaluation
@@ -246,7 +246,7 @@ class System:
                 "wall_s": wall,
                 **{f"{phase}_s": s for phase, s in report.phase_s.items()},
             }
-            if iteration == cfg.runtime.profile_iteration:
+            if profiled:
                 record["profiled"] = True  # its wall time includes the profiler's overhead
             if ctx.rank == 0:  # metrics.jsonl is rank 0's
                 record |= self.loop_bound(report, wall)
