@@ -21,6 +21,7 @@ full trace ``rank<r>.trace.json`` (open it in https://ui.perfetto.dev).
 
 from __future__ import annotations
 
+import bisect
 import gc
 import json
 import re
@@ -86,12 +87,40 @@ def _ranges(events: list[dict], category: str) -> list[Range]:
     return sorted(found, key=lambda r: r[2] - r[1])
 
 
-def _phase_of(start_us: float, ranges: list[Range], tid: Any = None, *, any_thread: bool = False) -> str:
-    """The innermost range holding ``start_us`` on thread ``tid`` (on any thread with ``any_thread``)."""
-    for phase, lo, hi, range_tid in ranges:
-        if (any_thread or range_tid == tid) and lo <= start_us < hi:
+OUTSIDE = "(outside any phase)"
+
+
+def _phase_of(start_us: float, ranges: list[Range]) -> str:
+    """The innermost of ``ranges`` (shortest first, any thread) holding ``start_us``."""
+    for phase, lo, hi, _ in ranges:
+        if lo <= start_us < hi:
             return phase
-    return "(outside any phase)"
+    return OUTSIDE
+
+
+def _by_thread(ranges: list[Range]) -> dict[Any, tuple[list[float], list[Range]]]:
+    """Each thread's ranges by start (an enclosing range before a nested one that starts with it) and their
+    starts, for :func:`_innermost_on_thread`: one kernel launch is looked up in O(log n), not O(n)."""
+    threads: dict[Any, list[Range]] = defaultdict(list)
+    for r in ranges:
+        threads[r[3]].append(r)
+    index = {}
+    for tid, rs in threads.items():
+        rs.sort(key=lambda r: (r[1], r[1] - r[2]))
+        index[tid] = ([r[1] for r in rs], rs)
+    return index
+
+
+def _innermost_on_thread(t_us: float, index: tuple[list[float], list[Range]]) -> str:
+    """The innermost range of one thread holding ``t_us``: ranges of one thread nest, so it is the latest
+    starting one at or before ``t_us`` that has not ended (earlier siblings that ended are stepped over)."""
+    starts, ranges = index
+    i = bisect.bisect_right(starts, t_us) - 1
+    while i >= 0:
+        if ranges[i][2] > t_us:
+            return ranges[i][0]
+        i -= 1
+    return OUTSIDE
 
 
 def _exclusive_walls(ranges: list[Range]) -> dict[str, float]:
@@ -119,11 +148,14 @@ def summarise_trace(trace: dict[str, Any], *, wall_s: float, top: int = 20) -> d
         if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})
     }
 
+    threads = _by_thread(host_ranges)
+
     def phase_of(e: dict) -> str:
         launch = launched_at.get(e.get("args", {}).get("correlation"))
         if launch is not None:
-            return _phase_of(launch[0], host_ranges, launch[1])
-        return _phase_of(float(e["ts"]), gpu_ranges or host_ranges, any_thread=True)
+            t_us, tid = launch
+            return _innermost_on_thread(t_us, threads[tid]) if tid in threads else OUTSIDE
+        return _phase_of(float(e["ts"]), gpu_ranges or host_ranges)
 
     busy: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     by_kernel: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0])
