@@ -40,14 +40,11 @@ loop() {
     local name=$1 budget=$2 config=$3
     shift 3
     wanted "$name" || return 0
-    # shellcheck disable=SC2086
-    step "$name" "$budget" $PY experiments/run_train.py $config $ITER checkpoint_every=0 eval.every=0 \
-        out_dir="$RUNS/$name" overwrite=true "$@"
-    mkdir -p "$WORK/runs/$name" "$RUNS/$name"
-    local file=${config#--config }
-    echo "{\"config\": \"${file%% *}\"}" >"$RUNS/$name/loop.json"
     # traces stay on the device (tens of MB each: the device call brings back less)
-    (cd "$RUNS/$name" 2>/dev/null && cp -r config.yaml metrics.jsonl loop.json "$WORK/runs/$name/" 2>/dev/null)
+    COMMON="$config $ITER checkpoint_every=0 eval.every=0" train_step "$name" "$budget" "config.yaml metrics.jsonl" "$@"
+    mkdir -p "$RUNS/$name"
+    local file=${config#--config }
+    echo "{\"config\": \"${file%% *}\"}" | tee "$RUNS/$name/loop.json" >"$WORK/runs/$name/loop.json"
     # the kernel profile's summary of a profiled run (runtime.profile_iteration), not its trace
     if [[ -d "$RUNS/$name/profile" ]]; then
         mkdir -p "$WORK/runs/$name/profile"
