@@ -59,7 +59,7 @@ def model_flops(model: str, height: int, width: int, frames: int | None = None) 
     from digenrl.data.text_condition import TextCondition
     from digenrl.models.construction import instantiate_diffusers_model
     from digenrl.models.flow_model import build_flow_model
-    from digenrl.models.specs import get_model_spec
+    from digenrl.models.specs import get_family, get_model_spec
 
     spec = get_model_spec(model)
     meta, dtype = torch.device("meta"), torch.bfloat16
@@ -74,7 +74,9 @@ def model_flops(model: str, height: int, width: int, frames: int | None = None) 
     x = torch.empty(1, *latent_shape, device=meta, dtype=dtype)
     forward = count_flops(lambda: flow(x, 0.5, cond), no_grad=True)
     vae = instantiate_diffusers_model(spec.vae_class, spec.vae_config, device=meta, dtype=dtype)
-    decode = count_flops(lambda: vae.decode(x), no_grad=True)
+    # the family's decode call, as LatentDecoder makes it (Qwen-Image's 5-D VAE decodes an image as one frame)
+    vae_decode = get_family(spec.family).vae_decode
+    decode = count_flops(lambda: vae_decode(vae, x), no_grad=True)
     if forward <= 0:
         raise RuntimeError(f"no FLOPs counted for a forward of {model}")
     return {"forward": forward, "vae_decode": decode}

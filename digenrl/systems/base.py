@@ -161,15 +161,21 @@ class System:
         )
 
     # ------------------------------------------------------------------ the loop
+    def model_counts(self) -> dict[str, int]:
+        """One forward's and one VAE decode's FLOPs at the run's resolution (cached per model and size)."""
+        from digenrl.costs.flops import model_flops
+        from digenrl.systems.components import resolve_resolution
+
+        return model_flops(self.cfg.model.name, *resolve_resolution(self.cfg, self.parts.bundle))
+
     def loop_bound(self, report: IterationReport, wall_s: float) -> dict:
         """The iteration's model FLOPs by phase, the matmul ceiling and the loop's fraction of it
         (digenrl/costs/flops.py); without a measured ceiling, the reason instead of a fraction."""
-        from digenrl.costs.flops import iteration_flops, loop_ceiling, model_flops
+        from digenrl.costs.flops import iteration_flops, loop_ceiling
         from digenrl.runtime.profiles import load_profile
-        from digenrl.systems.components import resolve_resolution
 
         cfg, ctx, parts = self.cfg, self.ctx, self.parts
-        counts = model_flops(cfg.model.name, *resolve_resolution(cfg, parts.bundle))
+        counts = self.model_counts()
         flops = iteration_flops(
             counts,
             samples=report.samples,
@@ -210,6 +216,8 @@ class System:
             )
             if self.parts.evaluator is not None:  # rank 0 trains, so it evaluates when eval.every > 0
                 print(f"[digenrl] {self.parts.evaluator.describe()}", flush=True)
+        if ctx.rank == 0:  # counted before iteration 0, so a model the counter cannot trace fails at startup
+            self.model_counts()
         self.before_first_iteration()
         telemetry = GpuTelemetry(self.parts.events) if ctx.device.type == "cuda" else None
         if telemetry is not None:

@@ -40,8 +40,9 @@ loop() {
     local name=$1 budget=$2 config=$3
     shift 3
     wanted "$name" || return 0
-    # traces stay on the device (tens of MB each: the device call brings back less)
-    COMMON="$config $ITER checkpoint_every=0 eval.every=0" train_step "$name" "$budget" "config.yaml metrics.jsonl" "$@"
+    # traces stay on the device (tens of MB each: the device call brings back less); the event logs come back
+    # (a few KB an iteration) for the simulator's validation (experiments/simulate.py validate)
+    COMMON="$config $ITER checkpoint_every=0 eval.every=0" train_step "$name" "$budget" "config.yaml metrics.jsonl events" "$@"
     mkdir -p "$RUNS/$name"
     local file=${config#--config }
     echo "{\"config\": \"${file%% *}\"}" | tee "$RUNS/$name/loop.json" >"$WORK/runs/$name/loop.json"
@@ -90,12 +91,12 @@ loop flux 300 "$FLUX" iterations=4 runtime.profile_iteration=3
 loop flux-eager 150 "$FLUX" iterations=2 model.compile=false model.autocast=false
 # FLUX's training idles between small kernels at micro-batch 2 (the profile of the flux row): micro-batch 8
 loop flux-mb8 240 "$FLUX" iterations=3 trainer.micro_batch_size=8
+# what FLUX's profile suggests for Qwen-Image (micro-batch 2 idles between small kernels): a larger
+# micro-batch, with activation checkpointing to fit; iteration 2 under the kernel profiler
+loop qwen-mb8-ckpt 340 "$SD35" model=qwen-image trainer.micro_batch_size=8 trainer.activation_checkpointing=true \
+    iterations=3 runtime.profile_iteration=2
 # Qwen-Image: the SD3.5-medium settings (2 x 8, 10 steps, CFG 4.5) at micro-batch 2, as issue 23's table
 loop qwen 330 "$SD35" model=qwen-image trainer.micro_batch_size=2 iterations=3
-# what FLUX's profile suggests for Qwen-Image (micro-batch 2 idles between small kernels): a larger
-# micro-batch, with activation checkpointing to fit (not run yet)
-loop qwen-mb8-ckpt 330 "$SD35" model=qwen-image trainer.micro_batch_size=8 trainer.activation_checkpointing=true \
-    iterations=3
 loop qwen-eager 330 "$SD35" model=qwen-image trainer.micro_batch_size=2 iterations=3 model.compile=false \
     model.autocast=false
 $PY experiments/gpu/loops_summary.py "$RUNS" --out "$WORK" --hardware "$(hardware)" \
