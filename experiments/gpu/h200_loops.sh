@@ -97,7 +97,7 @@ loop qwen-mb8-ckpt 340 "$SD35" model=qwen-image trainer.micro_batch_size=8 train
     iterations=3 runtime.profile_iteration=2
 # Qwen-Image: the SD3.5-medium settings (2 x 8, 10 steps, CFG 4.5) at micro-batch 2, as issue 23's table
 loop qwen 330 "$SD35" model=qwen-image trainer.micro_batch_size=2 iterations=3
-loop qwen-eager 330 "$SD35" model=qwen-image trainer.micro_batch_size=2 iterations=3 model.compile=false \
+loop qwen-eager 330 "$SD35" model=qwen-image trainer.micro_batch_size=2 iterations=2 model.compile=false \
     model.autocast=false
 $PY experiments/gpu/loops_summary.py "$RUNS" --out "$WORK" --hardware "$(hardware)" \
     --command "ONLY=\"$ONLY\" bash experiments/gpu/h200_loops.sh"
