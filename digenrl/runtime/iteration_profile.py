@@ -149,12 +149,19 @@ def summarise_trace(trace: dict[str, Any], *, wall_s: float, top: int = 20) -> d
     }
 
     threads = _by_thread(host_ranges)
+    # a launch from a thread that holds no range of its own at that moment (autograd's device thread runs the
+    # backward that the training phase's loss.backward() waits for, and with activation checkpointing the
+    # recomputed forward too) belongs to the innermost range open on any thread then
+    anywhere = _by_thread([(phase, lo, hi, None) for phase, lo, hi, _ in host_ranges]).get(None)
 
     def phase_of(e: dict) -> str:
         launch = launched_at.get(e.get("args", {}).get("correlation"))
         if launch is not None:
             t_us, tid = launch
-            return _innermost_on_thread(t_us, threads[tid]) if tid in threads else OUTSIDE
+            phase = _innermost_on_thread(t_us, threads[tid]) if tid in threads else OUTSIDE
+            if phase == OUTSIDE and anywhere is not None:
+                phase = _innermost_on_thread(t_us, anywhere)
+            return phase
         return _phase_of(float(e["ts"]), gpu_ranges or host_ranges)
 
     busy: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))

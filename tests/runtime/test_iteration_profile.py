@@ -110,6 +110,28 @@ def test_nested_phases_count_once_and_threads_keep_their_own_kernels():
     assert phases["transfer"]["device_busy_s"] == pytest.approx(8e-5)
 
 
+def test_a_launch_from_a_thread_without_ranges_belongs_to_the_phase_open_then():
+    # autograd's device thread launches the backward (and, under activation checkpointing, the recomputed
+    # forward) that train's loss.backward() waits for: on an H200 Qwen-Image profile 17.8 s of training
+    # kernels were reported outside any phase before this rule
+    trace = {
+        "traceEvents": [
+            _t(_x("user_annotation", "digenrl/train", 0, 1000), 1),
+            _t(_x("user_annotation", "digenrl/optimizer", 1000, 100), 1),
+            _t(_x("cuda_runtime", "cudaLaunchKernel", 200, 5), 3, correlation=1),  # autograd thread
+            _t(_x("cuda_runtime", "cudaLaunchKernel", 1050, 5), 3, correlation=2),
+            _t(_x("cuda_runtime", "cudaLaunchKernel", 2000, 5), 3, correlation=3),  # after every phase
+            _t(_x("kernel", "flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel", 210, 300), 7, correlation=1),
+            _t(_x("kernel", "void at::native::vectorized_elementwise_kernel<4>", 1060, 20), 7, correlation=2),
+            _t(_x("kernel", "gemm_c", 2010, 40), 7, correlation=3),
+        ]
+    }
+    phases = summarise_trace(trace, wall_s=0.003)["phases"]
+    assert phases["train"]["busy_by_kind_s"] == {"attention backward": pytest.approx(3e-4)}
+    assert phases["optimizer"]["device_busy_s"] == pytest.approx(2e-5)
+    assert phases["(outside any phase)"]["busy_by_kind_s"] == {"matmul": pytest.approx(4e-5)}
+
+
 def test_a_run_writes_the_profile_of_the_asked_iteration(tmp_path):
     out = tmp_path / "run"
     run_train(
