@@ -38,10 +38,13 @@ setup(
         "cpu": ["torch==2.13.0"],
         # deepspeed: tests/trainer/test_trainer_deepspeed.py runs ZeRO-2/3 on CPU (gloo); it installs from its
         # sdist with its ops left to JIT compilation (DS_BUILD_OPS unset), in seconds
-        "test": ["pytest>=8", "ruff>=0.6", "deepspeed>=0.19.8"],
+        # torchao: tests/models/test_fp8.py runs the FP8 path on CPU (torch._scaled_mm has a CPU kernel)
+        "test": ["pytest>=8", "ruff>=0.6", "deepspeed>=0.19.8", "torchao>=0.18,<0.19"],
         # Optional GPU kernels: never needed on CPU; DigenRL falls back to torch SDPA without them.
         "gpu": ["flash-attn>=2.6", "xformers>=0.0.28"],
         "deepspeed": ["deepspeed>=0.19.8"],  # managed_gradient_accumulation=false (trainer/parallel/)
+        # model.fp8: torchao's float8 training for the frozen base weights of LoRA runs (models/fp8.py)
+        "fp8": ["torchao>=0.18,<0.19"],
         # optional loggers (digenrl/runtime/metrics.py): TensorBoard is used whenever installed, Weights &
         # Biases only with logger.wandb=true (never imported otherwise)
         "tensorboard": ["tensorboard>=2.14"],

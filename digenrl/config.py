@@ -137,6 +137,9 @@ class ModelConfig:
     # 16-bit autocast over the transformer: LoRA matmuls in bf16 (FlowModel.set_autocast); None = on for a
     # CUDA device when model.dtype is 16-bit
     autocast: bool | None = None
+    # FP8 (torchao float8, rowwise scales) for the frozen base linears of the transformer's blocks, in the
+    # rollout and in training alike (digenrl/models/fp8.py); needs trainer.mode=lora and torchao ('.[fp8]')
+    fp8: bool = False
 
     def optimised(self, device_type: str) -> tuple[bool, bool]:
         """(compile, autocast) a run on ``device_type`` (``cuda`` / ``cpu``) executes: the keys as set, else

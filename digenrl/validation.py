@@ -340,6 +340,7 @@ def validate_config(cfg: Config, world_size: int | None = None) -> None:
             "overwrite deletes it; set one of them"
         )
     check_model(cfg)
+    check_fp8(cfg)
     check_files(cfg)
     check_evaluation(cfg)
     if cfg.runtime.share_device and cfg.runtime.backend == "nccl":
@@ -504,6 +505,34 @@ def check_model(cfg: Config) -> None:
             check_lora_targets(meta_transformer(spec, cfg.model.pretrained_path), list(targets), each=True)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+
+
+def check_fp8(cfg: Config) -> None:
+    """``model.fp8``: LoRA only (the converted weights must stay frozen), not under DeepSpeed, torchao
+    importable, and the model has layers FP8 can run (digenrl/models/fp8.py)."""
+    if not cfg.model.fp8:
+        return
+    if cfg.trainer.mode != "lora":
+        raise ConfigError(
+            f"model.fp8=true needs trainer.mode=lora (FP8 runs the frozen base weights), got "
+            f"trainer.mode={cfg.trainer.mode!r}"
+        )
+    if cfg.trainer.backend == "deepspeed":
+        raise ConfigError("model.fp8=true is not supported with trainer.backend=deepspeed; use auto / fsdp2")
+    from digenrl.models.bundle import meta_transformer
+    from digenrl.models.fp8 import fp8_targets, require_torchao
+    from digenrl.models.specs import get_model_spec
+
+    try:
+        require_torchao()
+    except ImportError as exc:
+        raise ConfigError(str(exc)) from None
+    transformer = meta_transformer(get_model_spec(cfg.model.name), cfg.model.pretrained_path)
+    if not fp8_targets(transformer):
+        raise ConfigError(
+            f"model.fp8=true: no linear layer of {cfg.model.name}'s transformer blocks has both dimensions "
+            "divisible by 16 (torch._scaled_mm's requirement)"
+        )
 
 
 def check_files(cfg: Config) -> None:

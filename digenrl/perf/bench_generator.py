@@ -15,7 +15,8 @@ Paths (``--paths``):
 * ``eager``: the model as diffusers builds it (attention ``native`` = torch SDPA with torch's kernel choice);
 * ``optimized``: :func:`digenrl.models.optimize.optimize_flow_model` applied in place (safe attention
   backend ``--attention-backend``; ``torch.compile`` of the repeated blocks with ``--compile``; CUDA graphs
-  with ``--cuda-graphs``). Its first call per shape is timed separately (``first_call_s``: compilation).
+  with ``--cuda-graphs``; FP8 base linears with ``--fp8``, :mod:`digenrl.models.fp8`). Its first call per
+  shape is timed separately (``first_call_s``: compilation).
 
 Per row: median ms per step over ``--iters`` after ``--warmup`` (CUDA events), FLOPs of the step counted by
 ``FlopCounterMode`` on the eager model, achieved TFLOP/s, the fraction of an n³ matmul ceiling measured in
@@ -42,6 +43,7 @@ import torch
 from digenrl.config import Config, apply_overrides
 from digenrl.data.dtypes import TORCH_DTYPES
 from digenrl.models import FlowModel, TextCondition, build_flow_model, get_model_spec
+from digenrl.models.fp8 import apply_fp8
 from digenrl.models.optimize import CompileSettings, optimize_flow_model
 from digenrl.perf import bench_cli, logprob_agreement, roofline
 from digenrl.perf.bench_cli import DYNAMIC, PATHS, fmt, int_list, name_list, output_paths
@@ -64,6 +66,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p, paths="eager,optimized", paths_help="comma-separated subset of eager,optimized"
     )
     p.add_argument("--whole-model", action="store_true", help="compile the whole transformer, not its blocks")
+    p.add_argument(
+        "--needs-backward",
+        action="store_true",
+        help="optimised path: pick attention as a process that also trains does (every rank of a run: "
+        "digenrl/systems/components.py), so the step runs the kernels a run's rollout runs (e.g. no cuDNN "
+        "SDPA where the safety table disables it for training); default: the forward-only choice",
+    )
+    p.add_argument(
+        "--fp8",
+        action="store_true",
+        help="the optimized path runs the blocks' linears in FP8 (model.fp8, digenrl/models/fp8.py); with "
+        "both paths the log-prob check then compares FP8 against the 16-bit eager model",
+    )
     p.add_argument(
         "--cuda-graphs", action="store_true", help="= --compile --compile-mode reduce-overhead (fixed shapes)"
     )
@@ -226,6 +241,7 @@ def run(args: argparse.Namespace) -> dict:
             report["results"].append(row)
     for path in [p for p in PATHS if p in args.paths]:
         if path == "optimized":
+            fp8_layers = apply_fp8(flow_model) if args.fp8 else 0
             settings = CompileSettings(
                 mode=args.compile_mode, dynamic=DYNAMIC[args.compile_dynamic], regional=not args.whole_model
             )
@@ -233,10 +249,10 @@ def run(args: argparse.Namespace) -> dict:
                 flow_model,
                 compile=args.compile,
                 attention_backend=args.attention_backend,
-                needs_backward=False,
+                needs_backward=args.needs_backward,
                 compile_settings=settings,
             )
-            report["paths"]["optimized"] = applied.to_dict()
+            report["paths"]["optimized"] = {**applied.to_dict(), "fp8_layers": fp8_layers}
         else:
             report["paths"]["eager"] = {"attention": "native (diffusers default)", "compiled": False}
         for (batch, cfg), case in cases.items():
@@ -334,6 +350,7 @@ def format_markdown(report: dict) -> str:
             f"optimised path: attention {att['backend']} (asked {att['requested']}), "
             f"compiled={opt['compiled']}"
             + (f" {opt['compile_settings']}" if opt.get("compile_settings") else "")
+            + (f", FP8 in {opt['fp8_layers']} linear layers" if opt.get("fp8_layers") else "")
         )
     lines += [
         "",

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from digenrl.models.fp8 import apply_fp8
 from digenrl.models.specs import get_family
 from digenrl.runtime.weight_sync import resolve_sync_mode
 
@@ -168,5 +169,7 @@ def prepare_generator_model(flow_model: nn.Module, cfg: Config) -> nn.Module:
     if mode == "lora" and not has_lora(flow_model):
         tcfg = cfg.trainer
         apply_lora(flow_model, rank=tcfg.lora_rank, alpha=tcfg.lora_alpha, targets=tcfg.lora_targets)
+        if cfg.model.fp8:  # as PolicyTrainer: these layers in FP8, so the rollout runs the trainer's forward
+            apply_fp8(flow_model)
     flow_model.requires_grad_(False)
     return flow_model

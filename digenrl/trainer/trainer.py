@@ -37,6 +37,7 @@ from torch import nn
 from digenrl.algo.loss import clipped_policy_loss, kl_to_reference
 from digenrl.config import Config
 from digenrl.data.micro_batches import plan_micro_batches
+from digenrl.models.fp8 import apply_fp8
 from digenrl.models.optimize import optimize_flow_model
 from digenrl.trainer.checkpoint import load_sharded
 from digenrl.trainer.ema import TrainerEMA
@@ -134,6 +135,8 @@ class PolicyTrainer:
             )
         if tcfg.mode == "lora":
             apply_lora(flow_model, rank=tcfg.lora_rank, alpha=tcfg.lora_alpha, targets=tcfg.lora_targets)
+            if cfg.model.fp8:  # the frozen base linears in FP8, before wrapping and compile (models/fp8.py)
+                apply_fp8(flow_model)
         elif tcfg.mode == "full":
             enable_full_finetune(flow_model)
         else:

@@ -11,6 +11,8 @@
 #     ONLY="sd35 sd35-eager sd35-8x8 sd35-8x8-eager" bash experiments/gpu/h200_loops.sh   # then the rest,
 #     ONLY="sd35-profile flux" ..., ONLY="flux-eager" ..., ONLY="qwen" ..., ONLY="qwen-eager" ...: one call
 #     each (10 minutes a call; a cold compile cache costs ~130 s per model)
+#     ONLY="fp8-agreement sd35-fp8 sd35" ..., ONLY="flux-fp8 flux-mb8" ...: FP8 beside 16-bit (torchao's wheel
+#     in .whl/models, installed by gpu_setup)
 #   CPU dry run of the same commands with the tiny model: DRY=1 bash experiments/gpu/h200_loops.sh
 #
 # Results under $OUT: log.txt, summary.md, results.tgz (summary.json/md from experiments/gpu/loops_summary.py,
@@ -76,6 +78,16 @@ if wanted trainer-profile && [[ $DRY != 1 ]]; then
         --micro-batch-sizes 16 --samples 16 --train-steps 1 --cfg on --paths optimized --compile --autocast \
         --warmup 1 --iters 2 --profile --out "$WORK/trainer-profile"
 fi
+# 3b. FP8 (model.fp8, issue 23 item 3): the generator step of SD3.5-medium (B=16, CFG) with the blocks' linears
+#    in FP8 (torchao rowwise) and compiled, against the 16-bit eager model: log-prob agreement (the trainer's
+#    ratio recomputing the 16-bit model's transitions, 3 steps of 4 samples) and the step's speed
+if wanted fp8-agreement; then
+    MODEL=sd3.5-medium
+    [[ $DRY == 1 ]] && MODEL=tiny-sd3
+    step fp8-agreement 150 $PY experiments/measure.py generator --model $MODEL --fp8 --paths eager,optimized \
+        --batch-sizes 16 --cfg on --compile --warmup 2 --iters 5 --agreement-steps 3 --agreement-samples 4 \
+        --dtype bfloat16 --out "$WORK/fp8-generator"
+fi
 # 4. the loops: SD3.5-medium 2 x 8 (the config as committed), then 8 x 8; FLUX.1-dev. A profiled run has one
 #    iteration under the kernel profiler (runtime.profile_iteration), left out of the medians: its device
 #    time per phase and kernel kind is the row's explanation
@@ -84,6 +96,8 @@ loop sd35 180 "$SD35"
 loop sd35-profile 230 "$SD35" iterations=3 runtime.profile_iteration=2
 loop sd35-nocudnn 140 "$SD35" model.cudnn_sdpa=disabled
 loop sd35-eager 90 "$SD35" model.compile=false model.autocast=false
+# FP8 base linears (model.fp8=true), beside the sd35 row of the same call
+loop sd35-fp8 220 "$SD35" model.fp8=true
 loop sd35-8x8 170 "$SD35" algo.prompts_per_iteration=8 iterations=3
 loop sd35-8x8-nocudnn 170 "$SD35" algo.prompts_per_iteration=8 iterations=3 model.cudnn_sdpa=disabled
 loop sd35-8x8-eager 200 "$SD35" algo.prompts_per_iteration=8 iterations=3 model.compile=false model.autocast=false
@@ -91,6 +105,7 @@ loop flux 300 "$FLUX" iterations=4 runtime.profile_iteration=3
 loop flux-eager 150 "$FLUX" iterations=2 model.compile=false model.autocast=false
 # FLUX's training idles between small kernels at micro-batch 2 (the profile of the flux row): micro-batch 8
 loop flux-mb8 240 "$FLUX" iterations=3 trainer.micro_batch_size=8
+loop flux-fp8 260 "$FLUX" iterations=3 trainer.micro_batch_size=8 model.fp8=true
 # what FLUX's profile suggests for Qwen-Image (micro-batch 2 idles between small kernels): a larger
 # micro-batch, with activation checkpointing to fit; iteration 2 under the kernel profiler
 loop qwen-mb8-ckpt 340 "$SD35" model=qwen-image trainer.micro_batch_size=8 trainer.activation_checkpointing=true \

@@ -30,7 +30,7 @@ def _median(values: list[float], digits: int = 4) -> float | None:
 
 
 def code_path(cfg: dict) -> str:
-    """What the run executed: compile / autocast as resolved on a GPU (None = on), and cuDNN SDPA's switch."""
+    """What the run executed: compile / autocast as resolved on a GPU (None = on), cuDNN SDPA, FP8."""
     model = cfg.get("model", {})
     compiled = model.get("compile") is not False
     autocast = model.get("autocast") is not False and model.get("dtype") in ("bfloat16", "float16")
@@ -39,6 +39,8 @@ def code_path(cfg: dict) -> str:
         path = "autocast"
     if model.get("cudnn_sdpa", "auto") == "disabled":
         path += ", cuDNN SDPA off"
+    if model.get("fp8"):
+        path += ", FP8"
     return path
 
 

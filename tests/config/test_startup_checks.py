@@ -225,3 +225,26 @@ def test_a_plain_config_file_still_has_its_unread_knobs_refused(tmp_path):
             load_config(tmp_path / "config.yaml", ["tag.max_fragments=2", f"out_dir={tmp_path / 'run'}"]),
             world_size=1,
         )
+
+
+@pytest.mark.needs("torchao")
+def test_fp8_is_checked_at_startup(tmp_path):
+    _fails(["model.fp8=true", "trainer.mode=full"], "model.fp8=true needs trainer.mode=lora", "'full'")
+    _fails(["model.fp8=true", "trainer.backend=deepspeed"], "model.fp8=true", "deepspeed")
+    _fails(["model.fp8=true", "model=tiny-wan"], "model.fp8=true", "divisible by 16")
+    validate_config(load_config(TINY, ["model.fp8=true", f"out_dir={tmp_path}"]), world_size=2)
+
+
+def test_fp8_without_torchao_names_the_key_and_the_install(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_torchao(name, *args, **kwargs):
+        if name.split(".")[0] == "torchao":
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_torchao)
+    monkeypatch.setattr("importlib.import_module", lambda name, *a: no_torchao(name))
+    _fails(["model.fp8=true"], "model.fp8=true needs torchao", ".[fp8]")

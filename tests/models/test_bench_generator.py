@@ -44,3 +44,14 @@ def test_bench_rejects_bad_batch_sizes(bench):
         bench.parse_args(["--batch-sizes", "0,2"])
     with pytest.raises(SystemExit):
         bench.parse_args(["--batch-sizes", "a"])
+
+
+@pytest.mark.needs("torchao")
+def test_bench_fp8_path_reports_its_layers_and_its_agreement_with_the_16bit_model(bench, tmp_path):
+    args = ["--fp8", "--batch-sizes", "1", "--cfg", "on", "--iters", "1", "--warmup", "0", "--no-flops"]
+    report = bench.run(bench.parse_args([*args, "--device", "cpu", "--dtype", "bfloat16"]))
+    assert report["paths"]["optimized"]["fp8_layers"] > 0
+    agreement = report["agreement"]
+    # FP8 changes the log-probs (the layers did convert) by far less than the check's tolerance
+    assert 0 < agreement["max_abs_delta_logp"] < agreement["tolerance"], agreement
+    assert "FP8 in" in bench.format_markdown(report)
