@@ -295,17 +295,53 @@ def test_committed_tables_keep_their_command_next_to_them():
             assert command.startswith(f"python experiments/simulate.py {name}") and command in readme
 
 
+def _runs_measurement(tokens: list[str], m) -> bool:
+    """Whether the ``experiments/measure.py`` command ``tokens`` runs the audit's measurement ``m``: the same
+    kind and model and every flag of ``m`` with its value, except that the command may list more
+    ``--micro-batch-sizes`` / ``--batch-sizes`` (in any order) and more ``--samples`` (one benchmark process
+    also times the full loops' micro-batches)."""
+    if m.kind not in tokens or "--model" not in tokens or tokens[tokens.index("--model") + 1] != m.model:
+        return False
+    args = list(m.args)
+    for i, flag in enumerate(args):
+        if not flag.startswith("--"):
+            continue
+        if flag not in tokens:
+            return False
+        value = args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("--") else None
+        if value is None:
+            continue
+        got = tokens[tokens.index(flag) + 1]
+        if flag in ("--micro-batch-sizes", "--batch-sizes"):
+            if not set(value.split(",")) <= set(got.split(",")):
+                return False
+        elif flag == "--samples":
+            if int(got) < int(value):
+                return False
+        elif got != value:
+            return False
+    return True
+
+
 def test_the_refresh_script_re_measures_every_stale_point_and_scripts_use_the_entry_points():
     """experiments/gpu/h200_refresh_costs.sh runs every benchmark the cost audit asks for (same model and
-    flags), and no device script calls a script that no longer exists."""
-    from digenrl.costs.audit import missing_measurements
+    flags; its micro-batch lists may hold more sizes), and no device script calls a script that no longer
+    exists."""
+    from digenrl.costs.audit import Measurement, missing_measurements
 
     gpu = REPO / "experiments" / "gpu"
     script = (gpu / "h200_refresh_costs.sh").read_text().replace("\\\n", " ")
     steps = [line.split() for line in script.splitlines() if "experiments/measure.py" in line]
     for m in missing_measurements(simulate.FOLDERS.costs):
-        wanted = {"--model", m.model, m.kind, *m.args}
-        assert any(wanted <= set(tokens) for tokens in steps), m.command()
+        assert any(_runs_measurement(tokens, m) for tokens in steps), m.command()
+    # the matching itself: a wider list and a larger logical batch cover the audit's, another value does not
+    m = Measurement("flux.1-dev", "trainer", ("--micro-batch-sizes", "4", "--samples", "4", "--compile"), "")
+    command = "measure.py trainer --model flux.1-dev --micro-batch-sizes 8,4 --samples 8 --compile"
+    assert _runs_measurement(command.split(), m)
+    assert not _runs_measurement(command.replace("8,4", "8,2").split(), m)
+    assert not _runs_measurement(command.replace(" --compile", "").split(), m)
+    assert not _runs_measurement(command.replace("--samples 8", "--samples 2").split(), m)
+    assert not _runs_measurement(command.replace("flux.1-dev", "qwen-image").split(), m)
     for path in gpu.glob("*.sh"):
         for token in path.read_text().split():
             if token.startswith("experiments/") and token.endswith(".py"):

@@ -85,6 +85,18 @@ def test_generator_json_side_by_side(bench_outputs):
     assert "| eager ms | opt ms |" in table and "log-prob agreement" in table
 
 
+def test_generator_needs_backward_picks_attention_as_a_run_does(generator):
+    """--needs-backward: the optimised path chooses attention as every rank of a run does (each shares its
+    process with training, digenrl/systems/components.py), so the step times the kernels a rollout runs;
+    without it the forward-only choice. The choice is in the report, which the cost file's meta keeps."""
+    common = ["--model", "tiny-sd3", "--batch-sizes", "1", "--cfg", "off", "--paths", "optimized"]
+    common += ["--device", "cpu", "--iters", "1", "--warmup", "0", "--no-flops", "--ceiling-size", "0"]
+    for flag, needs_backward in (([], False), (["--needs-backward"], True)):
+        report = generator.run(generator.parse_args([*common, *flag]))
+        assert report["paths"]["optimized"]["attention"]["needs_backward"] is needs_backward
+        assert [r["batch_size"] for r in report["results"] if "ms_per_step" in r] == [1]
+
+
 def test_trainer_json_and_cost_file(bench_outputs, tmp_path):
     report = json.loads((bench_outputs / "trainer-tiny-sd3.json").read_text())
     rows = [r for r in report["results"] if "ms_per_unit" in r]
