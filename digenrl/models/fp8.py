@@ -4,9 +4,10 @@ A LoRA run never updates the base weights, so their matmuls can run in float8 on
 while the adapter (lora_A / lora_B, fp32 master weights) and everything outside the repeated blocks stays
 in 16-bit. The conversion is torchao's float8 *training* path, :func:`torchao.float8.
 convert_to_float8_training` (``Float8Linear``: dynamic scaling, differentiable, built for ``torch.compile``),
-so the backward through a frozen base layer (the activation gradient the adapters below it need) is FP8 too;
-its weight-gradient GEMM is dead code for a weight that does not require grad and inductor's joint graph drops
-it. Without compile (eager) torchao computes and discards that gradient: FP8 is a compiled-GPU feature.
+so the backward through a frozen base layer (the activation gradient the adapters below it need) is FP8 too.
+torchao's backward also computes the weight's gradient, unused for a frozen weight: eager mode computes and
+discards it; compiled, AOTAutograd traces gradients only for inputs that require them, so that GEMM is
+expected to be dead code (not verified in a profile). FP8 is a compiled-GPU feature.
 
 Why the *rowwise* recipe (``Float8LinearConfig.from_recipe_name("rowwise")``, torchao float8 README): each
 activation row (one token of one sample) gets its own scale, and each weight row its own. A token's result
@@ -75,7 +76,7 @@ def fp8_targets(transformer: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]
                 child_path, child_names = [*path, module], [*names, name]
                 if type(child) is nn.Linear:  # exact type: a Float8Linear (a subclass) is converted already
                     fits = child.in_features % 16 == 0 and child.out_features % 16 == 0
-                    if fits and not _is_modulation([*child_path, child], child_names):
+                    if fits and not _is_modulation(child_path, child_names):
                         targets.append((module, name, child))
                 else:
                     stack.append((child, child_path, child_names))
@@ -95,8 +96,7 @@ def apply_fp8(flow_model: FlowModel) -> int:
         raise ValueError("model.fp8 converts frozen base weights only (trainer.mode=lora); a linear trains")
     chosen = {id(linear) for linear in linears}
     if not chosen:
-        already = sum(type(m).__name__ == "Float8Linear" for m in transformer.modules())
-        if already:
+        if count_fp8_layers(transformer):  # converted by an earlier call
             return 0
         raise ValueError(
             f"model.fp8: no linear layer in {type(transformer).__name__}'s repeated blocks has both "
@@ -117,5 +117,5 @@ def apply_fp8(flow_model: FlowModel) -> int:
 
 
 def count_fp8_layers(module: nn.Module) -> int:
-    """How many of ``module``'s layers run FP8 (benchmarks and the run summary report it)."""
+    """How many of ``module``'s layers run FP8 (torchao ``Float8Linear``)."""
     return sum(type(m).__name__ == "Float8Linear" for m in module.modules())
