@@ -399,6 +399,9 @@ class RuntimeConfig:
     # deterministic kernels (torch.use_deterministic_algorithms, docs/operations.md "Reproducible runs"):
     # two runs, or two schedules, then round alike; slower, and an op without a deterministic kernel raises
     deterministic: bool = False
+    # write out_dir/batches/rank<r>.jsonl: which samples each forward, decode and micro-batch ran on, in
+    # order (digenrl/runtime/batch_ledger.py), to check that two schedules compute on the same batches
+    record_batches: bool = False
     # profile this iteration on every rank with torch.profiler: device time per phase and kind of kernel in
     # out_dir/profile/rank<r>.{json,md} and the trace (docs/operations.md, "Profiling an iteration")
     profile_iteration: int | None = field(default=None, metadata=within(0, 10_000_000))
