@@ -86,7 +86,7 @@ def among(choices: tuple[Any, ...]) -> dict[str, tuple[Any, ...]]:
 SYSTEMS = ("colocated-sync", "colocated-overlap", "separate-sync", "separate-async", "digenrl")
 COLOCATED_SYSTEMS = ("colocated-sync", "colocated-overlap")
 #: ``colocated.split``: how a colocated system shares the batch over its ranks (digenrl/data/rank_shares.py)
-COLOCATED_SPLITS = ("equal", "speed")
+COLOCATED_SPLITS = ("equal", "speed", "speed-lockstep")
 MODEL_DTYPES = ("float32", "bfloat16", "float16")
 SAMPLER_TYPES = ("sde", "cps", "dance")
 TIMESTEP_SELECTIONS = ("first", "shuffled", "fast-window")
@@ -363,8 +363,10 @@ class ResidencyConfig:
 class ColocatedConfig:
     """Colocated systems: how the iteration's samples are shared over the ranks (docs/design.md §4, "Work
     split"; :mod:`digenrl.data.rank_shares`). ``equal``: the same number of samples on every rank;
-    ``speed``: samples and micro-batch size in proportion to the hardware profile's ``relative_speed``,
-    the same number of micro-batch steps on every rank."""
+    ``speed``: samples in proportion to the hardware profile's ``relative_speed``, full-size micro-batches,
+    uneven counts (the strongest colocated plan on mixed devices; needs a backend that reduces once per
+    step, e.g. LoRA's ddp); ``speed-lockstep``: samples and micro-batch size in proportion to speed, the
+    same number of micro-batch steps on every rank (for FSDP2 / ZeRO-2/3)."""
 
     split: str = field(default="equal", metadata=among(COLOCATED_SPLITS))
 

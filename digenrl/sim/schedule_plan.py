@@ -294,8 +294,8 @@ class SchedulePlan:
         """One line with only the knobs that matter for this system."""
         if self.colocated:
             knobs = []
-            if self.work_split == "speed":
-                knobs.append("speed-proportional split")
+            if self.work_split != "equal":
+                knobs.append(f"speed-proportional split ({self.work_split})")
             if not self.train_resident:
                 knobs.append("optimizer parked")
             if not self.reward_resident:

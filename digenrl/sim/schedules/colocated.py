@@ -22,8 +22,8 @@ forward). Full fine-tuning shards the model over every rank (FSDP2): each genera
 weights, each micro-batch gathers them twice and reduce-scatters the gradients
 (:mod:`digenrl.sim.training`). Each rank's share — its samples, which may cut a prompt group, and its
 micro-batch size — is the runtime's (``colocated.split``, :func:`digenrl.data.rank_shares.rank_shares`):
-``work_split="speed"`` gives faster devices more samples and larger micro-batches, the same number of
-micro-batch steps everywhere.
+``work_split="speed"`` gives faster devices more samples at the full micro-batch size (more micro-batches),
+``"speed-lockstep"`` more samples and larger micro-batches, the same number of micro-batch steps everywhere.
 """
 
 from __future__ import annotations
