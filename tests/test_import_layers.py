@@ -17,11 +17,11 @@ PACKAGE = Path(__file__).resolve().parents[1] / "digenrl"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("config",),
-    ("data", "algo"),
+    ("data", "algo", "rules"),
     ("models", "rewards"),
     ("runtime",),
     ("rollout", "trainer"),
-    ("gap", "tsp", "async_policy", "costs", "sim"),
+    ("gap", "tsp", "async_policy", "costs", "plan", "sim"),
     ("planning", "tag"),
     ("systems",),
     ("validation", "launch"),

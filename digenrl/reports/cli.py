@@ -79,9 +79,9 @@ def _command(name: str, argv: list[str] | None) -> str:
 def plan(argv: list[str] | None, folders: Folders) -> int:
     """Ask the planner for the best plan on a hardware profile (and, with --baselines, the baselines)."""
     from digenrl.config import load_config
+    from digenrl.plan.workload import Workload
     from digenrl.planning.planner import Planner
     from digenrl.runtime.profiles import load_profile
-    from digenrl.sim.workload import Workload
 
     p = _parser("plan", plan.__doc__)
     p.add_argument("--profile", required=True, help="hardware profile name or YAML path")

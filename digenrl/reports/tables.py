@@ -43,10 +43,10 @@ from typing import Any
 from digenrl.costs.audit import audit
 from digenrl.costs.cost_model import CostModel, cost_path
 from digenrl.costs.device_costs import DeviceCosts
+from digenrl.plan.workload import Workload
 from digenrl.planning.planner import Planner, PlannerResult, PlanScore
 from digenrl.reports.folders import Folders
 from digenrl.runtime.profiles import HardwareProfile, NodeGroup, load_profile
-from digenrl.sim.workload import Workload
 
 PROFILES = ("a100-16", "h800-32", "hetero-h100-a100-16")
 #: relative_speed 1.0: the reference device of every profile (digenrl/runtime/hardware_profiles/)

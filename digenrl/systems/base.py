@@ -20,6 +20,7 @@ from typing import ClassVar
 import torch
 
 from digenrl.config import Config, save_config
+from digenrl.plan import PLAN_FILE, RunPlan
 from digenrl.rollout.evaluate import EvalPhases, EvalResult, eval_schedule
 from digenrl.runtime.distributed import DistContext
 from digenrl.runtime.events import agree_clock_origin, merge_chrome_trace
@@ -27,6 +28,7 @@ from digenrl.runtime.fault_injection import inject_fault
 from digenrl.runtime.iteration_profile import profiled_iteration
 from digenrl.runtime.metrics import add_event_summary, read_metrics
 from digenrl.runtime.policy_version import PolicyVersion
+from digenrl.runtime.profiles import load_profile
 from digenrl.runtime.run_report import closing_summary, start_banner
 from digenrl.runtime.sample_grid import grid_path, write_sample_grid
 from digenrl.runtime.telemetry import GpuTelemetry
@@ -210,6 +212,8 @@ class System:
             start = self.restore(payload)
         if ctx.rank == 0:
             save_config(cfg, f"{cfg.out_dir}/config.yaml", run_id=run.run_id)
+            # the schedule this run executes, as the simulator and the planner read it (docs/design.md §5)
+            RunPlan.from_config(cfg, load_profile(cfg.profile)).write(f"{cfg.out_dir}/{PLAN_FILE}")
             print(
                 start_banner(cfg, ctx.world_size, self.describe_pools(), self.describe_mechanisms(), run),
                 flush=True,

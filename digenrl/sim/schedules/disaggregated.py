@@ -4,7 +4,7 @@ Mirrors ``digenrl/systems/digenrl_system.py`` by default, with knobs for the var
 and shares the runtime's plans: the fragments and their assignment are the runtime's
 :class:`~digenrl.gap.fragments.FragmentPlan`, the pipelines' ranks its :class:`~digenrl.tsp.pipeline.
 TspLayout`, the stage boundaries its :func:`~digenrl.tsp.stage_plan.plan_stages`, the unit shards its
-:func:`~digenrl.gap.unit_sharding.shard_sizes`.
+:func:`~digenrl.rules.shard_sizes`.
 
 Fragments — F whole prompt groups, or S samples (``fragment_samples``; smaller than a group, a group's
 samples lie in several fragments). Which pipeline produces fragment f: ``dynamic`` (the runtime default:
@@ -13,7 +13,7 @@ pools) or ``round-robin`` (f mod D). Each pipeline works through its queue in or
 
 Generators — D pipelines × S stages (TSP; S = 1 is data parallelism), boundaries balanced over the
 per-step cost of a fragment on each stage's device plus the last stage's decode + score. Shards and
-hand-offs are buffered sends by default, as in the runtime (``SchedulePlan.transport_mode``). Per
+hand-offs are buffered sends by default, as in the runtime (``RunPlan.transport_mode``). Per
 fragment, stage s::
 
     (s = 0: take the next fragment of the queue)  or  (s > 0: receive the in-flight trajectory)
@@ -47,8 +47,9 @@ with θ_k, paying a switch into and back out of generating priced by what it mov
 (:mod:`digenrl.sim.residency`: a device synchronisation; the pending gradients only with ``park_grads``).
 A ready fragment always wins at the next decision point (fragments are not pre-empted mid-way). The
 shards of a helper-made fragment are sent buffered (two helpers sending to each other with rendezvous
-sends would deadlock). Each trainer rank takes at most ``tag_budget`` fragments per iteration; the
-simulator picks the budget (0 included) with the best predicted throughput when it is None.
+sends would deadlock). Each trainer rank takes at most :meth:`~digenrl.plan.RunPlan.tag_budget`
+fragments per iteration; with ``tag.policy=auto`` the simulator picks the budget (0 included) with the best
+predicted throughput.
 """
 
 from __future__ import annotations
@@ -60,15 +61,15 @@ from functools import cached_property
 
 from digenrl.async_policy.tcss import StalenessBound
 from digenrl.gap.helper_share import helper_may_claim
-from digenrl.gap.unit_sharding import shard_sizes
+from digenrl.plan import RunPlan
+from digenrl.plan.workload import Workload
+from digenrl.rules import shard_sizes
 from digenrl.sim.channel import Channel
 from digenrl.sim.cluster import SimCluster
 from digenrl.sim.des import Mailbox, Process
 from digenrl.sim.generator_weights import GeneratorWeights
 from digenrl.sim.residency import move_s, tag_switch_moves
-from digenrl.sim.schedule_plan import SchedulePlan
 from digenrl.sim.training import SimPacker, optimizer_s, sharded
-from digenrl.sim.workload import Workload
 from digenrl.tsp.pipeline import TspLayout
 from digenrl.tsp.stage_plan import StagePlan, plan_stages
 
@@ -88,7 +89,7 @@ class _Fragment:
 
 def unit_shares(sizes: list[int], workload: Workload, trainers: int) -> list[list[int]]:
     """Units of each fragment per trainer rank, as the runtime cuts them
-    (:func:`digenrl.gap.unit_sharding.shard_sizes`): balanced to ±1 per fragment, the larger shares
+    (:func:`digenrl.rules.shard_sizes`): balanced to ±1 per fragment, the larger shares
     rotating over the ranks from fragment to fragment, so every rank trains its 1/trainers of the batch."""
     shares, offset = [], 0
     for samples in sizes:
@@ -110,7 +111,7 @@ def stage_plan_for(cluster: SimCluster, ranks: tuple[int, ...], fragment_samples
 class _Run:
     """State shared by every process of one digenrl simulation."""
 
-    def __init__(self, cluster: SimCluster, plan: SchedulePlan) -> None:
+    def __init__(self, cluster: SimCluster, plan: RunPlan) -> None:
         w = cluster.workload
         world = cluster.profile.world_size
         self.cluster = cluster
@@ -205,7 +206,7 @@ class _Run:
             yield from channel.send(nbytes, frag, rendezvous=rendezvous, **frag.tags())
 
 
-def run_digenrl(cluster: SimCluster, plan: SchedulePlan) -> dict[str, object]:
+def run_digenrl(cluster: SimCluster, plan: RunPlan) -> dict[str, object]:
     """Spawn the pipelines and the trainers; returns the stage plans used (for the result's report)."""
     run = _Run(cluster, plan)
     w, stages = cluster.workload, plan.tsp_stages
@@ -319,7 +320,7 @@ def _trainer(run: _Run, rank: int) -> Process:
     cluster, w, plan = run.cluster, run.cluster.workload, run.plan
     cost = cluster.cost(rank)
     position = run.trainers.index(rank)
-    budget = (plan.tag_budget or 0) if plan.tag else 0
+    budget = plan.tag_budget(len(run.sizes))
     packer = SimPacker(cluster, rank, run.trainers)
     for k in range(w.iterations):
         tags = {"iteration": k, "policy_version": k}
