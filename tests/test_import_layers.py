@@ -27,8 +27,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("validation", "launch"),
 )
 SIDE = ("perf", "reports", "export")
-#: the one module of the simulator the runtime may use (TAG's prediction)
+#: the one module of the simulator the runtime may use: TAG's prediction, which a system hands to TAG
 RUNTIME_MAY_USE_FROM_SIM = {"digenrl.sim.predict"}
+#: folders that never import the simulator at all (TAG decides through a predictor it is handed)
+NEVER_IMPORT_SIM = ("tag", "runtime")
 RUNTIME = ("runtime", "rollout", "trainer", "gap", "tsp", "async_policy", "tag", "systems", "launch")
 
 
@@ -162,3 +164,14 @@ def test_the_library_does_not_reach_into_the_checkout():
             if needle in text:
                 offenders.append(f"{path.relative_to(PACKAGE.parent)}: {needle}")
     assert offenders == []
+
+
+def test_tag_and_runtime_never_import_the_simulator():
+    reached = sorted(
+        f"{module} -> {target}"
+        for module, targets in GRAPH.items()
+        if _folder(module) in NEVER_IMPORT_SIM
+        for target in targets
+        if _folder(target) in ("sim", "planning")
+    )
+    assert reached == []

@@ -50,8 +50,32 @@ WORK_SPLITS = COLOCATED_SPLITS
 TRANSPORTS = ("rendezvous", "buffered")
 #: The file every run writes into its ``out_dir`` (rank 0, next to ``config.yaml``).
 PLAN_FILE = "plan.json"
-#: The separate schedules (their own trainer, generator and scorer pools).
-SEPARATE_SYSTEMS = tuple(s for s in SYSTEMS if s not in COLOCATED_SYSTEMS)
+#: The config keys (and sections) a plan is made of: :meth:`RunPlan.from_config` reads nothing else, and
+#: :meth:`RunPlan.to_config` replaces exactly these of its base config.
+SCHEDULE_KEYS = (
+    "system",
+    "profile",
+    "runtime.share_device",
+    "trainer.backend",
+    "trainer.deepspeed_stage",
+    "trainer.micro_batch_size",
+    "trainer.activation_checkpointing",
+    "sampler.samples_per_forward",
+    "residency",
+    "colocated",
+    "pools",
+    "asynchrony.max_staleness",
+    "asynchrony.max_inflight",
+    "gap",
+    "tsp",
+    "tag",
+    "tcss",
+)
+
+
+def is_schedule_key(key: str) -> bool:
+    """Whether the dotted config ``key`` is one a plan decides (:data:`SCHEDULE_KEYS`)."""
+    return any(key == k or key.startswith(k + ".") for k in SCHEDULE_KEYS)
 
 
 class Profile(Protocol):
@@ -290,14 +314,18 @@ class RunPlan:
         return out
 
     def to_config(self, base: Config | None = None) -> Config:
-        """``base`` (default: a default :class:`Config`) with this plan's keys (:meth:`config_items`) set;
-        ``RunPlan.from_config(plan.to_config(), profile) == plan`` for every plan :meth:`from_config`
-        returns. Keys of other systems keep ``base``'s values (the plan's system does not read them)."""
+        """``base`` (default: a default :class:`Config`) with every schedule key (:data:`SCHEDULE_KEYS`)
+        at its default and then this plan's (:meth:`config_items`) set, everything else (model, algorithm,
+        iterations, …) kept; ``RunPlan.from_config(plan.to_config(), profile) == plan`` for every plan
+        :meth:`from_config` returns."""
         cfg = copy.deepcopy(base) if base is not None else Config()
-        cfg.gap.fragment_samples = 0  # a size in samples replaces fragment_groups; the plan sets one
         defaults = Config()
-        for section, field_name in (("tag", "policy"), ("tag", "max_fragments"), ("tag", "park_grads")):
-            setattr(getattr(cfg, section), field_name, getattr(getattr(defaults, section), field_name))
+        for key in SCHEDULE_KEYS:
+            *sections, name = key.split(".")
+            target, source = cfg, defaults
+            for section in sections:
+                target, source = getattr(target, section), getattr(source, section)
+            setattr(target, name, copy.deepcopy(getattr(source, name)))
         for key, value in self.config_items().items():
             *sections, name = key.split(".")
             target = cfg

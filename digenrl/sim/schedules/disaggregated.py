@@ -70,7 +70,7 @@ from digenrl.sim.des import Mailbox, Process
 from digenrl.sim.generator_weights import GeneratorWeights
 from digenrl.sim.residency import move_s, tag_switch_moves
 from digenrl.sim.training import SimPacker, optimizer_s, sharded
-from digenrl.tsp.pipeline import TspLayout
+from digenrl.tsp.pipeline import TspLayout, check_boundaries
 from digenrl.tsp.stage_plan import StagePlan, plan_stages
 
 _STOP = None
@@ -99,13 +99,27 @@ def unit_shares(sizes: list[int], workload: Workload, trainers: int) -> list[lis
     return shares
 
 
-def stage_plan_for(cluster: SimCluster, ranks: tuple[int, ...], fragment_samples: int) -> StagePlan:
-    """Balance the T steps over the stages on ``ranks`` for a fragment of ``fragment_samples`` with the
-    runtime's planner (:func:`digenrl.tsp.stage_plan.plan_stages`), from each stage's own step costs."""
+def stage_plan_for(
+    cluster: SimCluster,
+    ranks: tuple[int, ...],
+    fragment_samples: int,
+    boundaries: tuple[int, ...] | None = None,
+) -> StagePlan:
+    """The stage boundaries of the pipeline on ``ranks`` for a fragment of ``fragment_samples``: the run's
+    fixed ``tsp.boundaries`` when given (checked as the runtime checks them), else balanced over the T
+    steps with the runtime's planner (:func:`digenrl.tsp.stage_plan.plan_stages`), from each stage's own
+    step costs."""
     w = cluster.workload
     per_step = [w.step_s(cluster.cost(r), fragment_samples) for r in ranks]
     extra = cluster.cost(ranks[-1]).score_s(fragment_samples)
-    return plan_stages(w.num_steps, len(ranks), per_step, last_stage_extra_s=extra)
+    if boundaries is None:
+        return plan_stages(w.num_steps, len(ranks), per_step, last_stage_extra_s=extra)
+    fixed = check_boundaries(boundaries, len(ranks), w.num_steps)
+    times = tuple(
+        per_step[s] * (fixed[s + 1] - fixed[s]) + (extra if s == len(ranks) - 1 else 0.0)
+        for s in range(len(ranks))
+    )
+    return StagePlan(boundaries=fixed, stage_times=times, last_stage_extra_s=extra)
 
 
 class _Run:
@@ -232,7 +246,7 @@ class _Pipeline:
         self.run = run
         self.index = index
         self.ranks = ranks
-        self.plan = stage_plan_for(cluster, ranks, fragment_samples)
+        self.plan = stage_plan_for(cluster, ranks, fragment_samples, run.plan.tsp_boundaries)
         self.handovers = [Mailbox(cluster.sim, f"pipeline {index} stage {s}") for s in range(len(ranks))]
         self.inflight = 0
         self.changed = cluster.condition(f"pipeline {index}")

@@ -1,0 +1,44 @@
+"""Each model's rollout defaults that decide a workload, torch-free: denoising steps, guidance scale and
+whether guidance is embedded (no second, unconditional forward).
+
+The model specs (:data:`digenrl.models.specs.MODEL_SPECS`) are built in modules that import torch, so the
+simulator and the planner, which must run without torch (``pip install -e .`` without CUDA, to plan a
+cluster), read these instead. ``tests/plan/test_rollout_defaults.py`` checks that every spec agrees with its
+entry, so a new model or a changed default fails there until both say the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RolloutDefaults:
+    num_steps: int  # ModelSpec.default_num_steps
+    guidance_scale: float  # ModelSpec.default_guidance_scale
+    guidance_embedded: bool  # ModelSpec.guidance_embedded
+
+
+ROLLOUT_DEFAULTS: dict[str, RolloutDefaults] = {
+    "sd3.5-medium": RolloutDefaults(10, 4.5, False),
+    "tiny-sd3": RolloutDefaults(8, 4.5, False),
+    "flux.1-dev": RolloutDefaults(6, 3.5, True),
+    "tiny-flux": RolloutDefaults(6, 3.5, True),
+    "qwen-image": RolloutDefaults(10, 4.0, False),
+    "tiny-qwen-image": RolloutDefaults(8, 4.0, False),
+    "wan2.1-1.3b": RolloutDefaults(20, 5.0, False),
+    "wan2.1-14b": RolloutDefaults(20, 5.0, False),
+    "tiny-wan": RolloutDefaults(8, 5.0, False),
+    "hunyuan-video": RolloutDefaults(20, 6.0, True),
+    "tiny-hunyuan-video": RolloutDefaults(8, 6.0, True),
+}
+
+
+def rollout_defaults(model: str) -> RolloutDefaults:
+    """``model``'s entry; a ValueError naming the known models otherwise."""
+    try:
+        return ROLLOUT_DEFAULTS[model]
+    except KeyError:
+        raise ValueError(
+            f"model.name={model!r} is not a known model; choose one of: {', '.join(ROLLOUT_DEFAULTS)}"
+        ) from None
