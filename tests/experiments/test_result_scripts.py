@@ -158,8 +158,8 @@ def test_validate_compares_a_run_with_its_simulation_per_phase(tmp_path):
     phase; the committed eager H200 run against the compiled cost file is flagged as a path mismatch."""
     from digenrl.config import apply_overrides, save_config
     from digenrl.costs.cost_model import CostModel
-    from digenrl.plan.workload import Workload
     from digenrl.plan import RunPlan
+    from digenrl.plan.workload import Workload
     from digenrl.reports.validation import compare_run
     from digenrl.runtime.profiles import load_profile
     from digenrl.sim.simulator import simulate as run_simulation

@@ -230,7 +230,15 @@ def _all_plans(world: int) -> list[RunPlan]:
         RunPlan("separate-async", trainers=half, generators=world - half, max_staleness=4),
         RunPlan("digenrl", trainers=half, generators=world - half, fragment_groups=1),
         RunPlan("digenrl", trainers=half, generators=world - half, fragment_groups=1, tsp_stages=2),
-        RunPlan("digenrl", trainers=half, generators=world - half, tag=True, tag_policy="always", tag_max_fragments=1, tcss=True),
+        RunPlan(
+            "digenrl",
+            trainers=half,
+            generators=world - half,
+            tag=True,
+            tag_policy="always",
+            tag_max_fragments=1,
+            tcss=True,
+        ),
     ]
 
 

@@ -1,6 +1,7 @@
 """TAG's budget search is one rule (digenrl/rules/schedule.py search_tag_budget): the runtime's
 ``tag.policy=auto`` (digenrl/sim/predict.py SimPredictor, what digenrl/tag/policy.py is handed), the
-simulator and the planner all stop after two budgets in a row that do not improve, ties going to the smaller budget."""
+simulator and the planner all stop after two budgets in a row that do not improve, ties going to the
+smaller budget."""
 
 from __future__ import annotations
 
