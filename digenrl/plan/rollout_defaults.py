@@ -1,5 +1,5 @@
-"""Each model's rollout defaults that decide a workload, torch-free: denoising steps, guidance scale and
-whether guidance is embedded (no second, unconditional forward).
+"""Each model's rollout defaults that decide a workload, torch-free: denoising steps, guidance scale,
+whether guidance is embedded (no second, unconditional forward) and a video model's frames.
 
 The model specs (:data:`digenrl.models.specs.MODEL_SPECS`) are built in modules that import torch, so the
 simulator and the planner, which must run without torch (``pip install -e .`` without CUDA, to plan a
@@ -17,6 +17,7 @@ class RolloutDefaults:
     num_steps: int  # ModelSpec.default_num_steps
     guidance_scale: float  # ModelSpec.default_guidance_scale
     guidance_embedded: bool  # ModelSpec.guidance_embedded
+    frames: int | None = None  # ModelSpec.default_frames (video models)
 
 
 ROLLOUT_DEFAULTS: dict[str, RolloutDefaults] = {
@@ -26,11 +27,11 @@ ROLLOUT_DEFAULTS: dict[str, RolloutDefaults] = {
     "tiny-flux": RolloutDefaults(6, 3.5, True),
     "qwen-image": RolloutDefaults(10, 4.0, False),
     "tiny-qwen-image": RolloutDefaults(8, 4.0, False),
-    "wan2.1-1.3b": RolloutDefaults(20, 5.0, False),
-    "wan2.1-14b": RolloutDefaults(20, 5.0, False),
-    "tiny-wan": RolloutDefaults(8, 5.0, False),
-    "hunyuan-video": RolloutDefaults(20, 6.0, True),
-    "tiny-hunyuan-video": RolloutDefaults(8, 6.0, True),
+    "wan2.1-1.3b": RolloutDefaults(20, 5.0, False, 81),
+    "wan2.1-14b": RolloutDefaults(20, 5.0, False, 81),
+    "tiny-wan": RolloutDefaults(8, 5.0, False, 5),
+    "hunyuan-video": RolloutDefaults(20, 6.0, True, 129),
+    "tiny-hunyuan-video": RolloutDefaults(8, 6.0, True, 5),
 }
 
 

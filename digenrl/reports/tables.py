@@ -43,6 +43,7 @@ from typing import Any
 from digenrl.costs.audit import audit
 from digenrl.costs.cost_model import CostModel, cost_path
 from digenrl.costs.device_costs import DeviceCosts
+from digenrl.plan.rollout_defaults import rollout_defaults
 from digenrl.plan.workload import Workload
 from digenrl.planning.planner import Planner, PlannerResult, PlanScore
 from digenrl.reports.folders import Folders
@@ -195,9 +196,7 @@ def scenario_costs(scenario: Scenario, folders: Folders, cost_file: Path | None 
 
 
 def _frames(model: str) -> int | None:
-    from digenrl.models import get_model_spec
-
-    return get_model_spec(model).default_frames
+    return rollout_defaults(model).frames
 
 
 def device_costs(profile: HardwareProfile, costs: CostModel) -> DeviceCosts:
