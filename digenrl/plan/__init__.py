@@ -4,7 +4,7 @@
 ``simulate.py validate`` read only it. Torch-free.
 """
 
-from digenrl.plan.run_plan import PLAN_FILE, SCHEDULE_KEYS, WORK_SPLITS, RunPlan, is_schedule_key
+from digenrl.plan.run_plan import SCHEDULE_KEYS, WORK_SPLITS, RunPlan, is_schedule_key
 from digenrl.plan.workload import Workload
 
-__all__ = ["PLAN_FILE", "SCHEDULE_KEYS", "WORK_SPLITS", "RunPlan", "Workload", "is_schedule_key"]
+__all__ = ["SCHEDULE_KEYS", "WORK_SPLITS", "RunPlan", "Workload", "is_schedule_key"]

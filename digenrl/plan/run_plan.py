@@ -1,8 +1,9 @@
 """The schedule of a run as one frozen value: system, pools and their ranks, and every mechanism knob.
 
 A :class:`RunPlan` is what ``experiments/run_train.py`` runs (:meth:`RunPlan.from_config`, written to
-``out_dir/plan.json`` by every run), what the simulator prices (:func:`digenrl.sim.simulate`), what the
-planner searches (:mod:`digenrl.planning`) and what ``simulate.py validate`` compares a run with.
+``out_dir/plan.json`` by every run, :data:`digenrl.trainer.run_dir.PLAN_FILE`), what the simulator prices
+(:func:`digenrl.sim.simulate`), what the planner searches (:mod:`digenrl.planning`) and what
+``simulate.py validate`` compares a run with.
 :meth:`RunPlan.to_config` is the exact inverse of :meth:`RunPlan.from_config` for every plan the runtime can
 run (``tests/plan/test_run_plan.py`` checks it over generated configs), so a plan the planner chooses is a
 config file (``simulate.py plan --emit-config``).
@@ -48,8 +49,6 @@ WORK_SPLITS = COLOCATED_SPLITS
 #: Trajectory transports (:mod:`digenrl.sim.channel`): the separate baselines' ``rendezvous`` send, the
 #: ``buffered`` send of digenrl's fragment stream and TSP hand-offs.
 TRANSPORTS = ("rendezvous", "buffered")
-#: The file every run writes into its ``out_dir`` (rank 0, next to ``config.yaml``).
-PLAN_FILE = "plan.json"
 #: The config keys (and sections) a plan is made of: :meth:`RunPlan.from_config` reads nothing else, and
 #: :meth:`RunPlan.to_config` replaces exactly these of its base config.
 SCHEDULE_KEYS = (
@@ -367,10 +366,8 @@ class RunPlan:
 
     @classmethod
     def load(cls, path: str | Path) -> RunPlan:
-        """The plan in a ``plan.json`` (or a run directory holding one)."""
+        """The plan in a ``plan.json`` (a run's: :data:`digenrl.trainer.run_dir.PLAN_FILE`)."""
         path = Path(path)
-        if path.is_dir():
-            path = path / PLAN_FILE
         try:
             data = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as error:

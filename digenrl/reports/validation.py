@@ -21,12 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 from digenrl.costs.cost_model import CostModel, cost_path, run_path
 from digenrl.costs.device_costs import DeviceCosts
-from digenrl.plan import PLAN_FILE, RunPlan
+from digenrl.plan import RunPlan
 from digenrl.plan.workload import Workload
 from digenrl.runtime.event_records import load_events
 from digenrl.runtime.event_summary import summarize_records
 from digenrl.runtime.profiles import HardwareProfile, load_profile
 from digenrl.sim.simulator import SimResult, simulate
+from digenrl.trainer.run_dir import PLAN_FILE
 
 if TYPE_CHECKING:
     from digenrl.config import Config

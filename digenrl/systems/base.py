@@ -20,7 +20,7 @@ from typing import ClassVar
 import torch
 
 from digenrl.config import Config, save_config
-from digenrl.plan import PLAN_FILE, RunPlan
+from digenrl.plan import RunPlan
 from digenrl.rollout.evaluate import EvalPhases, EvalResult, eval_schedule
 from digenrl.runtime.distributed import DistContext
 from digenrl.runtime.events import agree_clock_origin, merge_chrome_trace
@@ -35,7 +35,7 @@ from digenrl.runtime.telemetry import GpuTelemetry
 from digenrl.systems.components import RankComponents
 from digenrl.trainer.checkpoint import load_checkpoint, save_checkpoint
 from digenrl.trainer.lora_export import checkpoint_lora_writer
-from digenrl.trainer.run_dir import RunStart
+from digenrl.trainer.run_dir import PLAN_FILE, RunStart
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,8 @@ import shlex
 import subprocess
 import sys
 
-from digenrl.plan import PLAN_FILE, RunPlan
+from digenrl.plan import RunPlan
+from digenrl.trainer.run_dir import PLAN_FILE
 from experiments import simulate
 from tests.systems.launcher import REPO, RUN_TRAIN, TINY, train_env
 

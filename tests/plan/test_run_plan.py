@@ -24,10 +24,11 @@ from digenrl.config import (
     save_config,
 )
 from digenrl.costs.cost_model import CostModel
-from digenrl.plan import PLAN_FILE, RunPlan, Workload, is_schedule_key
+from digenrl.plan import RunPlan, Workload, is_schedule_key
 from digenrl.reports.validation import compare_run
 from digenrl.runtime.profiles import load_profile
 from digenrl.sim.simulator import simulate
+from digenrl.trainer.run_dir import PLAN_FILE
 from experiments import simulate as simulate_cli
 
 PROFILES = {name: load_profile(name) for name in ("cpu-4", "h200-8")}
