@@ -15,7 +15,7 @@ from digenrl.plan import RunPlan, Workload
 from digenrl.runtime.profiles import load_profile
 from digenrl.sim import simulate
 from digenrl.sim.cluster import SimCluster
-from digenrl.sim.schedules.disaggregated import stage_plan_for, unit_shares
+from digenrl.sim.schedules.disaggregated import handoff_bytes, stage_plan_for, unit_shares
 from digenrl.systems import available_systems
 from digenrl.tsp.pipeline import TspLayout, plan_tsp
 from tests.gap.test_gap_unit_sharding import _synthetic
@@ -172,3 +172,27 @@ def test_split_groups_need_the_runtimes_buffered_sends():
     )
     with pytest.raises(ValueError, match="fewer than 3 sharded"):
         plan.with_(trainers=3).check(4, full)
+
+
+def test_a_tsp_hand_off_is_priced_at_the_bytes_the_runtime_ships():
+    """A stage hands on the current latent and the whole preallocated record (RolloutEngine.start), at
+    every stage; the simulator prices it so (issue 33: it counted only the steps done)."""
+    from dataclasses import replace
+
+    from digenrl.perf.measure_costs import wire_bytes
+    from digenrl.runtime.transfer import batch_to_tensors
+    from tests.tsp.fixtures import PROMPTS, make_config, make_engine
+
+    engine = make_engine(make_config("sampler.num_steps=4", "algo.group_size=2"))
+    wire = wire_bytes(engine.generate(PROMPTS[:1], [0], iteration=0, policy_version=0))
+    cost = replace(
+        toy_costs(step=0.1),
+        fragment_bytes_per_sample=wire["per_sample"],
+        latent_bytes_per_sample=wire["latent"],
+        cond_bytes_per_sample=wire["cond"],
+    )
+    started = engine.start(PROMPTS[:1], [0], iteration=0, policy_version=0)
+    for steps in (1, 3):  # early and late in the trajectory: the same bytes
+        in_flight = engine.advance(started, steps)
+        shipped = sum(t.numel() * t.element_size() for t in batch_to_tensors(in_flight)[1])
+        assert handoff_bytes(cost, in_flight.batch_size) == pytest.approx(shipped, rel=0.02), steps

@@ -18,7 +18,7 @@ fragment, stage s::
 
     (s = 0: take the next fragment of the queue)  or  (s > 0: receive the in-flight trajectory)
     run steps [b_s, b_{s+1})
-    s < S−1: hand the in-flight trajectory (current latent + records of steps so far) to stage s+1
+    s < S−1: hand the in-flight trajectory (latent + whole record, :func:`handoff_bytes`) to stage s+1
     s = S−1: decode + score, then send each trainer rank its unit shard, in trainer rank order
 
 A pipeline admits a fragment of iteration k with the version the runtime's
@@ -60,6 +60,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from digenrl.async_policy.tcss import StalenessBound
+from digenrl.costs.cost_model import CostModel
 from digenrl.gap.helper_share import helper_may_claim
 from digenrl.plan import RunPlan
 from digenrl.plan.workload import Workload
@@ -238,6 +239,14 @@ def run_digenrl(cluster: SimCluster, plan: RunPlan) -> dict[str, object]:
     return {"stage_plans": [f"{count} pipeline(s): {text}" for text, count in distinct.items()]}
 
 
+def handoff_bytes(cost: CostModel, samples: int) -> int:
+    """Bytes of one TSP hand-off of ``samples`` in-flight samples, as ``tsp/stage_worker.StageWorker.hand_on``
+    ships them: the current latent and the whole trajectory record, condition included, whatever the stage
+    — ``RolloutEngine.start`` allocates the record buffers of every trained step up front and they travel
+    zero-filled until their step runs (an earlier version priced only the steps done, under-counting)."""
+    return samples * (cost.latent_bytes_per_sample + cost.fragment_bytes_per_sample)
+
+
 class _Pipeline:
     """One TSP pipeline: its stage ranks and boundaries, hand-over queues, fragments in flight."""
 
@@ -252,15 +261,10 @@ class _Pipeline:
         self.changed = cluster.condition(f"pipeline {index}")
 
     def hand_over(self, stage: int, frag: _Fragment) -> Process:
-        """Send the in-flight trajectory to ``stage + 1``: the current latent, the condition, and the
-        records of the steps done so far (their share of a sample's record)."""
-        cluster, w = self.run.cluster, self.run.cluster.workload
+        """Send the in-flight trajectory to ``stage + 1`` (:func:`handoff_bytes`)."""
+        cluster = self.run.cluster
         src, dst = self.ranks[stage], self.ranks[stage + 1]
-        cost = cluster.cost(src)
-        done = self.plan.boundaries[stage + 1] / w.num_steps
-        records = cost.fragment_bytes_per_sample - cost.cond_bytes_per_sample
-        per_sample = cost.latent_bytes_per_sample + cost.cond_bytes_per_sample + done * records
-        nbytes = frag.samples * per_sample
+        nbytes = handoff_bytes(cluster.cost(src), frag.samples)
         channel = cluster.channel(("stage", frag.iteration, frag.index, stage + 1), src, dst)
         self.handovers[stage + 1].put(channel)
         yield from channel.send(
