@@ -185,6 +185,7 @@ class System:
             num_steps=parts.sampler.num_steps,
             true_cfg=parts.sampler.true_cfg,
             cfg_grad=cfg.algo.cfg_grad,
+            trainer_mode=cfg.trainer.mode,
         )
         ceiling, source = loop_ceiling(load_profile(cfg.profile), ctx.device.type)
         out: dict = {"flops": flops}
