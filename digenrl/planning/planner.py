@@ -70,11 +70,9 @@ class PlanScore:
 
     @classmethod
     def of(cls, result: SimResult, notes: Iterable[str] = ()) -> PlanScore:
-        plan = result.plan
-        if plan.tag and plan.tag_policy == "auto":  # the budget search inserted no TAG: the plain plan
-            plan = plan.with_tag_budget(0)
+        # a searched budget is the plan's (RunPlan.with_tag_budget: budget 0 is the TAG-off plan)
         return cls(
-            plan,
+            result.plan,
             result.samples_per_s,
             result.steady_iteration_s,
             dict(result.busy_fraction),

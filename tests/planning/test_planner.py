@@ -88,6 +88,10 @@ def test_digenrl_plan_space_contains_every_baseline_of_equal_staleness():
         assert stale.best.samples_per_s >= on.best.samples_per_s * (1 - 1e-12)
         # and the search really considered the colocated point (0 dedicated generators)
         assert any(s.plan.colocated for s in on.evaluated)
+        # every plan it ranks is one run_train.py can run, and its config runs exactly that plan (issue 33)
+        for score in stale.evaluated:
+            plan = score.plan.resolved(workload, profile)
+            assert plan.runnable and RunPlan.from_config(plan.to_config(), profile) == plan, plan.describe()
 
 
 def test_baselines_are_tuned_and_ranked_and_heterogeneous_profiles_get_a_speed_split():
