@@ -127,8 +127,8 @@ def simulate(
     TAG is inserted only where the cost model predicts a shorter makespan).
 
     Not modelled, so refused rather than priced as something else: ``asynchrony.max_inflight`` > 1. A
-    scorer pool (``pools.scorers``) is priced as scoring on the generators' last stage and noted in
-    :attr:`SimResult.info`."""
+    scorer pool (``pools.scorers``) is priced as scoring on the generators' last stage and a shared device
+    (``runtime.share_device``) as one device per rank, each noted in :attr:`SimResult.info`."""
     profile = load_profile(profile) if isinstance(profile, str) else profile
     device_costs = costs if isinstance(costs, DeviceCosts) else DeviceCosts(profile, costs)
     workload = plan.effective_workload(workload)
@@ -155,6 +155,10 @@ def _noted(result: SimResult, plan: RunPlan) -> SimResult:
     if plan.scorers:
         result.info["scorers"] = (
             f"pools.scorers={plan.scorers} not modelled: scoring priced on the generators' last stage"
+        )
+    if plan.share_device:
+        result.info["share_device"] = (
+            "runtime.share_device=true not modelled: the ranks share one GPU, priced as one device each"
         )
     return result
 

@@ -169,3 +169,15 @@ def test_validate_prices_fragment_samples_and_the_tcss_switch(tmp_path):
     for dropped in ({"fragment_samples": 0}, {"tcss_switch": "auto"}):
         other = simulate(profile, costs, workload, by_hand.with_(**dropped))
         assert other.spans != simulate(profile, costs, workload, by_hand).spans, dropped
+
+
+def test_what_the_simulator_does_not_model_is_refused_or_named():
+    """A plan's knobs are all priced, refused, or named in the result (never silently dropped)."""
+    costs = CostModel.load(QUICK_COST_FILE)
+    profile = load_profile("cpu-4")
+    w = Workload(prompts_per_iteration=4, group_size=4, num_steps=4, train_steps=3, cfg=False)
+    separate = RunPlan("separate-async", trainers=1, generators=2, max_staleness=1)
+    with pytest.raises(ValueError, match="max_inflight"):
+        simulate(profile, costs, w, separate.with_(max_inflight=2))
+    named = simulate(profile, costs, w, separate.with_(scorers=1, share_device=True))
+    assert "pools.scorers=1" in named.info["scorers"] and "share_device" in named.info["share_device"]
