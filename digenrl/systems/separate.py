@@ -47,7 +47,7 @@ from digenrl.gap.stream import FragmentStream
 from digenrl.rollout.remote_scoring import ScorerPool, ScoringServer
 from digenrl.rollout.scoring import ScoreResult
 from digenrl.runtime.control_plane import ControlPlane
-from digenrl.runtime.distributed import global_sum
+from digenrl.runtime.distributed import global_sum, named_collective
 from digenrl.runtime.layout import Layout, build_layout, build_process_groups
 from digenrl.runtime.weight_sync import (
     POLICY_VERSION_NAME,
@@ -58,6 +58,7 @@ from digenrl.runtime.weight_sync import (
 from digenrl.systems.base import IterationReport, System
 from digenrl.systems.components import RankComponents, build_rank_components
 from digenrl.systems.phases import Accumulation, reward_summary
+from digenrl.trainer.parallel.base import broadcast_module
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +168,13 @@ class SeparateSystem(System):
             run=self.run_start,
             process_group=self.groups.trainer_group,
         )
+        if scorers and cfg.model.pretrained_path is None:
+            # random weights: a scorer rank builds its VAE without building the transformer and the text
+            # encoder first, so its random draws (and its decoded images) would differ from the trainers';
+            # every rank takes rank 0's VAE, as a run without scorer ranks decodes (issue 33)
+            what = f"rank {ctx.rank}: rank 0's random VAE weights (all {ctx.world_size} ranks take them)"
+            with named_collective(what):
+                broadcast_module(parts.bundle.decoder, torch.distributed.group.WORLD)
         if self.role == "scorer":
             self.server = ScoringServer(
                 parts.scorer, self.plane, device=ctx.device, timeout_s=cfg.runtime.timeout_s
