@@ -42,7 +42,7 @@ from digenrl.config import (
 from digenrl.data.rank_shares import RankShare, rank_shares
 from digenrl.gap.fragments import FragmentPlan
 from digenrl.plan.workload import Workload
-from digenrl.rules import fragment_size, resolve_switch, staleness_lag
+from digenrl.rules import fragment_size, resolve_switch, separate_pools, staleness_lag
 
 #: How a colocated schedule shares the logical batch (``colocated.split``, digenrl/data/rank_shares.py).
 WORK_SPLITS = COLOCATED_SPLITS
@@ -218,8 +218,11 @@ class RunPlan:
             if cfg.system == "colocated-sync":  # colocated-overlap keeps the reward resident
                 knobs["reward_resident"] = cfg.residency.reward_resident
         else:
-            knobs |= {"trainers": cfg.pools.trainers, "generators": cfg.pools.generators}
-            knobs["scorers"] = cfg.pools.scorers
+            pools = cfg.pools
+            trainers, generators, scorers = separate_pools(
+                pools.trainers, pools.generators, pools.scorers, profile.world_size
+            )
+            knobs |= {"trainers": trainers, "generators": generators, "scorers": scorers}
         if cfg.system == "separate-async":
             knobs |= {
                 "max_staleness": cfg.asynchrony.max_staleness,

@@ -20,6 +20,14 @@ def fragment_size(group_size: int, fragment_groups: int, fragment_samples: int) 
     return fragment_samples or fragment_groups * group_size
 
 
+def separate_pools(trainers: int, generators: int, scorers: int, world_size: int) -> tuple[int, int, int]:
+    """The ``pools.*`` a separate-pool system runs with: as set, or with none set on 2+ ranks half the ranks
+    train and the rest generate (the runtime's ``systems/separate.separate_layout`` and the plan alike)."""
+    if trainers == generators == scorers == 0 and world_size >= 2:
+        return world_size // 2, world_size - world_size // 2, 0
+    return trainers, generators, scorers
+
+
 def shard_sizes(total: int, parts: int, offset: int) -> list[int]:
     """``parts`` sizes summing to ``total``, differing by at most one; the larger ones go to the parts
     from ``offset`` on (cyclically). Passing the units of all earlier fragments as ``offset`` deals an

@@ -46,6 +46,7 @@ from digenrl.gap.fragments import FragmentPlan
 from digenrl.gap.stream import FragmentStream
 from digenrl.rollout.remote_scoring import ScorerPool, ScoringServer
 from digenrl.rollout.scoring import ScoreResult
+from digenrl.rules import separate_pools
 from digenrl.runtime.control_plane import ControlPlane
 from digenrl.runtime.distributed import global_sum, named_collective
 from digenrl.runtime.layout import Layout, build_layout, build_process_groups
@@ -68,10 +69,11 @@ def separate_layout(cfg: Config, world_size: int) -> Layout:
     from digenrl.rewards.registry import reward_needs_weights
 
     reward_names = list(cfg.reward.weights) if cfg.reward.weights else [cfg.reward.name]
-    pools = cfg.pools
-    if pools.trainers == pools.generators == pools.scorers == 0 and world_size >= 2:
-        # No split given: half the ranks train, the rest generate (printed at startup by the system).
-        pools = dataclasses.replace(pools, trainers=world_size // 2, generators=world_size - world_size // 2)
+    # no split given: half the ranks train, the rest generate (printed at startup by the system)
+    trainers, generators, scorers = separate_pools(
+        cfg.pools.trainers, cfg.pools.generators, cfg.pools.scorers, world_size
+    )
+    pools = dataclasses.replace(cfg.pools, trainers=trainers, generators=generators, scorers=scorers)
     layout = build_layout(
         pools,
         world_size,

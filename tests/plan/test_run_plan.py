@@ -181,3 +181,12 @@ def test_what_the_simulator_does_not_model_is_refused_or_named():
         simulate(profile, costs, w, separate.with_(max_inflight=2))
     named = simulate(profile, costs, w, separate.with_(scorers=1, share_device=True))
     assert "pools.scorers=1" in named.info["scorers"] and "share_device" in named.info["share_device"]
+
+
+def test_unset_pools_are_the_runtimes_split():
+    """Separate systems with no pools.* set run half the ranks as trainers (systems/separate.py), and so
+    does their plan (a TAG prediction of such a run divided by zero trainers before)."""
+    cfg = load_config(None, ["system=digenrl", "profile=cpu-4"])
+    plan = RunPlan.from_config(cfg, PROFILES["cpu-4"])
+    assert (plan.trainers, plan.generators, plan.scorers) == (2, 2, 0)
+    assert plan.trainer_ranks() == (0, 1) and plan.generator_ranks() == (2, 3)
