@@ -36,10 +36,18 @@ ROLLOUT_DEFAULTS: dict[str, RolloutDefaults] = {
 
 
 def rollout_defaults(model: str) -> RolloutDefaults:
-    """``model``'s entry; a ValueError naming the known models otherwise."""
-    try:
+    """``model``'s entry; a model of a family registered at run time (``digenrl.models.register_family``,
+    which needs torch anyway) from its spec; a ValueError naming the known models otherwise."""
+    if model in ROLLOUT_DEFAULTS:
         return ROLLOUT_DEFAULTS[model]
-    except KeyError:
-        raise ValueError(
-            f"model.name={model!r} is not a known model; choose one of: {', '.join(ROLLOUT_DEFAULTS)}"
-        ) from None
+    try:
+        from digenrl.models.specs import MODEL_SPECS  # imports torch: only for a model outside the table
+    except ImportError:
+        MODEL_SPECS = {}
+    spec = MODEL_SPECS.get(model)
+    if spec is None:
+        known = ", ".join(sorted({*ROLLOUT_DEFAULTS, *MODEL_SPECS}))
+        raise ValueError(f"model.name={model!r} is not a known model; choose one of: {known}")
+    return RolloutDefaults(
+        spec.default_num_steps, spec.default_guidance_scale, spec.guidance_embedded, spec.default_frames
+    )
