@@ -3,8 +3,9 @@ whether guidance is embedded (no second, unconditional forward) and a video mode
 
 The model specs (:data:`digenrl.models.specs.MODEL_SPECS`) are built in modules that import torch, so the
 simulator and the planner, which must run without torch (``pip install -e .`` without CUDA, to plan a
-cluster), read these instead. ``tests/plan/test_rollout_defaults.py`` checks that every spec agrees with its
-entry, so a new model or a changed default fails there until both say the same.
+cluster), read these for the built-in models; ``tests/plan/test_rollout_defaults.py`` checks that every
+built-in spec agrees with its entry, so a new model or a changed default fails there until both say the
+same. A family registered at run time is read from its spec.
 """
 
 from __future__ import annotations
