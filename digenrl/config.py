@@ -392,6 +392,10 @@ class RuntimeConfig:
     # a real-size model (not tiny-*) on a CPU device is refused at startup with its memory estimate unless
     # this is true (digenrl/validation.py validate_devices)
     allow_large_cpu_model: bool = False
+    # a rank whose real device is not the profile's (an H100 under profile=h200-1, a CPU under a GPU profile)
+    # is refused at startup unless this is true: then a warning in the banner, in every metrics.jsonl record
+    # (profile_mismatch) and the closing summary, and the bound uses the real device's numbers
+    allow_profile_mismatch: bool = False
     # several ranks of one job on one GPU (docs/operations.md, "Shared-device mode"): every rank builds its
     # models on the GPU, collectives run on gloo, point-to-point transfers stage through pinned host memory.
     # For testing every CUDA path of the schedules on one GPU; its timings are not a multi-GPU result.
@@ -399,6 +403,9 @@ class RuntimeConfig:
     # deterministic kernels (torch.use_deterministic_algorithms, docs/operations.md "Reproducible runs"):
     # two runs, or two schedules, then round alike; slower, and an op without a deterministic kernel raises
     deterministic: bool = False
+    # write out_dir/batches/rank<r>.jsonl: which samples each forward, decode and micro-batch ran on, in
+    # order (digenrl/runtime/batch_ledger.py), to check that two schedules compute on the same batches
+    record_batches: bool = False
     # profile this iteration on every rank with torch.profiler: device time per phase and kind of kernel in
     # out_dir/profile/rank<r>.{json,md} and the trace (docs/operations.md, "Profiling an iteration")
     profile_iteration: int | None = field(default=None, metadata=within(0, 10_000_000))
@@ -471,7 +478,9 @@ class Config:
     """One experiment."""
 
     system: str = field(default="colocated-sync", metadata=among(SYSTEMS))
-    profile: str = "cpu-1"
+    # auto: this node's devices (digenrl/runtime/profiles.py auto_profile); multi-node or mixed clusters
+    # name a profile (hardware_profiles/*.yaml) or a YAML file
+    profile: str = "auto"
     iterations: int = field(default=10, metadata=within(1, 10_000_000))
     seed: int = field(default=0, metadata=_SEED)
     out_dir: str = "runs/tiny"

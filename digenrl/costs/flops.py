@@ -113,14 +113,27 @@ def iteration_flops(
     return out
 
 
-def loop_ceiling(profile: Any, device_type: str) -> tuple[float | None, str]:
+def loop_ceiling(profile: Any, device_type: str, device: Any = None) -> tuple[float | None, str]:
     """(ceiling in TFLOP/s or None, where it comes from / why there is none) for a run on ``device_type``
-    with hardware profile ``profile``."""
+    with hardware profile ``profile``. ``device`` (a :class:`~digenrl.runtime.profiles.DetectedDevice`):
+    the real device, whose own measured ceiling counts where it is not the profile's (a run with
+    ``runtime.allow_profile_mismatch``)."""
+    from digenrl.runtime.profiles import known_device_type, type_matches
+
     gpu = profile.device_type(0)
     if device_type != "cuda":
         return None, (
             f"the run computes on a {device_type} device, which has no measured matmul ceiling (the CPU "
             "profiles' numbers are planning placeholders)"
+        )
+    if device is not None and not type_matches(gpu.name, device.family):
+        known = known_device_type(device.family)
+        if known is None or known[0].measured_bf16_tflops is None:
+            return None, f"no shipped profile has a measured matmul ceiling for the run's {device.name}"
+        real, _, source = known
+        return float(real.measured_bf16_tflops), (
+            f"profile {source}, {real.name} measured bf16 matmul (the run's device; profile {profile.name} "
+            "describes another)"
         )
     if gpu.measured_bf16_tflops is None:
         return None, (

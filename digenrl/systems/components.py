@@ -22,6 +22,7 @@ from digenrl.rollout.engine import RolloutEngine
 from digenrl.rollout.evaluate import Evaluator
 from digenrl.rollout.sampler import Sampler
 from digenrl.rollout.scoring import Scorer
+from digenrl.runtime.batch_ledger import BatchLedger
 from digenrl.runtime.distributed import DistContext
 from digenrl.runtime.events import EventLogger
 from digenrl.runtime.metrics import MetricsWriter, open_tensorboard, open_wandb
@@ -141,8 +142,14 @@ def build_rank_components(
             device=ctx.device,
             remote=cfg.reward.remote_settings(),
         )
+        # decoded in the rollout's forward batches: two schedules that generate in the same batches then
+        # decode (and score) the same shapes too (docs/operations.md, "Reproducible runs")
         scorer = Scorer(
-            bundle.decoder, reward, cfg.reward.nonfinite_policy, metadata=metadata_lookup(prompt_sets)
+            bundle.decoder,
+            reward,
+            cfg.reward.nonfinite_policy,
+            decode_batch=cfg.sampler.samples_per_forward,
+            metadata=metadata_lookup(prompt_sets),
         )
     if generate:
         engine = RolloutEngine(
@@ -177,6 +184,11 @@ def build_rank_components(
         tensorboard=open_tensorboard(out, run.start_iteration) if writer else None,
         wandb=open_wandb(cfg.logger, out, run.run_id, cfg.to_dict()) if writer else None,
     )
+    if cfg.runtime.record_batches:  # which samples each batched computation ran on (batch_ledger.py)
+        ledger = BatchLedger(out, ctx.rank, append=run.resumed)
+        for part in (engine, scorer, trainer):
+            if part is not None:
+                part.ledger = ledger
     evaluator = None
     if evaluate:
         evaluator = Evaluator.build(

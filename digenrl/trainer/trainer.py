@@ -39,6 +39,7 @@ from digenrl.config import Config
 from digenrl.data.micro_batches import plan_micro_batches
 from digenrl.models.fp8 import apply_fp8
 from digenrl.models.optimize import optimize_flow_model
+from digenrl.runtime.batch_ledger import BatchLedger
 from digenrl.trainer.checkpoint import load_sharded
 from digenrl.trainer.ema import TrainerEMA
 from digenrl.trainer.lora import apply_lora, enable_full_finetune, reference_policy
@@ -98,6 +99,13 @@ def _gather_units(batch: TrajectoryBatch, units: list[tuple[int, int]], device: 
     )
 
 
+def _unit_keys(batch: TrajectoryBatch, units: list[tuple[int, int]]) -> list[list[int]]:
+    """``[group id, index in group, step index]`` of each unit (the batch ledger's key of a unit)."""
+    return [
+        [int(batch.prompt_ids[b]), int(batch.sample_ids[b]), int(batch.step_indices[b, k])] for b, k in units
+    ]
+
+
 class PolicyTrainer:
     """Owns the trainable policy (LoRA or full), its data-parallel wrapper and the optimizer.
 
@@ -111,6 +119,8 @@ class PolicyTrainer:
     """
 
     micro_batch_size: int | None = None
+    #: runtime.record_batches: the micro-batches, in the order their gradients accumulate
+    ledger: BatchLedger | None = None
 
     def __init__(
         self,
@@ -234,6 +244,8 @@ class PolicyTrainer:
         for i in range(rounds):
             if i < len(plan):
                 mb, weight = _gather_units(batch, plan[i], self.device), unit_weight
+                if self.ledger is not None:
+                    self.ledger.record("train", batch.iteration, "units", _unit_keys(batch, plan[i]))
                 self._template = mb.first()
             elif self._template is not None:
                 mb, weight = self._template, 0.0
