@@ -104,12 +104,14 @@ def test_from_config_and_to_config_are_exact_inverses(seed):
 
 def test_a_plan_reads_only_its_systems_knobs():
     """Knobs of other systems stay at their defaults, so one schedule has one plan."""
-    cfg = load_config(None, ["system=colocated-sync", "tag.enabled=true", "tcss.enabled=true"])
+    cfg = load_config(
+        None, ["system=colocated-sync", "profile=cpu-4", "tag.enabled=true", "tcss.enabled=true"]
+    )
     cfg.pools.trainers = 3
     cfg.gap.fragment_samples = 2
     assert RunPlan.from_config(cfg, PROFILES["cpu-4"]) == RunPlan(
         "colocated-sync",
-        profile="cpu-1",
+        profile="cpu-4",
         world_size=4,
         micro_batch_size=4,
         activation_checkpointing=False,
