@@ -20,6 +20,7 @@ from typing import ClassVar
 import torch
 
 from digenrl.config import Config, save_config
+from digenrl.plan import RunPlan
 from digenrl.rollout.evaluate import EvalPhases, EvalResult, eval_schedule
 from digenrl.runtime.distributed import DistContext
 from digenrl.runtime.events import agree_clock_origin, merge_chrome_trace
@@ -34,7 +35,7 @@ from digenrl.runtime.telemetry import GpuTelemetry
 from digenrl.systems.components import RankComponents
 from digenrl.trainer.checkpoint import load_checkpoint, save_checkpoint
 from digenrl.trainer.lora_export import checkpoint_lora_writer
-from digenrl.trainer.run_dir import RunStart
+from digenrl.trainer.run_dir import PLAN_FILE, RunStart
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +188,7 @@ class System:
             num_steps=parts.sampler.num_steps,
             true_cfg=parts.sampler.true_cfg,
             cfg_grad=cfg.algo.cfg_grad,
+            trainer_mode=cfg.trainer.mode,
         )
         ceiling, source = loop_ceiling(load_profile(cfg.profile), ctx.device.type, self.device)
         out: dict = {"flops": flops}
@@ -214,6 +216,8 @@ class System:
             start = self.restore(payload)
         if ctx.rank == 0:
             save_config(cfg, f"{cfg.out_dir}/config.yaml", run_id=run.run_id)
+            # the schedule this run executes, as the simulator and the planner read it (docs/design.md §5)
+            RunPlan.from_config(cfg, load_profile(cfg.profile)).write(f"{cfg.out_dir}/{PLAN_FILE}")
             print(
                 start_banner(cfg, ctx.world_size, self.describe_pools(), self.describe_mechanisms(), run),
                 flush=True,

@@ -100,12 +100,14 @@ def build_rank_components(
     sampler = Sampler.from_config(cfg, bundle.spec, latent_tokens)
 
     trainer = None
+    compile_, autocast = cfg.model.optimised(ctx.device.type)
     if generate and not train:
         # a generator rank of a separate system: the trainer's adapter first, as PolicyTrainer applies it
         # before the model is optimised below, so both ranks build the same module in the same order
         prepare_generator_model(bundle.flow_model, cfg)
     if train:
         uncond = bundle.text_encoder.negative_condition(1) if sampler.true_cfg else None
+        # the trainer optimises the model once (attention backend, autocast in its compute dtype, compile)
         trainer = PolicyTrainer(
             cfg,
             bundle.flow_model,
@@ -114,14 +116,14 @@ def build_rank_components(
             device=ctx.device,
             process_group=process_group,
             world_size=torch.distributed.get_world_size(process_group) if ctx.is_distributed else 1,
+            compile=compile_,
         )
-    compile_, autocast = cfg.model.optimised(ctx.device.type)
-    if (compile_ or autocast or trainer is None) and (generate or train):
-        # model.attention_backend / model.compile (digenrl/models/optimize.py). needs_backward on every rank,
-        # generating ranks too: the rollout must run the kernels the trainer's forward runs, so its log-probs
-        # are the trainer's (on-policy ratio 1) and a generator rank generates what a colocated rank does. On
-        # one H200 a generator rank that kept cuDNN's SDPA forward (which the trainer's choice disables)
-        # gave ratio 0.999984 and other trajectories from iteration 0 (experiments/results/gpu/shared/).
+    elif generate:
+        # model.attention_backend / model.compile (digenrl/models/optimize.py). needs_backward on generating
+        # ranks too: the rollout must run the kernels the trainer's forward runs, so its log-probs are the
+        # trainer's (on-policy ratio 1) and a generator rank generates what a colocated rank does. On one
+        # H200 a generator rank that kept cuDNN's SDPA forward (which the trainer's choice disables) gave
+        # ratio 0.999984 and other trajectories from iteration 0 (experiments/results/gpu/shared/).
         optimize_flow_model(
             bundle.flow_model,
             compile=compile_,

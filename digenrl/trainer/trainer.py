@@ -133,7 +133,11 @@ class PolicyTrainer:
         process_group: Any = None,
         world_size: int = 1,
         exact_backend: bool = False,
+        compile: bool = False,
     ) -> None:
+        """``compile``: ``torch.compile`` the transformer too (a run's resolved ``model.compile``), in the
+        one :func:`optimize_flow_model` call a training rank makes (attention backend, autocast in the
+        compute dtype, compile), after the parallel wrapper."""
         self.cfg = cfg
         self.flow_model = flow_model
         self.sampler = sampler
@@ -167,7 +171,7 @@ class PolicyTrainer:
         # reason; may turn cuDNN SDPA off): digenrl/models/attention_safety.py
         self.optimizations = optimize_flow_model(
             flow_model,
-            compile=False,
+            compile=compile,
             attention_backend=cfg.model.attention_backend,
             needs_backward=True,
             autocast=cfg.model.optimised(torch.device(device).type)[1],
