@@ -39,7 +39,7 @@ from digenrl.config import (
     Config,
     ConfigError,
 )
-from digenrl.data.rank_shares import RankShare, rank_shares
+from digenrl.data.rank_shares import RankShare, rank_shares, split_backend_conflict
 from digenrl.gap.fragments import FragmentPlan
 from digenrl.plan.workload import Workload
 from digenrl.rules import fragment_size, resolve_switch, separate_pools, staleness_lag
@@ -466,6 +466,11 @@ class RunPlan:
                 self.colocated_shares(workload, [1.0] * world_size if speeds is None else speeds)
             except ValueError as error:
                 raise ValueError(f"{self.system}: {error} (digenrl/data/rank_shares.py)") from None
+            # trainer.backend=auto on several ranks: FSDP2 for full fine-tuning, ddp for LoRA
+            backend = "fsdp2" if workload.trainer_mode == "full" and world_size > 1 else "ddp"
+            conflict = split_backend_conflict(self.work_split, backend)
+            if conflict:
+                raise ValueError(f"{self.system}: {conflict}")
             return
         if self.trainers < 1 or self.generators < 1:
             raise ValueError(

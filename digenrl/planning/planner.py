@@ -351,7 +351,10 @@ class Planner:
             out["separate-async s=1"] = self.best_of(self.baseline_plans("separate-async", 1))
         if self.heterogeneous:
             for system in COLOCATED_SYSTEMS:
-                out[f"{system} speed-split"] = self.best_of(self.baseline_plans(system, work_split="speed"))
+                # the fair split (full-size micro-batches, uneven counts) where the backend allows it;
+                # full fine-tuning's FSDP2 runs in lockstep (digenrl/data/rank_shares.py)
+                split = "speed-lockstep" if self.workload.trainer_mode == "full" else "speed"
+                out[f"{system} speed-split"] = self.best_of(self.baseline_plans(system, work_split=split))
         return out
 
     # ------------------------------------------------------------------ DigenRL's plan space
