@@ -93,6 +93,12 @@ TIMESTEP_SELECTIONS = ("first", "shuffled", "fast-window")
 ADV_STD_MODES = ("group", "global")
 CFG_GRAD_MODES = ("cond", "both")
 """Values of ``algo.cfg_grad``: which CFG branches the training gradient flows through."""
+#: ``algo.name``: the policy-update algorithm (docs/algorithm.md, one section each)
+ALGORITHMS = ("flowgrpo", "mixgrpo")
+#: ``algo.mix_schedule``: how MixGRPO's SDE window moves over the iterations (digenrl/algo/timesteps.py)
+MIX_SCHEDULES = ("progressive", "random")
+#: ``algo.mix_ode_solver``: the ODE solver after MixGRPO's window (dpm2 = MixGRPO-Flash's DPM-Solver++ 2M)
+MIX_ODE_SOLVERS = ("euler", "dpm2")
 TRAINER_MODES = ("lora", "full")
 TRAINER_BACKENDS = ("auto", "none", "ddp", "fsdp2", "deepspeed")
 NONFINITE_ACTIONS = ("stop", "skip")
@@ -185,6 +191,18 @@ class AlgoConfig:
     # with CFG, the training gradient flows through: cond = the conditional branch only (unconditional
     # prediction detached), both = both branches; see digenrl/rollout/sampler.py Sampler.velocity
     cfg_grad: str = field(default="cond", metadata=among(CFG_GRAD_MODES))
+    # the algorithm: flowgrpo (FlowGRPO / -Fast / DanceGRPO-style, by timestep_selection) or mixgrpo (an SDE
+    # window sliding over the steps, ODE elsewhere; docs/algorithm.md, "MixGRPO")
+    name: str = field(default="flowgrpo", metadata=among(ALGORITHMS))
+    # MixGRPO (algo.name=mixgrpo): SDE steps in the window, the only trained ones (paper default 4 of 25)
+    mix_window: int = field(default=4, metadata=within(1, 1000))
+    # steps the window moves each time it moves (published script: 1)
+    mix_stride: int = field(default=1, metadata=within(1, 1000))
+    # iterations between two moves of a progressive window (published script: 25)
+    mix_shift_interval: int = field(default=25, metadata=within(1, 1_000_000))
+    mix_schedule: str = field(default="progressive", metadata=among(MIX_SCHEDULES))
+    # the ODE solver after the window: euler, or dpm2 (MixGRPO-Flash, DPM-Solver++ 2M on the same grid)
+    mix_ode_solver: str = field(default="euler", metadata=among(MIX_ODE_SOLVERS))
 
 
 @dataclass

@@ -142,9 +142,33 @@ def _gpu_profile(cfg: Config) -> bool:
 KNOB_RULES: tuple[KnobRule, ...] = (
     KnobRule(
         ("algo.fast_window",),
-        "with algo.timestep_selection=fast-window",
-        ("algo.timestep_selection",),
-        lambda cfg: cfg.algo.timestep_selection == "fast-window",
+        "with algo.name=flowgrpo and algo.timestep_selection=fast-window",
+        ("algo.name", "algo.timestep_selection"),
+        lambda cfg: cfg.algo.name == "flowgrpo" and cfg.algo.timestep_selection == "fast-window",
+    ),
+    KnobRule(
+        ("algo.timestep_fraction", "algo.timestep_selection"),
+        "with algo.name=flowgrpo (MixGRPO's window decides the trained steps)",
+        ("algo.name",),
+        lambda cfg: cfg.algo.name == "flowgrpo",
+    ),
+    KnobRule(
+        (
+            "algo.mix_window",
+            "algo.mix_stride",
+            "algo.mix_shift_interval",
+            "algo.mix_schedule",
+            "algo.mix_ode_solver",
+        ),
+        "with algo.name=mixgrpo",
+        ("algo.name",),
+        lambda cfg: cfg.algo.name == "mixgrpo",
+    ),
+    KnobRule(
+        ("algo.mix_stride", "algo.mix_shift_interval"),
+        "with algo.mix_schedule=progressive (a random window is drawn anew every iteration)",
+        ("algo.mix_schedule",),
+        lambda cfg: cfg.algo.mix_schedule == "progressive",
     ),
     KnobRule(
         ("trainer.lora_rank", "trainer.lora_alpha", "trainer.lora_targets", "checkpoint.export_lora"),
@@ -391,6 +415,17 @@ def check_sampler(cfg: Config) -> None:
         raise ConfigError(
             f"algo.fast_window={cfg.algo.fast_window} must be at most num_steps // 2 = {steps // 2} "
             f"(sampler.num_steps={steps}): FlowGRPO-Fast's SDE window lies in the first half of the steps"
+        )
+    if cfg.algo.name == "mixgrpo" and cfg.algo.mix_window > steps:
+        raise ConfigError(
+            f"algo.mix_window={cfg.algo.mix_window} must be at most sampler.num_steps={steps}: MixGRPO's SDE "
+            "window is a run of denoising steps"
+        )
+    if cfg.algo.name == "mixgrpo" and cfg.algo.mix_ode_solver == "dpm2" and cfg.tsp.stages > 1:
+        raise ConfigError(
+            f"algo.mix_ode_solver=dpm2 cannot run with tsp.stages={cfg.tsp.stages}: the multistep solver "
+            "reads the previous step's prediction, which a TSP stage boundary does not carry; set "
+            "tsp.stages=1 or algo.mix_ode_solver=euler"
         )
 
 

@@ -277,3 +277,47 @@ def euler_step(velocity: Tensor, sample: Tensor, sigma: float | Tensor, sigma_ne
     """
     v, x, s, s_next = _prepare(velocity, sample, sigma, sigma_next)
     return x + (s_next - s) * v
+
+
+def dpm_solver_2m_step(
+    velocity: Tensor,
+    sample: Tensor,
+    sigma: float | Tensor,
+    sigma_next: float | Tensor,
+    *,
+    prev_x0: Tensor | None = None,
+    prev_sigma: float | None = None,
+) -> tuple[Tensor, Tensor]:
+    """One DPM-Solver++(2M) ODE step (midpoint form) of a flow model, in float32; returns (x', x̂0).
+
+    MixGRPO-Flash's solver after the SDE window (Li et al. 2025, arXiv 2507.21802, Sec. "MixGRPO-Flash";
+    Tencent-Hunyuan/MixGRPO `fastvideo/utils/sampling_utils.py`, `dpm_step` with `dpm_algorithm_type=
+    "dpmsolver++"`, `dpm_solver_order=2`, `dpm_solver_type="midpoint"`), written for flow matching:
+    α = 1 − σ, x̂0 = x − σ·v, λ = log(α/σ), h = λ' − λ (DPM-Solver++, Lu et al. 2022, arXiv 2211.01095,
+    eq. for the 2M update; diffusers' `DPMSolverMultistepScheduler.multistep_dpm_solver_second_order_update`).
+    The first-order part (σ'/σ)·x + (α' − σ'·α/σ)·x̂0 equals the Euler step x + (σ' − σ)·v exactly; the
+    second order adds ½·(α' − σ'·α/σ)·D1 with D1 = (x̂0 − x̂0_prev)/r, r = h_prev / h, from the previous
+    step's prediction ``prev_x0`` at ``prev_sigma``. Without a previous prediction, from σ = 1 (λ = −∞) or
+    into σ' = 0 (the final step, first order as diffusers' `lower_order_final`) the step is Euler's.
+    """
+    v, x, s, s_next = _prepare(velocity, sample, sigma, sigma_next)
+    x0 = x - s * v
+    out = x + (s_next - s) * v
+    s_val, s_next_val = float(s.flatten()[0]), float(s_next.flatten()[0])
+    second_order = (
+        prev_x0 is not None
+        and prev_sigma is not None
+        and s_next_val > 0
+        and prev_sigma < 1 - SIGMA_ONE_ATOL
+        and s_val < prev_sigma
+    )
+    if second_order:
+
+        def lam(value: float) -> float:
+            return math.log((1 - value) / value)
+
+        h = lam(s_next_val) - lam(s_val)
+        r = (lam(s_val) - lam(float(prev_sigma))) / h
+        d1 = (x0 - prev_x0.float()) / r
+        out = out + 0.5 * ((1 - s_next) - s_next * (1 - s) / s) * d1
+    return out, x0

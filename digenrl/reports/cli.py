@@ -78,6 +78,7 @@ def _command(name: str, argv: list[str] | None) -> str:
 
 def plan(argv: list[str] | None, folders: Folders) -> int:
     """Ask the planner for the best plan on a hardware profile (and, with --baselines, the baselines)."""
+    from digenrl.algo.timesteps import trained_step_count
     from digenrl.config import load_config
     from digenrl.planning.planner import Planner
     from digenrl.runtime.profiles import load_profile
@@ -131,7 +132,7 @@ def plan(argv: list[str] | None, folders: Folders) -> int:
     }
     changes = {k: v for k, v in changes.items() if v is not None}
     if args.steps is not None:
-        changes["train_steps"] = args.train_steps or max(1, int(args.steps * cfg.algo.timestep_fraction))
+        changes["train_steps"] = args.train_steps or trained_step_count(cfg.algo, args.steps)
     elif args.train_steps is not None:
         changes["train_steps"] = args.train_steps
     workload = replace(workload, **changes)

@@ -15,10 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import Any
 
 import torch
 
-from digenrl.algo.timesteps import sde_step_mask, select_train_steps
+from digenrl.algo.sde_step import dpm_solver_2m_step
+from digenrl.algo.timesteps import MixWindow, sde_step_mask, select_train_steps
+from digenrl.config import AlgoConfig
 from digenrl.data.seeding import mix_seed
 from digenrl.data.text_condition import TextCondition
 from digenrl.data.trajectory import TrajectoryBatch
@@ -47,7 +50,15 @@ class RolloutEngine:
         fast_window: int,
         samples_per_forward: int = 0,
         device: torch.device | str = "cpu",
+        mix_window: MixWindow | None = None,
+        ode_solver: str = "euler",
     ):
+        """``mix_window``: MixGRPO's sliding SDE window (replaces ``timestep_selection``); ``ode_solver``
+        ``dpm2``: MixGRPO-Flash's DPM-Solver++(2M) on the ODE steps after the window (needs the window)."""
+        if ode_solver not in ("euler", "dpm2"):
+            raise ValueError(f"ode_solver must be 'euler' or 'dpm2', got {ode_solver!r}")
+        if ode_solver == "dpm2" and mix_window is None:
+            raise ValueError("ode_solver='dpm2' (MixGRPO-Flash) needs a mix_window")
         self.model = model
         self.text_encoder = text_encoder
         self.sampler = sampler
@@ -59,6 +70,26 @@ class RolloutEngine:
         self.fast_window = fast_window
         self.samples_per_forward = samples_per_forward
         self.device = torch.device(device)
+        self.mix_window = mix_window
+        self.ode_solver = ode_solver
+
+    @staticmethod
+    def algo_settings(algo: AlgoConfig) -> dict[str, Any]:
+        """The constructor's keyword arguments that ``algo`` decides (which steps are trained and stochastic,
+        the ODE solver), for every place that builds an engine from a config."""
+        mix = algo.name == "mixgrpo"
+        return {
+            "timestep_fraction": algo.timestep_fraction,
+            "timestep_selection": algo.timestep_selection,
+            "fast_window": algo.fast_window,
+            "mix_window": MixWindow.from_config(algo) if mix else None,
+            "ode_solver": algo.mix_ode_solver if mix else "euler",
+        }
+
+    @property
+    def sde_mode(self) -> str:
+        """How the trained steps decide the stochastic ones (:func:`digenrl.algo.timesteps.sde_step_mask`)."""
+        return "mixgrpo" if self.mix_window is not None else self.timestep_selection
 
     def uncond(self) -> TextCondition | None:
         """The empty-prompt condition for true CFG (cached by the encoder), else None. Every TSP stage
@@ -72,8 +103,12 @@ class RolloutEngine:
         per iteration, because the sampler must know which steps are stochastic for the whole batch.
         """
         t = self.sampler.num_steps
-        mode = self.timestep_selection
-        if mode == "fast-window":
+        mode = self.sde_mode
+        if self.mix_window is not None:  # MixGRPO: one window per iteration, for the whole batch
+            generator = torch.Generator().manual_seed(mix_seed(self.seed, iteration, 0x3172))
+            steps = self.mix_window.steps(t, iteration, generator)
+            per_sample = steps.unsqueeze(0).expand(len(seeds), -1)
+        elif mode == "fast-window":
             generator = torch.Generator().manual_seed(mix_seed(self.seed, iteration, 0xFA57))
             steps = select_train_steps(t, self.timestep_fraction, mode, generator, window=self.fast_window)
             per_sample = steps.unsqueeze(0).expand(len(seeds), -1)
@@ -216,12 +251,17 @@ class RolloutEngine:
         cond = batch.cond.to(self.device)
         uncond = self.uncond()
         train_steps = batch.step_indices.cpu()
-        sde_mask = sde_step_mask(t, batch.step_indices[0].cpu(), mode=self.timestep_selection) if b else None
+        sde_mask = sde_step_mask(t, batch.step_indices[0].cpu(), mode=self.sde_mode) if b else None
         sigmas = self.sampler.sigmas.to(self.device)
         chunk = self.samples_per_forward or b
+        # MixGRPO-Flash: DPM-Solver++(2M) on the ODE steps after the window, from the previous step's x̂0
+        # (kept within this call: validation refuses a TSP split of a Flash rollout)
+        flash_from = int(train_steps[0].max()) + 1 if self.ode_solver == "dpm2" and b else t
+        prev_x0: torch.Tensor | None = None
         for i in range(first, until_step):
             noise = step_noise(seeds, i, self.latent_shape, device=self.device)
             nxt = torch.empty_like(x)
+            x0_pred = torch.empty_like(x) if self.ode_solver == "dpm2" else None
             step_log_prob = torch.empty(b, dtype=torch.float32, device=self.device)
             for start in range(0, b, chunk):
                 sl = slice(start, min(start + chunk, b))
@@ -235,6 +275,18 @@ class RolloutEngine:
                 )
                 nxt[sl] = res.prev_sample
                 step_log_prob[sl] = res.log_prob
+                if self.ode_solver == "dpm2":
+                    prev = None if prev_x0 is None or i < flash_from else prev_x0[sl]
+                    flash_x, x0_pred[sl] = dpm_solver_2m_step(
+                        v,
+                        x[sl],
+                        sigma,
+                        sigmas[i + 1].expand(n),
+                        prev_x0=prev,
+                        prev_sigma=float(sigmas[i - 1]),
+                    )
+                    if i >= flash_from:
+                        nxt[sl] = flash_x
             rows, cols = torch.nonzero(train_steps == i, as_tuple=True)  # on CPU: no device sync
             if rows.numel():
                 rows, cols = rows.to(self.device), cols.to(self.device)
@@ -242,6 +294,7 @@ class RolloutEngine:
                 next_latents[rows, cols] = nxt[rows]
                 log_probs[rows, cols] = step_log_prob[rows]
             x = nxt
+            prev_x0 = x0_pred
             if on_step is not None:
                 on_step(i)
         return replace(

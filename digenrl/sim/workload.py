@@ -117,6 +117,7 @@ class Workload:
     ) -> Workload:
         """The workload a run of ``cfg`` executes (steps, guidance and trained-step count resolved like
         :meth:`digenrl.rollout.sampler.Sampler.from_config` and ``digenrl.algo.timesteps``)."""
+        from digenrl.algo.timesteps import trained_step_count  # torch too
         from digenrl.models.specs import get_model_spec  # imports torch: keep it out of module import
 
         spec = get_model_spec(cfg.model.name)
@@ -124,10 +125,9 @@ class Workload:
         guidance = (
             spec.default_guidance_scale if cfg.sampler.guidance_scale is None else cfg.sampler.guidance_scale
         )
-        if cfg.algo.timestep_selection == "fast-window":
-            trained = cfg.algo.fast_window
-        else:  # 'first' / 'shuffled': K = max(1, floor(T * timestep_fraction)) (algo/timesteps.py)
-            trained = max(1, int(steps * cfg.algo.timestep_fraction))
+        # K: MixGRPO's / FlowGRPO-Fast's window, else max(1, floor(T * timestep_fraction)); training
+        # cost scales with it, so a MixGRPO window of 4 of 25 steps trains 4/24 of FlowGRPO's units
+        trained = trained_step_count(cfg.algo, steps)
         return cls(
             prompts_per_iteration=cfg.algo.prompts_per_iteration,
             group_size=cfg.algo.group_size,

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from digenrl.algo.advantages import gather_rewards, group_advantages
+from digenrl.algo.timesteps import trained_step_count
 from digenrl.config import AlgoConfig, Config
 from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.gap.unit_packer import UnitPacker
@@ -206,6 +207,4 @@ def reward_summary(rewards: torch.Tensor, group: dist.ProcessGroup | None = None
 
 def units_per_sample(cfg: Config, sampler: Sampler) -> int:
     """Trained transitions per trajectory (K), as the engine selects them (same count in every mode)."""
-    if cfg.algo.timestep_selection == "fast-window":
-        return cfg.algo.fast_window
-    return max(1, int(sampler.num_steps * cfg.algo.timestep_fraction))
+    return trained_step_count(cfg.algo, sampler.num_steps)
