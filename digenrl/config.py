@@ -203,6 +203,11 @@ class AlgoConfig:
     mix_schedule: str = field(default="progressive", metadata=among(MIX_SCHEDULES))
     # the ODE solver after the window: euler, or dpm2 (MixGRPO-Flash, DPM-Solver++ 2M on the same grid)
     mix_ode_solver: str = field(default="euler", metadata=among(MIX_ODE_SOLVERS))
+    # GRPO-Guard (arXiv 2510.22319; docs/algorithm.md, "GRPO-Guard"), with sampler.sde_type=sde:
+    # RatioNorm, ratio = exp((log r + mean((mu - mu_old)^2) / (2 s^2)) * s), s the transition std
+    ratio_norm: bool = False
+    # GRPO-Guard's gradient reweighting: each unit's policy loss divided by -dt = sigma - sigma_next
+    step_reweight: bool = False
 
 
 @dataclass

@@ -165,6 +165,12 @@ KNOB_RULES: tuple[KnobRule, ...] = (
         lambda cfg: cfg.algo.name == "mixgrpo",
     ),
     KnobRule(
+        ("algo.ratio_norm", "algo.step_reweight"),
+        "with sampler.sde_type=sde (GRPO-Guard's formulas are those of the flow-SDE step)",
+        ("sampler.sde_type",),
+        lambda cfg: cfg.sampler.sde_type == "sde",
+    ),
+    KnobRule(
         ("algo.mix_stride", "algo.mix_shift_interval"),
         "with algo.mix_schedule=progressive (a random window is drawn anew every iteration)",
         ("algo.mix_schedule",),

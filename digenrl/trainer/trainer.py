@@ -13,6 +13,9 @@ when all micro-batches have equal size, which GAP fragments and uneven rank shar
 
 Loss per unit (docs/algorithm.md "Loss"; flow_grpo scripts/train_sd3.py): ``max(−A·r, −A·clip(r, 1±ε))`` with
 ``r = exp(logp_θ − logp_old)``, plus ``β · mean((μ_θ − μ_ref)² / (2σ_t²))`` when ``algo.kl_beta > 0``.
+GRPO-Guard (docs/algorithm.md, "GRPO-Guard"): ``algo.ratio_norm`` clips the normalised ratio
+``exp((log r + mean((μ_θ − μ_old)²)/(2s²))·s)`` instead, μ_old recomputed from the rollout's keyed noise;
+``algo.step_reweight`` divides each unit's policy loss by −dt.
 
 With classifier-free guidance the training forward applies the rollout's guidance, and ``algo.cfg_grad``
 chooses the gradient (:mod:`digenrl.rollout.sampler`): ``cond`` (default) detaches the unconditional
@@ -34,11 +37,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from digenrl.algo.loss import clipped_policy_loss, kl_to_reference
+from digenrl.algo.loss import clipped_policy_loss, kl_to_reference, ratio_norm_terms
 from digenrl.config import Config
 from digenrl.data.micro_batches import plan_micro_batches
 from digenrl.models.fp8 import apply_fp8
 from digenrl.models.optimize import optimize_flow_model
+from digenrl.rollout.noise import step_noise
 from digenrl.trainer.checkpoint import load_sharded
 from digenrl.trainer.ema import TrainerEMA
 from digenrl.trainer.lora import apply_lora, enable_full_finetune, reference_policy
@@ -62,6 +66,8 @@ class _MicroBatch:
     log_probs: torch.Tensor
     advantages: torch.Tensor
     cond: TextCondition
+    seeds: torch.Tensor  # [n] int64 sample seed of each unit (GRPO-Guard regenerates the step's noise)
+    step_indices: torch.Tensor  # [n] int64 denoising step of each unit
 
     @property
     def size(self) -> int:
@@ -77,6 +83,8 @@ class _MicroBatch:
             log_probs=self.log_probs[:1].clone(),
             advantages=self.advantages[:1].clone(),
             cond=self.cond.index_select([0]),
+            seeds=self.seeds[:1].clone(),
+            step_indices=self.step_indices[:1].clone(),
         )
 
 
@@ -95,7 +103,23 @@ def _gather_units(batch: TrajectoryBatch, units: list[tuple[int, int]], device: 
         log_probs=take(batch.log_probs),
         advantages=batch.advantages[b.to(batch.advantages.device)].to(device, non_blocking=True),
         cond=batch.cond.index_select(b.to(batch.cond.device)).to(device),
+        seeds=batch.seeds[b.to(batch.seeds.device)].cpu(),
+        step_indices=batch.step_indices[
+            b.to(batch.step_indices.device), k.to(batch.step_indices.device)
+        ].cpu(),
     )
+
+
+def _behaviour_mean(mb: _MicroBatch, std: torch.Tensor) -> torch.Tensor:
+    """μ_old of every unit, x' − s·ε: the rollout drew x' = μ_old + s·ε with ε keyed by (sample seed, step)
+    (digenrl/rollout/noise.py), so the behaviour mean needs no extra tensor on the wire. Draws are
+    device-type specific, like the rollout's: the trainer must run on the generators' device type."""
+    shape = tuple(mb.next_latents.shape[1:])
+    noise = torch.empty_like(mb.next_latents, dtype=torch.float32)
+    for step in mb.step_indices.unique().tolist():
+        rows = (mb.step_indices == step).nonzero(as_tuple=True)[0]
+        noise[rows.to(noise.device)] = step_noise(mb.seeds[rows], int(step), shape, device=noise.device)
+    return mb.next_latents.float() - std * noise
 
 
 class PolicyTrainer:
@@ -197,8 +221,21 @@ class PolicyTrainer:
                 ).mean
         v = sampler.velocity(model, mb.latents, mb.sigmas, mb.cond, self.uncond)
         res = sampler.transition(v, mb.latents, mb.sigmas, mb.next_sigmas, prev_sample=mb.next_latents)
-        terms = clipped_policy_loss(res.log_prob, mb.log_probs, mb.advantages, self.cfg.algo.clip_range)
+        algo = self.cfg.algo
+        bias = scale = None
+        if algo.ratio_norm:  # GRPO-Guard's RatioNorm (digenrl.algo.loss.ratio_norm_terms)
+            bias, scale = ratio_norm_terms(res.mean, _behaviour_mean(mb, res.std), res.std)
+        terms = clipped_policy_loss(
+            res.log_prob,
+            mb.log_probs,
+            mb.advantages,
+            algo.clip_range,
+            log_ratio_bias=bias,
+            log_ratio_scale=scale,
+        )
         total = terms.loss
+        if algo.step_reweight:  # GRPO-Guard's gradient reweighting: 1 / (−dt) per unit
+            total = total / (mb.sigmas - mb.next_sigmas).to(total)
         if ref_mean is not None:
             # flow_grpo divides by std_dev_t² (the σ_t of the SDE, StepResult.noise_scale), which is the
             # scale its β values (0.04 / 0.01) were tuned for; see digenrl.algo.loss.kl_to_reference.

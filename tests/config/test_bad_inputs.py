@@ -252,6 +252,7 @@ def test_the_audits_bad_values_fail_at_startup_naming_the_key(overrides, needles
     [
         (["algo.fast_window=3"], ["algo.fast_window=3", "timestep_selection=fast-window", "'first'"]),
         (["algo.mix_window=2"], ["algo.mix_window=2", "with algo.name=mixgrpo", "'flowgrpo'"]),
+        (["sampler.sde_type=cps", "algo.ratio_norm=true"], ["algo.ratio_norm=true", "sampler.sde_type=sde"]),
         (["algo=mixgrpo", "algo.timestep_fraction=0.5"], ["algo.timestep_fraction=0.5", "'mixgrpo'"]),
         (
             ["algo=mixgrpo", "algo.mix_schedule=random", "algo.mix_shift_interval=5"],
@@ -302,6 +303,7 @@ def test_a_knob_the_run_would_not_read_is_refused_naming_it_and_why(overrides, n
 def test_the_same_knobs_are_accepted_where_they_are_read(tmp_path):
     _valid(["algo.timestep_selection=fast-window", "algo.fast_window=3"], tmp_path)
     _valid(["algo=mixgrpo", "algo.mix_window=2", "algo.mix_stride=2", "algo.mix_ode_solver=dpm2"], tmp_path)
+    _valid(["algo.ratio_norm=true", "algo.step_reweight=true", "algo.clip_range=2e-6"], tmp_path)
     _valid(["trainer.deepspeed_stage=2", "trainer.backend=deepspeed", "system=colocated-sync"], tmp_path)
     _valid(["sampler.guidance_scale=4.5", "algo.cfg_grad=both"], tmp_path)
     _valid(["tag.policy=always", "tag.max_fragments=2", "tag.park_grads=true"], tmp_path)

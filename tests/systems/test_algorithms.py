@@ -24,8 +24,11 @@ def _run_everywhere(tmp_path: Path, algo: list[str]) -> dict[str, list[dict]]:
     return runs
 
 
-def test_mixgrpo_flash_runs_under_every_system(tmp_path):
+def test_mixgrpo_flash_with_grpo_guard_runs_under_every_system(tmp_path):
+    """MixGRPO-Flash with GRPO-Guard's RatioNorm and reweighting: a trainer rank regenerates the behaviour
+    mean from the rollout's noise keys, so the on-policy ratio stays 1 on every layout."""
     algo = ["algo=mixgrpo", "algo.mix_window=2", "algo.mix_shift_interval=1", "algo.mix_ode_solver=dpm2"]
+    algo += ["algo.ratio_norm=true", "algo.step_reweight=true"]
     runs = _run_everywhere(tmp_path, algo)
     for system, records in runs.items():
         assert len(records) == 2, system
