@@ -94,7 +94,7 @@ ADV_STD_MODES = ("group", "global")
 CFG_GRAD_MODES = ("cond", "both")
 """Values of ``algo.cfg_grad``: which CFG branches the training gradient flows through."""
 #: ``algo.name``: the policy-update algorithm (docs/algorithm.md, one section each)
-ALGORITHMS = ("flowgrpo", "mixgrpo")
+ALGORITHMS = ("flowgrpo", "mixgrpo", "diffusionnft")
 #: ``algo.mix_schedule``: how MixGRPO's SDE window moves over the iterations (digenrl/algo/timesteps.py)
 MIX_SCHEDULES = ("progressive", "random")
 #: ``algo.mix_ode_solver``: the ODE solver after MixGRPO's window (dpm2 = MixGRPO-Flash's DPM-Solver++ 2M)
@@ -203,6 +203,11 @@ class AlgoConfig:
     mix_schedule: str = field(default="progressive", metadata=among(MIX_SCHEDULES))
     # the ODE solver after the window: euler, or dpm2 (MixGRPO-Flash, DPM-Solver++ 2M on the same grid)
     mix_ode_solver: str = field(default="euler", metadata=among(MIX_ODE_SOLVERS))
+    # DiffusionNFT (algo.name=diffusionnft; docs/algorithm.md, "DiffusionNFT"): the guidance strength beta of
+    # the implicit positive / negative policies (published 1.0; 0.1 for OCR and multi-reward)
+    nft_beta: float = field(default=1.0, metadata=within(0.0, 100.0, low_open=True))
+    # DiffusionNFT's ODE rollout solver: dpm2 (DPM-Solver++ 2M, the published `sample.solver`) or euler
+    nft_ode_solver: str = field(default="dpm2", metadata=among(MIX_ODE_SOLVERS))
     # GRPO-Guard (arXiv 2510.22319; docs/algorithm.md, "GRPO-Guard"), with sampler.sde_type=sde:
     # RatioNorm, ratio = exp((log r + mean((mu - mu_old)^2) / (2 s^2)) * s), s the transition std
     ratio_norm: bool = False

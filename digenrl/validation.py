@@ -147,10 +147,28 @@ KNOB_RULES: tuple[KnobRule, ...] = (
         lambda cfg: cfg.algo.name == "flowgrpo" and cfg.algo.timestep_selection == "fast-window",
     ),
     KnobRule(
-        ("algo.timestep_fraction", "algo.timestep_selection"),
-        "with algo.name=flowgrpo (MixGRPO's window decides the trained steps)",
+        ("algo.timestep_selection",),
+        "with algo.name=flowgrpo (MixGRPO's window or DiffusionNFT's first steps decide the trained steps)",
         ("algo.name",),
         lambda cfg: cfg.algo.name == "flowgrpo",
+    ),
+    KnobRule(
+        ("algo.timestep_fraction",),
+        "with algo.name=flowgrpo or diffusionnft (MixGRPO's window decides the trained steps)",
+        ("algo.name",),
+        lambda cfg: cfg.algo.name in ("flowgrpo", "diffusionnft"),
+    ),
+    KnobRule(
+        ("algo.clip_range", "algo.ratio_norm", "algo.step_reweight", "algo.num_updates_per_batch"),
+        "with a likelihood-ratio algorithm, algo.name=flowgrpo or mixgrpo (DiffusionNFT has no ratio)",
+        ("algo.name",),
+        lambda cfg: cfg.algo.name in ("flowgrpo", "mixgrpo"),
+    ),
+    KnobRule(
+        ("algo.nft_beta", "algo.nft_ode_solver"),
+        "with algo.name=diffusionnft",
+        ("algo.name",),
+        lambda cfg: cfg.algo.name == "diffusionnft",
     ),
     KnobRule(
         (
@@ -427,12 +445,29 @@ def check_sampler(cfg: Config) -> None:
             f"algo.mix_window={cfg.algo.mix_window} must be at most sampler.num_steps={steps}: MixGRPO's SDE "
             "window is a run of denoising steps"
         )
-    if cfg.algo.name == "mixgrpo" and cfg.algo.mix_ode_solver == "dpm2" and cfg.tsp.stages > 1:
+    solver_key = {"mixgrpo": "algo.mix_ode_solver", "diffusionnft": "algo.nft_ode_solver"}.get(cfg.algo.name)
+    solver = cfg.algo.mix_ode_solver if cfg.algo.name == "mixgrpo" else cfg.algo.nft_ode_solver
+    if solver_key and solver == "dpm2" and cfg.tsp.stages > 1:
         raise ConfigError(
-            f"algo.mix_ode_solver=dpm2 cannot run with tsp.stages={cfg.tsp.stages}: the multistep solver "
+            f"{solver_key}=dpm2 cannot run with tsp.stages={cfg.tsp.stages}: the multistep solver "
             "reads the previous step's prediction, which a TSP stage boundary does not carry; set "
-            "tsp.stages=1 or algo.mix_ode_solver=euler"
+            f"tsp.stages=1 or {solver_key}=euler"
         )
+    if cfg.algo.name == "diffusionnft":
+        off_policy = [
+            f"{key}={value}"
+            for key, value, bad in (
+                ("asynchrony.max_staleness", cfg.asynchrony.max_staleness, cfg.asynchrony.max_staleness > 0),
+                ("tcss.enabled", "true", cfg.tcss.enabled),
+            )
+            if bad
+        ]
+        if off_policy:
+            raise ConfigError(
+                f"algo.name=diffusionnft needs on-policy data, but {', '.join(off_policy)} trains on samples "
+                "of an older policy: DiffusionNFT's v_old is the sampling policy's velocity, which DigenRL "
+                'takes from the current weights (docs/algorithm.md, "DiffusionNFT"); use an on-policy setting'
+            )
 
 
 def check_reward(cfg: Config) -> None:

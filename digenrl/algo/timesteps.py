@@ -133,11 +133,12 @@ class MixWindow:
 
 def trained_step_count(algo: AlgoConfig, num_steps: int) -> int:
     """K, the trained transitions per trajectory of a ``num_steps``-step rollout, as the engine selects
-    them: the window of MixGRPO or FlowGRPO-Fast, else max(1, ⌊T·timestep_fraction⌋). The cost model, the
-    simulator and the trainer's unit count all read it here."""
+    them: the window of MixGRPO or FlowGRPO-Fast, else max(1, ⌊T·timestep_fraction⌋) (DiffusionNFT's forward
+    units at the first steps' sigmas too). The cost model, the simulator and the trainer's unit count all
+    read it here."""
     if algo.name == "mixgrpo":
         return algo.mix_window
-    if algo.timestep_selection == "fast-window":
+    if algo.name == "flowgrpo" and algo.timestep_selection == "fast-window":
         return algo.fast_window
     return max(1, int(num_steps * algo.timestep_fraction))
 
@@ -147,9 +148,9 @@ def sde_step_mask(num_steps: int, train_steps: Tensor, *, mode: str) -> Tensor:
 
     'fast-window' / 'mixgrpo': True only at `train_steps` (ODE elsewhere: FlowGRPO-Fast, MixGRPO);
     'first'/'shuffled': every step is stochastic (FlowGRPO / DanceGRPO sample the whole trajectory with the
-    SDE).
+    SDE); 'diffusionnft': none (DiffusionNFT trains on the forward process, so its rollout is the ODE).
     """
-    if mode != "mixgrpo":
+    if mode not in ("mixgrpo", "diffusionnft"):
         _check_mode(mode)
     _check_num_steps(num_steps)
     steps = torch.as_tensor(train_steps)
@@ -159,6 +160,8 @@ def sde_step_mask(num_steps: int, train_steps: Tensor, *, mode: str) -> Tensor:
         )
     if steps.numel() and not bool(((steps >= 0) & (steps < num_steps)).all()):
         raise ValueError(f"train_steps must lie in [0, {num_steps}), got {steps.tolist()}")
+    if mode == "diffusionnft":
+        return torch.zeros(num_steps, dtype=torch.bool)
     if mode not in WINDOWED_MODES:
         return torch.ones(num_steps, dtype=torch.bool)
     mask = torch.zeros(num_steps, dtype=torch.bool)

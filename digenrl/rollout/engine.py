@@ -27,7 +27,13 @@ from digenrl.data.text_condition import TextCondition
 from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.models.flow_model import FlowModel
 from digenrl.models.text import TextEncoder
-from digenrl.rollout.noise import INITIAL_NOISE_STEP, sample_generator, sample_seed, step_noise
+from digenrl.rollout.noise import (
+    FORWARD_NOISE_STEP,
+    INITIAL_NOISE_STEP,
+    sample_generator,
+    sample_seed,
+    step_noise,
+)
 from digenrl.rollout.sampler import Sampler
 
 _TRAIN_STEP_PURPOSE = 1
@@ -52,13 +58,20 @@ class RolloutEngine:
         device: torch.device | str = "cpu",
         mix_window: MixWindow | None = None,
         ode_solver: str = "euler",
+        forward_process: bool = False,
     ):
         """``mix_window``: MixGRPO's sliding SDE window (replaces ``timestep_selection``); ``ode_solver``
-        ``dpm2``: MixGRPO-Flash's DPM-Solver++(2M) on the ODE steps after the window (needs the window)."""
+        ``dpm2``: DPM-Solver++(2M) on the ODE steps (after MixGRPO's window: MixGRPO-Flash; every step of a
+        DiffusionNFT rollout). ``forward_process`` (DiffusionNFT): every step is an ODE step and a trained
+        step k records the unit (x_σk = (1 − σ_k)·x0 + σ_k·ε_k, x0) of the clean latent x0 instead of a
+        transition, with ε_k keyed by (sample seed, ``FORWARD_NOISE_STEP`` + k); no log-probability."""
         if ode_solver not in ("euler", "dpm2"):
             raise ValueError(f"ode_solver must be 'euler' or 'dpm2', got {ode_solver!r}")
-        if ode_solver == "dpm2" and mix_window is None:
-            raise ValueError("ode_solver='dpm2' (MixGRPO-Flash) needs a mix_window")
+        if ode_solver == "dpm2" and mix_window is None and not forward_process:
+            raise ValueError("ode_solver='dpm2' needs a mix_window (MixGRPO-Flash) or forward_process")
+        if forward_process and mix_window is not None:
+            raise ValueError("forward_process (DiffusionNFT) and mix_window (MixGRPO) exclude each other")
+        self.forward_process = forward_process
         self.model = model
         self.text_encoder = text_encoder
         self.sampler = sampler
@@ -77,18 +90,22 @@ class RolloutEngine:
     def algo_settings(algo: AlgoConfig) -> dict[str, Any]:
         """The constructor's keyword arguments that ``algo`` decides (which steps are trained and stochastic,
         the ODE solver), for every place that builds an engine from a config."""
-        mix = algo.name == "mixgrpo"
+        mix, nft = algo.name == "mixgrpo", algo.name == "diffusionnft"
+        solver = algo.mix_ode_solver if mix else algo.nft_ode_solver if nft else "euler"
         return {
             "timestep_fraction": algo.timestep_fraction,
-            "timestep_selection": algo.timestep_selection,
+            "timestep_selection": "first" if nft else algo.timestep_selection,
             "fast_window": algo.fast_window,
             "mix_window": MixWindow.from_config(algo) if mix else None,
-            "ode_solver": algo.mix_ode_solver if mix else "euler",
+            "ode_solver": solver,
+            "forward_process": nft,
         }
 
     @property
     def sde_mode(self) -> str:
         """How the trained steps decide the stochastic ones (:func:`digenrl.algo.timesteps.sde_step_mask`)."""
+        if self.forward_process:
+            return "diffusionnft"
         return "mixgrpo" if self.mix_window is not None else self.timestep_selection
 
     def uncond(self) -> TextCondition | None:
@@ -103,7 +120,7 @@ class RolloutEngine:
         per iteration, because the sampler must know which steps are stochastic for the whole batch.
         """
         t = self.sampler.num_steps
-        mode = self.sde_mode
+        mode = self.timestep_selection
         if self.mix_window is not None:  # MixGRPO: one window per iteration, for the whole batch
             generator = torch.Generator().manual_seed(mix_seed(self.seed, iteration, 0x3172))
             steps = self.mix_window.steps(t, iteration, generator)
@@ -125,7 +142,7 @@ class RolloutEngine:
         else:
             steps = select_train_steps(t, self.timestep_fraction, mode)
             per_sample = steps.unsqueeze(0).expand(len(seeds), -1)
-        mask = sde_step_mask(t, steps, mode=mode)
+        mask = sde_step_mask(t, steps, mode=self.sde_mode)
         return per_sample.contiguous(), mask
 
     @torch.no_grad()
@@ -223,6 +240,32 @@ class RolloutEngine:
         """
         return self._advance(batch, until_step, on_step, in_place=False)
 
+    def _forward_units(
+        self,
+        clean: torch.Tensor,
+        seeds: list[int],
+        train_steps: torch.Tensor,
+        sigmas: torch.Tensor,
+        latents: torch.Tensor,
+        next_latents: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """DiffusionNFT's units of a finished rollout: ``latents[b, k]`` = x_σ = (1 − σ)·x0 + σ·ε at step
+        ``train_steps[b, k]``, ``next_latents[b, k]`` = x0 (digenrl/algo/nft.py)."""
+        for k in range(train_steps.shape[1]):
+            for step in train_steps[:, k].unique().tolist():
+                rows = (train_steps[:, k] == step).nonzero(as_tuple=True)[0]
+                eps = step_noise(
+                    [seeds[r] for r in rows.tolist()],
+                    FORWARD_NOISE_STEP + step,
+                    self.latent_shape,
+                    device=self.device,
+                )
+                rows = rows.to(self.device)
+                sigma = sigmas[step]
+                latents[rows, k] = (1 - sigma) * clean[rows] + sigma * eps
+                next_latents[rows, k] = clean[rows]
+        return latents, next_latents
+
     def _advance(
         self,
         batch: TrajectoryBatch,
@@ -256,7 +299,9 @@ class RolloutEngine:
         chunk = self.samples_per_forward or b
         # MixGRPO-Flash: DPM-Solver++(2M) on the ODE steps after the window, from the previous step's x̂0
         # (kept within this call: validation refuses a TSP split of a Flash rollout)
-        flash_from = int(train_steps[0].max()) + 1 if self.ode_solver == "dpm2" and b else t
+        flash_from = t
+        if self.ode_solver == "dpm2" and b:
+            flash_from = 0 if self.forward_process else int(train_steps[0].max()) + 1
         prev_x0: torch.Tensor | None = None
         for i in range(first, until_step):
             noise = step_noise(seeds, i, self.latent_shape, device=self.device)
@@ -288,7 +333,7 @@ class RolloutEngine:
                     if i >= flash_from:
                         nxt[sl] = flash_x
             rows, cols = torch.nonzero(train_steps == i, as_tuple=True)  # on CPU: no device sync
-            if rows.numel():
+            if rows.numel() and not self.forward_process:
                 rows, cols = rows.to(self.device), cols.to(self.device)
                 latents[rows, cols] = x[rows]
                 next_latents[rows, cols] = nxt[rows]
@@ -297,6 +342,8 @@ class RolloutEngine:
             prev_x0 = x0_pred
             if on_step is not None:
                 on_step(i)
+        if self.forward_process and until_step == t and b:
+            latents, next_latents = self._forward_units(x, seeds, train_steps, sigmas, latents, next_latents)
         return replace(
             batch,
             latents=latents,

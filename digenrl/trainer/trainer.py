@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from digenrl.algo.loss import clipped_policy_loss, kl_to_reference, ratio_norm_terms
+from digenrl.algo.loss import PolicyLossTerms, clipped_policy_loss, kl_to_reference, ratio_norm_terms
+from digenrl.algo.nft import nft_loss, velocity_kl
 from digenrl.config import Config
 from digenrl.data.micro_batches import plan_micro_batches
 from digenrl.models.fp8 import apply_fp8
@@ -209,6 +210,8 @@ class PolicyTrainer:
 
         The reference forward runs without autograd, so it keeps the rollout's batched CFG layout; the
         training forward follows ``sampler.cfg_grad`` (:meth:`Sampler.velocity`)."""
+        if self.cfg.algo.name == "diffusionnft":
+            return self._nft_unit_losses(mb)
         sampler, model = self.sampler, self.flow_model
         kl = None
         ref_mean = None
@@ -242,6 +245,35 @@ class PolicyTrainer:
             kl = kl_to_reference(res.mean, ref_mean, res.noise_scale)
             total = total + self.cfg.algo.kl_beta * kl
         return total, terms, kl
+
+    def _nft_unit_losses(self, mb: _MicroBatch) -> tuple[torch.Tensor, PolicyLossTerms, torch.Tensor | None]:
+        """DiffusionNFT's loss per unit (digenrl/algo/nft.py): a unit is (x_σ, σ, x0) with x_σ in ``latents``
+        and x0 in ``next_latents``. v_old is the sampling policy's velocity: validation admits DiffusionNFT
+        only on-policy with one optimizer step per batch, where the sampling weights are the current ones,
+        so v_old is v_θ's own value, detached (the published code's `decay_type=0` soft update). The ratio
+        statistics report 1: there is no likelihood ratio."""
+        sampler, model, algo = self.sampler, self.flow_model, self.cfg.algo
+        kl = v_ref = None
+        if algo.kl_beta > 0:
+            with torch.no_grad(), reference_policy(model):
+                v_ref = sampler.velocity(model, mb.latents, mb.sigmas, mb.cond, self.uncond)
+        v = sampler.velocity(model, mb.latents, mb.sigmas, mb.cond, self.uncond)
+        nft = nft_loss(
+            v,
+            v.detach(),
+            mb.latents,
+            mb.next_latents,
+            mb.sigmas,
+            mb.advantages,
+            beta=algo.nft_beta,
+            adv_clip_max=algo.adv_clamp,
+        )
+        total = nft.loss
+        if v_ref is not None:
+            kl = velocity_kl(v, v_ref)
+            total = total + algo.kl_beta * kl
+        ones = torch.ones_like(nft.loss.detach())
+        return total, PolicyLossTerms(loss=nft.loss, ratio=ones, clipped=ones.bool().logical_not()), kl
 
     def accumulate(self, batch: TrajectoryBatch, unit_weight: float) -> dict[str, float]:
         """Add ``unit_weight · ∇ Σ_units loss`` of ``batch``'s units to the pending gradient.
