@@ -104,10 +104,9 @@ def _gather_units(batch: TrajectoryBatch, units: list[tuple[int, int]], device: 
         log_probs=take(batch.log_probs),
         advantages=batch.advantages[b.to(batch.advantages.device)].to(device, non_blocking=True),
         cond=batch.cond.index_select(b.to(batch.cond.device)).to(device),
-        seeds=batch.seeds[b.to(batch.seeds.device)].cpu(),
-        step_indices=batch.step_indices[
-            b.to(batch.step_indices.device), k.to(batch.step_indices.device)
-        ].cpu(),
+        # left where the batch is (no host sync per micro-batch); only GRPO-Guard's RatioNorm reads them
+        seeds=batch.seeds[b.to(batch.seeds.device)],
+        step_indices=batch.step_indices[b.to(batch.step_indices.device), k.to(batch.step_indices.device)],
     )
 
 
@@ -117,9 +116,10 @@ def _behaviour_mean(mb: _MicroBatch, std: torch.Tensor) -> torch.Tensor:
     device-type specific, like the rollout's: the trainer must run on the generators' device type."""
     shape = tuple(mb.next_latents.shape[1:])
     noise = torch.empty_like(mb.next_latents, dtype=torch.float32)
-    for step in mb.step_indices.unique().tolist():
-        rows = (mb.step_indices == step).nonzero(as_tuple=True)[0]
-        noise[rows.to(noise.device)] = step_noise(mb.seeds[rows], int(step), shape, device=noise.device)
+    seeds, steps = mb.seeds.cpu(), mb.step_indices.cpu()
+    for step in steps.unique().tolist():
+        rows = (steps == step).nonzero(as_tuple=True)[0]
+        noise[rows.to(noise.device)] = step_noise(seeds[rows], int(step), shape, device=noise.device)
     return mb.next_latents.float() - std * noise
 
 
