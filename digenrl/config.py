@@ -806,13 +806,18 @@ def read_yaml(path: str | Path, what: str, key: str) -> Any:
 RUN_ID_HEADER = "# run_id: "
 
 
+def config_yaml(cfg: Config) -> str:
+    """``cfg`` as the YAML a run saves (every key, in declaration order): ``run_train.py --print-config``."""
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+
+
 def save_config(cfg: Config, path: str | Path, *, run_id: str | None = None) -> None:
     """Write ``cfg`` as YAML (atomically: a crash leaves the old file or the new one). ``run_id`` goes into
     a leading comment, so the file still loads as a config (``--config out_dir/config.yaml``)."""
     path = Path(path)
     header = f"{RUN_ID_HEADER}{run_id}\n" if run_id else ""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(header + yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    tmp.write_text(header + config_yaml(cfg))
     tmp.replace(path)
 
 
