@@ -1,6 +1,6 @@
 """The captioned grid an evaluation leaves in ``out_dir/samples/policy_v<k>.png`` (docs/operations.md,
-"Reading a run"): one cell per held-out prompt, its image above its caption (the prompt, wrapped, and the sample's
-reward); a video model's cell is a strip of evenly spaced frames. Drawn with PIL (a dependency).
+"Reading a run"): one cell per held-out prompt, its image above its caption (the prompt, wrapped, and the
+sample's reward); a video model's cell is a strip of evenly spaced frames. Drawn with PIL (a dependency).
 """
 
 from __future__ import annotations
