@@ -282,8 +282,8 @@ def euler_step(velocity: Tensor, sample: Tensor, sigma: float | Tensor, sigma_ne
 def dpm_solver_2m_step(
     velocity: Tensor,
     sample: Tensor,
-    sigma: float | Tensor,
-    sigma_next: float | Tensor,
+    sigma: float,
+    sigma_next: float,
     *,
     prev_x0: Tensor | None = None,
     prev_sigma: float | None = None,
@@ -299,25 +299,27 @@ def dpm_solver_2m_step(
     second order adds ½·(α' − σ'·α/σ)·D1 with D1 = (x̂0 − x̂0_prev)/r, r = h_prev / h, from the previous
     step's prediction ``prev_x0`` at ``prev_sigma``. Without a previous prediction, from σ = 1 (λ = −∞) or
     into σ' = 0 (the final step, first order as diffusers' `lower_order_final`) the step is Euler's.
+    The sigmas are python floats (one step of the whole batch): the order decision and λ need no device
+    read.
     """
-    v, x, s, s_next = _prepare(velocity, sample, sigma, sigma_next)
-    x0 = x - s * v
-    out = x + (s_next - s) * v
-    s_val, s_next_val = float(s.flatten()[0]), float(s_next.flatten()[0])
+    sigma, sigma_next = float(sigma), float(sigma_next)
+    v, x, _, _ = _prepare(velocity, sample, sigma, sigma_next)
+    x0 = x - sigma * v
+    out = x + (sigma_next - sigma) * v
     second_order = (
         prev_x0 is not None
         and prev_sigma is not None
-        and s_next_val > 0
+        and sigma_next > 0
         and prev_sigma < 1 - SIGMA_ONE_ATOL
-        and s_val < prev_sigma
+        and sigma < prev_sigma
     )
     if second_order:
 
         def lam(value: float) -> float:
             return math.log((1 - value) / value)
 
-        h = lam(s_next_val) - lam(s_val)
-        r = (lam(s_val) - lam(float(prev_sigma))) / h
+        h = lam(sigma_next) - lam(sigma)
+        r = (lam(sigma) - lam(float(prev_sigma))) / h
         d1 = (x0 - prev_x0.float()) / r
-        out = out + 0.5 * ((1 - s_next) - s_next * (1 - s) / s) * d1
+        out = out + 0.5 * ((1 - sigma_next) - sigma_next * (1 - sigma) / sigma) * d1
     return out, x0

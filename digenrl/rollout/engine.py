@@ -303,6 +303,7 @@ class RolloutEngine:
         if self.ode_solver == "dpm2" and b:
             flash_from = 0 if self.forward_process else int(train_steps[0].max()) + 1
         prev_x0: torch.Tensor | None = None
+        grid = self.sampler.sigmas.tolist()
         for i in range(first, until_step):
             noise = step_noise(seeds, i, self.latent_shape, device=self.device)
             nxt = torch.empty_like(x)
@@ -320,15 +321,10 @@ class RolloutEngine:
                 )
                 nxt[sl] = res.prev_sample
                 step_log_prob[sl] = res.log_prob
-                if self.ode_solver == "dpm2":
+                if self.ode_solver == "dpm2":  # python floats from the host grid: no device read
                     prev = None if prev_x0 is None or i < flash_from else prev_x0[sl]
                     flash_x, x0_pred[sl] = dpm_solver_2m_step(
-                        v,
-                        x[sl],
-                        sigma,
-                        sigmas[i + 1].expand(n),
-                        prev_x0=prev,
-                        prev_sigma=float(sigmas[i - 1]),
+                        v, x[sl], grid[i], grid[i + 1], prev_x0=prev, prev_sigma=grid[i - 1] if i else None
                     )
                     if i >= flash_from:
                         nxt[sl] = flash_x
