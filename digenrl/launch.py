@@ -84,11 +84,17 @@ def _world_size_from_env() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def planned_ranks(cfg) -> int:
+    """The ranks ``cfg`` describes: the pools' sum when given, else every device of its profile (what
+    ``--print-config`` validates against without looking at this machine's devices)."""
+    return cfg.pools.trainers + cfg.pools.generators + cfg.pools.scorers or hardware_profile(cfg).world_size
+
+
 def ranks_to_start(cfg) -> int:
     """How many worker processes a plain ``python run_train.py`` starts for ``cfg``: the pools' sum when
     given, else every device of a one-node profile (a multi-node profile needs torchrun on each node)."""
     profile = hardware_profile(cfg)
-    wanted = cfg.pools.trainers + cfg.pools.generators + cfg.pools.scorers or profile.world_size
+    wanted = planned_ranks(cfg)
     if profile.num_nodes > 1 or wanted == 1:
         return 1
     if profile.backend == "nccl" and not cfg.runtime.share_device:
@@ -118,7 +124,8 @@ def main(argv: list[str]) -> int:
     try:
         cfg = load_config(args.config, args.overrides)
         if args.print_config:
-            validate_config(cfg, world_size=_world_size_from_env() if under_torchrun else ranks_to_start(cfg))
+            # the config's own world, not this machine's devices: a GPU config prints on a laptop
+            validate_config(cfg, world_size=_world_size_from_env() if under_torchrun else planned_ranks(cfg))
             print(config_yaml(cfg), end="")
             return 0
         world = _world_size_from_env() if under_torchrun else ranks_to_start(cfg)

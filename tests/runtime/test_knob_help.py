@@ -43,6 +43,10 @@ def test_print_config_prints_the_validated_config_and_exits(capsys):
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed == load_config(TINY, ["algo=mixgrpo", "algo.mix_window=3"]).to_dict()
     assert printed["algo"]["name"] == "mixgrpo" and printed["algo"]["mix_window"] == 3
+    # a GPU config prints on a machine without GPUs: validated against its own world, not this machine
+    eight = ["profile=h200-8", "system=colocated-sync"]
+    assert main(["--config", str(TINY), "--print-config", *eight]) == 0
+    assert yaml.safe_load(capsys.readouterr().out) == load_config(TINY, eight).to_dict()
     # a bad knob is the usual startup error, not a printed config
     assert main(["--config", str(TINY), "--print-config", "algo.mix_window=3"]) == 2
     assert "algo.mix_window=3" in capsys.readouterr().err
