@@ -64,3 +64,13 @@ def test_a_window_over_every_step_is_flowgrpos_update():
     assert flow_weights.keys() == mix_weights.keys()
     for key in flow_weights:
         assert torch.equal(flow_weights[key], mix_weights[key]), key
+
+
+def test_a_tsp_split_of_a_mixgrpo_rollout_equals_generate():
+    """The window travels with the batch (its trained steps), so a stage on another engine reproduces it."""
+    cfg = make_config(*MIX, "algo.mix_window=2")
+    whole = make_engine(cfg).generate(PROMPTS[:2], [0, 1], iteration=3, policy_version=0)
+    other = make_engine(cfg, flow_model=copy.deepcopy(bundle().flow_model))
+    for cut in (1, 3, 5):
+        first = make_engine(cfg).start(PROMPTS[:2], [0, 1], iteration=3, policy_version=0)
+        assert_identical(other.advance(make_engine(cfg).advance(first, cut), 6), whole)
