@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from digenrl.algo.sde_step import mean_over_non_batch
+
 
 @dataclass
 class PolicyLossTerms:
@@ -83,9 +85,7 @@ def ratio_norm_terms(mean: Tensor, old_mean: Tensor, std: Tensor) -> tuple[Tenso
             f"{tuple(mean.shape)}, {tuple(old_mean.shape)}"
         )
     scale = std.detach().reshape(mean.shape[0], -1)[:, 0]
-    sq = (mean - old_mean.detach()) ** 2
-    sq = sq if sq.ndim == 1 else sq.mean(dim=tuple(range(1, sq.ndim)))
-    return sq / (2 * scale**2), scale
+    return mean_over_non_batch((mean - old_mean.detach()) ** 2) / (2 * scale**2), scale
 
 
 def kl_to_reference(mean: Tensor, ref_mean: Tensor, std: Tensor | float) -> Tensor:

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from digenrl.algo.sde_step import mean_over_non_batch
+
 #: the adaptive weights' floor (published `.clip(min=1e-5)`)
 ADAPTIVE_WEIGHT_MIN = 1e-5
 
@@ -46,10 +48,6 @@ def optimality_probability(advantages: Tensor, adv_clip_max: float) -> Tensor:
     """r = clamp(clamp(A, ±A_max)/A_max/2 + 1/2, 0, 1) [N] (published `normalized_advantages_clip`)."""
     clipped = advantages.detach().clamp(-adv_clip_max, adv_clip_max)
     return (clipped / adv_clip_max / 2 + 0.5).clamp(0, 1)
-
-
-def _mean_over_non_batch(t: Tensor) -> Tensor:
-    return t if t.ndim == 1 else t.mean(dim=tuple(range(1, t.ndim)))
 
 
 def nft_loss(
@@ -84,8 +82,8 @@ def nft_loss(
     def adaptive(pred: Tensor) -> Tensor:
         with torch.no_grad():
             weight = (pred.double() - x0.double()).abs()
-            weight = _mean_over_non_batch(weight).clamp(min=ADAPTIVE_WEIGHT_MIN).float()
-        return _mean_over_non_batch((pred - x0) ** 2) / weight
+            weight = mean_over_non_batch(weight).clamp(min=ADAPTIVE_WEIGHT_MIN).float()
+        return mean_over_non_batch((pred - x0) ** 2) / weight
 
     positive, negative = adaptive(positive_x0), adaptive(negative_x0)
     loss = adv_clip_max * (r * positive + (1 - r) * negative) / beta
@@ -95,4 +93,4 @@ def nft_loss(
 def velocity_kl(velocity: Tensor, ref_velocity: Tensor) -> Tensor:
     """DiffusionNFT's KL surrogate to the reference policy, mean((v_θ − v_ref)²) over non-batch dims [N]
     (published `kl_div`, weighted by `train.beta` = 1e-4 in config/nft.py for SD3.5)."""
-    return _mean_over_non_batch((velocity.float() - ref_velocity.detach().float()) ** 2)
+    return mean_over_non_batch((velocity.float() - ref_velocity.detach().float()) ** 2)

@@ -54,7 +54,8 @@ class StepResult:
     noise_scale: Tensor
 
 
-def _mean_over_non_batch(t: Tensor) -> Tensor:
+def mean_over_non_batch(t: Tensor) -> Tensor:
+    """[B, ...] → [B], the mean over every other dim (the log-densities' and losses' per-sample mean)."""
     # Tensor.mean(dim=()) would reduce over everything, so a 1-D [B] input needs its own branch.
     return t if t.ndim == 1 else t.mean(dim=tuple(range(1, t.ndim)))
 
@@ -147,7 +148,7 @@ def _gaussian_result(
         prev_sample = mean + std * noise
     # Gradient flows through the mean only: x' is data (flow_grpo detaches prev_sample the same way).
     log_density = -((prev_sample.detach() - mean) ** 2) / (2 * std**2) - torch.log(std) - _LOG_SQRT_2PI
-    return StepResult(prev_sample, _mean_over_non_batch(log_density), mean, std, noise_scale)
+    return StepResult(prev_sample, mean_over_non_batch(log_density), mean, std, noise_scale)
 
 
 def _drift_mean(x: Tensor, v: Tensor, s: Tensor, dt: Tensor, noise_scale: Tensor) -> Tensor:
@@ -233,7 +234,7 @@ def flow_sde_step(
     if prev_sample is None:
         assert noise is not None
         prev_sample = mean + noise_scale * noise
-    log_prob = _mean_over_non_batch(-((prev_sample.detach() - mean) ** 2))
+    log_prob = mean_over_non_batch(-((prev_sample.detach() - mean) ** 2))
     return StepResult(prev_sample, log_prob, mean, noise_scale, noise_scale)
 
 
