@@ -148,7 +148,7 @@ KNOB_RULES: tuple[KnobRule, ...] = (
     ),
     KnobRule(
         ("algo.timestep_selection",),
-        "with algo.name=flowgrpo (MixGRPO's window or DiffusionNFT's first steps decide the trained steps)",
+        "with algo.name=flowgrpo (MixGRPO's window or DiffusionNFT's own draw decide the trained steps)",
         ("algo.name",),
         lambda cfg: cfg.algo.name == "flowgrpo",
     ),

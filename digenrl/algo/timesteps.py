@@ -133,9 +133,9 @@ class MixWindow:
 
 def trained_step_count(algo: AlgoConfig, num_steps: int) -> int:
     """K, the trained transitions per trajectory of a ``num_steps``-step rollout, as the engine selects
-    them: the window of MixGRPO or FlowGRPO-Fast, else max(1, ⌊T·timestep_fraction⌋) (DiffusionNFT's forward
-    units at the first steps' sigmas too). The cost model, the simulator and the trainer's unit count all
-    read it here."""
+    them: the window of MixGRPO or FlowGRPO-Fast, else max(1, ⌊T·timestep_fraction⌋) (DiffusionNFT's
+    forward units too, at a random K of the grid's sigmas per sample). The cost model, the simulator and the
+    trainer's unit count all read it here."""
     if algo.name == "mixgrpo":
         return algo.mix_window
     if algo.name == "flowgrpo" and algo.timestep_selection == "fast-window":

@@ -94,7 +94,8 @@ class RolloutEngine:
         solver = algo.mix_ode_solver if mix else algo.nft_ode_solver if nft else "euler"
         return {
             "timestep_fraction": algo.timestep_fraction,
-            "timestep_selection": "first" if nft else algo.timestep_selection,
+            # DiffusionNFT trains a random K of the grid's sigmas per sample (train_nft_sd3.py: `perms_time`)
+            "timestep_selection": "shuffled" if nft else algo.timestep_selection,
             "fast_window": algo.fast_window,
             "mix_window": MixWindow.from_config(algo) if mix else None,
             "ode_solver": solver,
