@@ -93,6 +93,12 @@ TIMESTEP_SELECTIONS = ("first", "shuffled", "fast-window")
 ADV_STD_MODES = ("group", "global")
 CFG_GRAD_MODES = ("cond", "both")
 """Values of ``algo.cfg_grad``: which CFG branches the training gradient flows through."""
+#: ``algo.name``: the policy-update algorithm (docs/algorithm.md, one section each)
+ALGORITHMS = ("flowgrpo", "mixgrpo", "diffusionnft")
+#: ``algo.mix_schedule``: how MixGRPO's SDE window moves over the iterations (digenrl/algo/timesteps.py)
+MIX_SCHEDULES = ("progressive", "random")
+#: ``algo.mix_ode_solver``: the ODE solver after MixGRPO's window (dpm2 = MixGRPO-Flash's DPM-Solver++ 2M)
+MIX_ODE_SOLVERS = ("euler", "dpm2")
 TRAINER_MODES = ("lora", "full")
 TRAINER_BACKENDS = ("auto", "none", "ddp", "fsdp2", "deepspeed")
 NONFINITE_ACTIONS = ("stop", "skip")
@@ -185,6 +191,28 @@ class AlgoConfig:
     # with CFG, the training gradient flows through: cond = the conditional branch only (unconditional
     # prediction detached), both = both branches; see digenrl/rollout/sampler.py Sampler.velocity
     cfg_grad: str = field(default="cond", metadata=among(CFG_GRAD_MODES))
+    # the algorithm: flowgrpo (FlowGRPO / -Fast / DanceGRPO-style, by timestep_selection) or mixgrpo (an SDE
+    # window sliding over the steps, ODE elsewhere; docs/algorithm.md, "MixGRPO")
+    name: str = field(default="flowgrpo", metadata=among(ALGORITHMS))
+    # MixGRPO (algo.name=mixgrpo): SDE steps in the window, the only trained ones (paper default 4 of 25)
+    mix_window: int = field(default=4, metadata=within(1, 1000))
+    # steps the window moves each time it moves (published script: 1)
+    mix_stride: int = field(default=1, metadata=within(1, 1000))
+    # iterations between two moves of a progressive window (published script: 25)
+    mix_shift_interval: int = field(default=25, metadata=within(1, 1_000_000))
+    mix_schedule: str = field(default="progressive", metadata=among(MIX_SCHEDULES))
+    # the ODE solver after the window: euler, or dpm2 (MixGRPO-Flash, DPM-Solver++ 2M on the same grid)
+    mix_ode_solver: str = field(default="euler", metadata=among(MIX_ODE_SOLVERS))
+    # DiffusionNFT (algo.name=diffusionnft; docs/algorithm.md, "DiffusionNFT"): the guidance strength beta of
+    # the implicit positive / negative policies (published 1.0; 0.1 for OCR and multi-reward)
+    nft_beta: float = field(default=1.0, metadata=within(0.0, 100.0, low_open=True))
+    # DiffusionNFT's ODE rollout solver: dpm2 (DPM-Solver++ 2M, the published `sample.solver`) or euler
+    nft_ode_solver: str = field(default="dpm2", metadata=among(MIX_ODE_SOLVERS))
+    # GRPO-Guard (arXiv 2510.22319; docs/algorithm.md, "GRPO-Guard"), with sampler.sde_type=sde:
+    # RatioNorm, ratio = exp((log r + mean((mu - mu_old)^2) / (2 s^2)) * s), s the transition std
+    ratio_norm: bool = False
+    # GRPO-Guard's gradient reweighting: each unit's policy loss divided by -dt = sigma - sigma_next
+    step_reweight: bool = False
 
 
 @dataclass
@@ -789,13 +817,18 @@ def read_yaml(path: str | Path, what: str, key: str) -> Any:
 RUN_ID_HEADER = "# run_id: "
 
 
+def config_yaml(cfg: Config) -> str:
+    """``cfg`` as the YAML a run saves (every key, in declaration order): ``run_train.py --print-config``."""
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+
+
 def save_config(cfg: Config, path: str | Path, *, run_id: str | None = None) -> None:
     """Write ``cfg`` as YAML (atomically: a crash leaves the old file or the new one). ``run_id`` goes into
     a leading comment, so the file still loads as a config (``--config out_dir/config.yaml``)."""
     path = Path(path)
     header = f"{RUN_ID_HEADER}{run_id}\n" if run_id else ""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(header + yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    tmp.write_text(header + config_yaml(cfg))
     tmp.replace(path)
 
 

@@ -18,9 +18,10 @@ import os
 import sys
 import time
 import traceback
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from digenrl.config import ConfigError, load_config
+from digenrl.config import ConfigError, config_yaml, load_config, parse_override
 from digenrl.validation import hardware_profile, validate_config, validate_devices
 
 if TYPE_CHECKING:
@@ -28,13 +29,55 @@ if TYPE_CHECKING:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
+    from digenrl.runtime.knob_help import knob_help
+
     parser = argparse.ArgumentParser(
         prog="run_train.py",
         description="DigenRL FlowGRPO training; overrides are key=value, e.g. iterations=5.",
+        epilog=knob_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--config", help="YAML experiment config (default: built-in defaults)")
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the config the run would use (every key, validated) as YAML and exit",
+    )
+    parser.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue the run in RUN_DIR from its checkpoint with its saved config.yaml "
+        "(= --config RUN_DIR/config.yaml out_dir=RUN_DIR resume=true); overrides may follow",
+    )
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. algo.group_size=8")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.config, args.overrides = run_folder_config(args.config, args.overrides, args.resume)
+    return args
+
+
+def run_folder_config(
+    config: str | None, overrides: list[str], resume_dir: str | None
+) -> tuple[str | None, list[str]]:
+    """The config file and overrides a resume from a run folder stands for: ``--resume RUN_DIR``, or
+    ``resume=true out_dir=RUN_DIR`` without ``--config``, reads ``RUN_DIR/config.yaml`` (the resolved config
+    the run saved), so resuming needs nothing but the folder."""
+    if resume_dir is not None:
+        saved = Path(resume_dir) / "config.yaml"
+        if config is not None:
+            raise SystemExit(f"--resume {resume_dir} reads {saved}; drop --config {config}")
+        if not saved.is_file():
+            raise SystemExit(f"--resume {resume_dir}: {saved} does not exist (not a run folder)")
+        return str(saved), [f"out_dir={resume_dir}", "resume=true", *overrides]
+    if config is None:
+        try:
+            parsed = dict(parse_override(o) for o in overrides)
+        except ConfigError:
+            return config, overrides  # load_config reports it, naming the key
+        resume = parsed.get("resume") is True or parsed.get("resume.enabled") is True
+        out_dir = parsed.get("out_dir")
+        if resume and out_dir and (Path(str(out_dir)) / "config.yaml").is_file():
+            return str(Path(str(out_dir)) / "config.yaml"), overrides
+    return config, overrides
 
 
 def _world_size_from_env() -> int:
@@ -58,6 +101,12 @@ def auto_cpu_ranks(cfg) -> int | None:
     return pools or (1 if cfg.system in COLOCATED_SYSTEMS else 1 + max(1, cfg.tsp.stages))
 
 
+def planned_ranks(cfg) -> int:
+    """The ranks ``cfg`` describes: the pools' sum when given, else every device of its profile (what
+    ``--print-config`` validates against without looking at this machine's devices)."""
+    return cfg.pools.trainers + cfg.pools.generators + cfg.pools.scorers or hardware_profile(cfg).world_size
+
+
 def ranks_to_start(cfg) -> int:
     """How many worker processes a plain ``python run_train.py`` starts for ``cfg``: the pools' sum when
     given, else every device of a one-node profile (a multi-node profile needs torchrun on each node);
@@ -69,7 +118,7 @@ def ranks_to_start(cfg) -> int:
 
         os.environ[AUTO_WORKERS_ENV] = str(cpu_ranks)
     profile = hardware_profile(cfg)
-    wanted = cfg.pools.trainers + cfg.pools.generators + cfg.pools.scorers or profile.world_size
+    wanted = planned_ranks(cfg)
     if profile.num_nodes > 1 or wanted == 1:
         return 1
     if profile.backend == "nccl" and not cfg.runtime.share_device:
@@ -98,6 +147,11 @@ def main(argv: list[str]) -> int:
     under_torchrun = "RANK" in os.environ
     try:
         cfg = load_config(args.config, args.overrides)
+        if args.print_config:
+            # the config's own world, not this machine's devices: a GPU config prints on a laptop
+            validate_config(cfg, world_size=_world_size_from_env() if under_torchrun else planned_ranks(cfg))
+            print(config_yaml(cfg), end="")
+            return 0
         world = _world_size_from_env() if under_torchrun else ranks_to_start(cfg)
         validate_config(cfg, world_size=world)
         validate_devices(cfg, world, distributed=under_torchrun or world > 1)

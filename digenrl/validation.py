@@ -143,9 +143,57 @@ def _gpu_profile(cfg: Config) -> bool:
 KNOB_RULES: tuple[KnobRule, ...] = (
     KnobRule(
         ("algo.fast_window",),
-        "with algo.timestep_selection=fast-window",
+        "with algo.name=flowgrpo and algo.timestep_selection=fast-window",
+        ("algo.name", "algo.timestep_selection"),
+        lambda cfg: cfg.algo.name == "flowgrpo" and cfg.algo.timestep_selection == "fast-window",
+    ),
+    KnobRule(
         ("algo.timestep_selection",),
-        lambda cfg: cfg.algo.timestep_selection == "fast-window",
+        "with algo.name=flowgrpo (MixGRPO's window or DiffusionNFT's own draw decide the trained steps)",
+        ("algo.name",),
+        lambda cfg: cfg.algo.name == "flowgrpo",
+    ),
+    KnobRule(
+        ("algo.timestep_fraction",),
+        "with algo.name=flowgrpo or diffusionnft (MixGRPO's window decides the trained steps)",
+        ("algo.name",),
+        lambda cfg: cfg.algo.name in ("flowgrpo", "diffusionnft"),
+    ),
+    KnobRule(
+        ("algo.clip_range", "algo.ratio_norm", "algo.step_reweight", "algo.num_updates_per_batch"),
+        "with a likelihood-ratio algorithm, algo.name=flowgrpo or mixgrpo (DiffusionNFT has no ratio)",
+        ("algo.name",),
+        lambda cfg: cfg.algo.name in ("flowgrpo", "mixgrpo"),
+    ),
+    KnobRule(
+        ("algo.nft_beta", "algo.nft_ode_solver"),
+        "with algo.name=diffusionnft",
+        ("algo.name",),
+        lambda cfg: cfg.algo.name == "diffusionnft",
+    ),
+    KnobRule(
+        (
+            "algo.mix_window",
+            "algo.mix_stride",
+            "algo.mix_shift_interval",
+            "algo.mix_schedule",
+            "algo.mix_ode_solver",
+        ),
+        "with algo.name=mixgrpo",
+        ("algo.name",),
+        lambda cfg: cfg.algo.name == "mixgrpo",
+    ),
+    KnobRule(
+        ("algo.ratio_norm", "algo.step_reweight"),
+        "with sampler.sde_type=sde (GRPO-Guard's formulas are those of the flow-SDE step)",
+        ("sampler.sde_type",),
+        lambda cfg: cfg.sampler.sde_type == "sde",
+    ),
+    KnobRule(
+        ("algo.mix_stride", "algo.mix_shift_interval"),
+        "with algo.mix_schedule=progressive (a random window is drawn anew every iteration)",
+        ("algo.mix_schedule",),
+        lambda cfg: cfg.algo.mix_schedule == "progressive",
     ),
     KnobRule(
         ("trainer.lora_rank", "trainer.lora_alpha", "trainer.lora_targets", "checkpoint.export_lora"),
@@ -393,6 +441,34 @@ def check_sampler(cfg: Config) -> None:
             f"algo.fast_window={cfg.algo.fast_window} must be at most num_steps // 2 = {steps // 2} "
             f"(sampler.num_steps={steps}): FlowGRPO-Fast's SDE window lies in the first half of the steps"
         )
+    if cfg.algo.name == "mixgrpo" and cfg.algo.mix_window > steps:
+        raise ConfigError(
+            f"algo.mix_window={cfg.algo.mix_window} must be at most sampler.num_steps={steps}: MixGRPO's SDE "
+            "window is a run of denoising steps"
+        )
+    solver_key = {"mixgrpo": "algo.mix_ode_solver", "diffusionnft": "algo.nft_ode_solver"}.get(cfg.algo.name)
+    solver = cfg.algo.mix_ode_solver if cfg.algo.name == "mixgrpo" else cfg.algo.nft_ode_solver
+    if solver_key and solver == "dpm2" and cfg.tsp.stages > 1:
+        raise ConfigError(
+            f"{solver_key}=dpm2 cannot run with tsp.stages={cfg.tsp.stages}: the multistep solver "
+            "reads the previous step's prediction, which a TSP stage boundary does not carry; set "
+            f"tsp.stages=1 or {solver_key}=euler"
+        )
+    if cfg.algo.name == "diffusionnft":
+        off_policy = [
+            f"{key}={value}"
+            for key, value, bad in (
+                ("asynchrony.max_staleness", cfg.asynchrony.max_staleness, cfg.asynchrony.max_staleness > 0),
+                ("tcss.enabled", "true", cfg.tcss.enabled),
+            )
+            if bad
+        ]
+        if off_policy:
+            raise ConfigError(
+                f"algo.name=diffusionnft needs on-policy data, but {', '.join(off_policy)} trains on samples "
+                "of an older policy: DiffusionNFT's v_old is the sampling policy's velocity, which DigenRL "
+                'takes from the current weights (docs/algorithm.md, "DiffusionNFT"); use an on-policy setting'
+            )
 
 
 def check_reward(cfg: Config) -> None:

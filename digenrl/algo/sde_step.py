@@ -54,7 +54,8 @@ class StepResult:
     noise_scale: Tensor
 
 
-def _mean_over_non_batch(t: Tensor) -> Tensor:
+def mean_over_non_batch(t: Tensor) -> Tensor:
+    """[B, ...] → [B], the mean over every other dim (the log-densities' and losses' per-sample mean)."""
     # Tensor.mean(dim=()) would reduce over everything, so a 1-D [B] input needs its own branch.
     return t if t.ndim == 1 else t.mean(dim=tuple(range(1, t.ndim)))
 
@@ -147,7 +148,7 @@ def _gaussian_result(
         prev_sample = mean + std * noise
     # Gradient flows through the mean only: x' is data (flow_grpo detaches prev_sample the same way).
     log_density = -((prev_sample.detach() - mean) ** 2) / (2 * std**2) - torch.log(std) - _LOG_SQRT_2PI
-    return StepResult(prev_sample, _mean_over_non_batch(log_density), mean, std, noise_scale)
+    return StepResult(prev_sample, mean_over_non_batch(log_density), mean, std, noise_scale)
 
 
 def _drift_mean(x: Tensor, v: Tensor, s: Tensor, dt: Tensor, noise_scale: Tensor) -> Tensor:
@@ -233,7 +234,7 @@ def flow_sde_step(
     if prev_sample is None:
         assert noise is not None
         prev_sample = mean + noise_scale * noise
-    log_prob = _mean_over_non_batch(-((prev_sample.detach() - mean) ** 2))
+    log_prob = mean_over_non_batch(-((prev_sample.detach() - mean) ** 2))
     return StepResult(prev_sample, log_prob, mean, noise_scale, noise_scale)
 
 
@@ -277,3 +278,49 @@ def euler_step(velocity: Tensor, sample: Tensor, sigma: float | Tensor, sigma_ne
     """
     v, x, s, s_next = _prepare(velocity, sample, sigma, sigma_next)
     return x + (s_next - s) * v
+
+
+def dpm_solver_2m_step(
+    velocity: Tensor,
+    sample: Tensor,
+    sigma: float,
+    sigma_next: float,
+    *,
+    prev_x0: Tensor | None = None,
+    prev_sigma: float | None = None,
+) -> tuple[Tensor, Tensor]:
+    """One DPM-Solver++(2M) ODE step (midpoint form) of a flow model, in float32; returns (x', x̂0).
+
+    MixGRPO-Flash's solver after the SDE window (Li et al. 2025, arXiv 2507.21802, Sec. "MixGRPO-Flash";
+    Tencent-Hunyuan/MixGRPO `fastvideo/utils/sampling_utils.py`, `dpm_step` with `dpm_algorithm_type=
+    "dpmsolver++"`, `dpm_solver_order=2`, `dpm_solver_type="midpoint"`), written for flow matching:
+    α = 1 − σ, x̂0 = x − σ·v, λ = log(α/σ), h = λ' − λ (DPM-Solver++, Lu et al. 2022, arXiv 2211.01095,
+    eq. for the 2M update; diffusers' `DPMSolverMultistepScheduler.multistep_dpm_solver_second_order_update`).
+    The first-order part (σ'/σ)·x + (α' − σ'·α/σ)·x̂0 equals the Euler step x + (σ' − σ)·v exactly; the
+    second order adds ½·(α' − σ'·α/σ)·D1 with D1 = (x̂0 − x̂0_prev)/r, r = h_prev / h, from the previous
+    step's prediction ``prev_x0`` at ``prev_sigma``. Without a previous prediction, from σ = 1 (λ = −∞) or
+    into σ' = 0 (the final step, first order as diffusers' `lower_order_final`) the step is Euler's.
+    The sigmas are python floats (one step of the whole batch): the order decision and λ need no device
+    read.
+    """
+    sigma, sigma_next = float(sigma), float(sigma_next)
+    v, x, _, _ = _prepare(velocity, sample, sigma, sigma_next)
+    x0 = x - sigma * v
+    out = x + (sigma_next - sigma) * v
+    second_order = (
+        prev_x0 is not None
+        and prev_sigma is not None
+        and sigma_next > 0
+        and prev_sigma < 1 - SIGMA_ONE_ATOL
+        and sigma < prev_sigma
+    )
+    if second_order:
+
+        def lam(value: float) -> float:
+            return math.log((1 - value) / value)
+
+        h = lam(sigma_next) - lam(sigma)
+        r = (lam(sigma) - lam(float(prev_sigma))) / h
+        d1 = (x0 - prev_x0.float()) / r
+        out = out + 0.5 * ((1 - sigma_next) - sigma_next * (1 - sigma) / sigma) * d1
+    return out, x0

@@ -11,16 +11,28 @@ Modes (indices i refer to the transition σ_i → σ_{i+1}, 0 <= i < num_steps):
   `sde_window_range = (0, num_steps // 2)`): start = uniform integer in [0, N//2 − window], the window
   [start, start + window) is the only stochastic and the only trained part; all other steps are ODE.
   `timestep_fraction` is validated but unused in this mode.
+
+MixGRPO (`algo.name=mixgrpo`; Li et al. 2025, "MixGRPO: Unlocking Flow-based GRPO Efficiency with Mixed
+ODE-SDE", arXiv 2507.21802; code Tencent-Hunyuan/MixGRPO, `fastvideo/train_grpo_flux.py` with its
+`GRPOTrainingStates`, script `scripts/finetune/finetune_flux_grpo_MixGRPO.sh`): a window of w consecutive
+steps is the only stochastic and the only trained part, ODE elsewhere, and the window moves over the
+iterations (:func:`mix_window_steps`). The published script samples 25 steps with w = 4
+(`group_size=4`), moves the window by s = 1 step (`prog_overlap_step=1`) every τ = 25 iterations
+(`iters_per_group=25`, `sample_strategy="progressive"`) and starts over at step 0 after the last position
+(`--roll_back`). Here the window always holds w steps (the published state clips the window at index
+`sampling_steps − 2`, so its last positions train fewer); every position [start, start + w) lies inside
+the T steps, so w = T makes every step stochastic and trained: FlowGRPO with `timestep_fraction = 1`.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from digenrl.config import TIMESTEP_SELECTIONS
+from digenrl.config import MIX_SCHEDULES, TIMESTEP_SELECTIONS, AlgoConfig
 
 TRAIN_STEP_MODES = TIMESTEP_SELECTIONS  # algo.timestep_selection (digenrl/config.py)
 
@@ -67,13 +79,67 @@ def select_train_steps(
     return torch.arange(start, start + window, dtype=torch.int64)
 
 
+#: modes whose trained steps are the only stochastic ones: FlowGRPO-Fast's window and MixGRPO's
+WINDOWED_MODES = ("fast-window", "mixgrpo")
+
+
+@dataclass(frozen=True)
+class MixWindow:
+    """MixGRPO's sliding SDE window (module docstring): ``size`` steps, moved by ``stride`` steps every
+    ``shift_interval`` iterations ('progressive') or placed uniformly at random each iteration ('random',
+    the published `sample_strategy="random"`)."""
+
+    size: int
+    stride: int = 1
+    shift_interval: int = 25
+    schedule: str = "progressive"
+
+    @classmethod
+    def from_config(cls, algo: AlgoConfig) -> MixWindow:
+        return cls(algo.mix_window, algo.mix_stride, algo.mix_shift_interval, algo.mix_schedule)
+
+    def start(self, num_steps: int, iteration: int, generator: torch.Generator | None = None) -> int:
+        """The first step of the window in ``iteration`` (0-based) of a ``num_steps``-step rollout.
+
+        'progressive': the k = iteration // shift_interval-th position of a sweep 0, s, 2s, … over the
+        P = num_steps − size + 1 possible starts, starting over at 0 after the last one that fits (the
+        published `--roll_back`): start = (k mod (⌊(P − 1) / s⌋ + 1))·s. 'random': uniform over the P starts,
+        drawn from ``generator`` (seeded by the iteration, so every rank agrees).
+        """
+        _check_num_steps(num_steps)
+        if not 1 <= self.size <= num_steps:
+            raise ValueError(f"window size must be in [1, num_steps = {num_steps}], got {self.size}")
+        if self.stride < 1 or self.shift_interval < 1:
+            raise ValueError(
+                f"stride and shift_interval must be >= 1, got {self.stride}, {self.shift_interval}"
+            )
+        if iteration < 0:
+            raise ValueError(f"iteration must be >= 0, got {iteration}")
+        positions = num_steps - self.size + 1
+        if self.schedule == "progressive":
+            sweep = (positions - 1) // self.stride + 1
+            return (iteration // self.shift_interval) % sweep * self.stride
+        if self.schedule == "random":
+            if generator is None:
+                raise ValueError("schedule 'random' draws the window: pass a torch.Generator")
+            return int(torch.randint(0, positions, (1,), generator=generator).item())
+        raise ValueError(f"schedule must be one of {MIX_SCHEDULES}, got {self.schedule!r}")
+
+    def steps(self, num_steps: int, iteration: int, generator: torch.Generator | None = None) -> Tensor:
+        """Sorted int64 indices of the window's steps in ``iteration``: the stochastic and trained ones."""
+        start = self.start(num_steps, iteration, generator)
+        return torch.arange(start, start + self.size, dtype=torch.int64)
+
+
 def sde_step_mask(num_steps: int, train_steps: Tensor, *, mode: str) -> Tensor:
     """Bool [num_steps]: True where the sampler takes the stochastic (SDE) step.
 
-    'fast-window': True only at `train_steps` (ODE elsewhere, FlowGRPO-Fast); 'first'/'shuffled': every
-    step is stochastic (FlowGRPO / DanceGRPO sample the whole trajectory with the SDE).
+    'fast-window' / 'mixgrpo': True only at `train_steps` (ODE elsewhere: FlowGRPO-Fast, MixGRPO);
+    'first'/'shuffled': every step is stochastic (FlowGRPO / DanceGRPO sample the whole trajectory with the
+    SDE); 'diffusionnft': none (DiffusionNFT trains on the forward process, so its rollout is the ODE).
     """
-    _check_mode(mode)
+    if mode not in ("mixgrpo", "diffusionnft"):
+        _check_mode(mode)
     _check_num_steps(num_steps)
     steps = torch.as_tensor(train_steps)
     if steps.ndim != 1 or steps.is_floating_point() or steps.dtype == torch.bool:
@@ -82,7 +148,9 @@ def sde_step_mask(num_steps: int, train_steps: Tensor, *, mode: str) -> Tensor:
         )
     if steps.numel() and not bool(((steps >= 0) & (steps < num_steps)).all()):
         raise ValueError(f"train_steps must lie in [0, {num_steps}), got {steps.tolist()}")
-    if mode != "fast-window":
+    if mode == "diffusionnft":
+        return torch.zeros(num_steps, dtype=torch.bool)
+    if mode not in WINDOWED_MODES:
         return torch.ones(num_steps, dtype=torch.bool)
     mask = torch.zeros(num_steps, dtype=torch.bool)
     mask[steps.to(device="cpu", dtype=torch.int64)] = True

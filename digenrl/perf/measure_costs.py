@@ -291,9 +291,7 @@ def _rollout(
         latent_shape=latent_shape,
         group_size=group,
         seed=0,
-        timestep_fraction=cfg.algo.timestep_fraction,
-        timestep_selection=cfg.algo.timestep_selection,
-        fast_window=cfg.algo.fast_window,
+        **RolloutEngine.algo_settings(cfg.algo),
         device=device,
     )
     batch = engine.generate([prompt], [0], iteration=0, policy_version=0)

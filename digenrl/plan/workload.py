@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from digenrl.config import TRAINER_MODES
 from digenrl.costs.cost_model import CostModel
 from digenrl.plan.rollout_defaults import rollout_defaults
+from digenrl.rules.schedule import trained_step_count
 
 if TYPE_CHECKING:
     from digenrl.config import Config
@@ -121,10 +122,9 @@ class Workload:
         spec = rollout_defaults(cfg.model.name)  # the model spec's, torch-free
         steps = cfg.sampler.num_steps or spec.num_steps
         guidance = spec.guidance_scale if cfg.sampler.guidance_scale is None else cfg.sampler.guidance_scale
-        if cfg.algo.timestep_selection == "fast-window":
-            trained = cfg.algo.fast_window
-        else:  # 'first' / 'shuffled': K = max(1, floor(T * timestep_fraction)) (algo/timesteps.py)
-            trained = max(1, int(steps * cfg.algo.timestep_fraction))
+        # K: MixGRPO's / FlowGRPO-Fast's window, else max(1, floor(T * timestep_fraction)); training
+        # cost scales with it, so a MixGRPO window of 4 of 25 steps trains 4/24 of FlowGRPO's units
+        trained = trained_step_count(cfg.algo, steps)
         return cls(
             prompts_per_iteration=cfg.algo.prompts_per_iteration,
             group_size=cfg.algo.group_size,

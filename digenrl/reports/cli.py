@@ -84,6 +84,7 @@ def plan(argv: list[str] | None, folders: Folders) -> int:
     """Ask the planner for the best plan on a hardware profile (and, with --baselines, the baselines)."""
     from digenrl.plan.workload import Workload
     from digenrl.planning.planner import Planner
+    from digenrl.rules.schedule import trained_step_count
     from digenrl.runtime.profiles import load_profile
 
     p = _parser("plan", plan.__doc__)
@@ -149,7 +150,7 @@ def plan(argv: list[str] | None, folders: Folders) -> int:
     }
     changes = {k: v for k, v in changes.items() if v is not None}
     if args.steps is not None:
-        changes["train_steps"] = args.train_steps or max(1, int(args.steps * cfg.algo.timestep_fraction))
+        changes["train_steps"] = args.train_steps or trained_step_count(cfg.algo, args.steps)
     elif args.train_steps is not None:
         changes["train_steps"] = args.train_steps
     workload = replace(workload, **changes)

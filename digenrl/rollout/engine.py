@@ -15,16 +15,25 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import Any
 
 import torch
 
-from digenrl.algo.timesteps import sde_step_mask, select_train_steps
+from digenrl.algo.sde_step import dpm_solver_2m_step
+from digenrl.algo.timesteps import MixWindow, sde_step_mask, select_train_steps
+from digenrl.config import AlgoConfig
 from digenrl.data.seeding import mix_seed
 from digenrl.data.text_condition import TextCondition
 from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.models.flow_model import FlowModel
 from digenrl.models.text import TextEncoder
-from digenrl.rollout.noise import INITIAL_NOISE_STEP, sample_generator, sample_seed, step_noise
+from digenrl.rollout.noise import (
+    FORWARD_NOISE_STEP,
+    INITIAL_NOISE_STEP,
+    sample_generator,
+    sample_seed,
+    step_noise,
+)
 from digenrl.rollout.sampler import Sampler
 from digenrl.runtime.batch_ledger import BatchLedger, sample_keys
 
@@ -48,7 +57,22 @@ class RolloutEngine:
         fast_window: int,
         samples_per_forward: int = 0,
         device: torch.device | str = "cpu",
+        mix_window: MixWindow | None = None,
+        ode_solver: str = "euler",
+        forward_process: bool = False,
     ):
+        """``mix_window``: MixGRPO's sliding SDE window (replaces ``timestep_selection``); ``ode_solver``
+        ``dpm2``: DPM-Solver++(2M) on the ODE steps (after MixGRPO's window: MixGRPO-Flash; every step of a
+        DiffusionNFT rollout). ``forward_process`` (DiffusionNFT): every step is an ODE step and a trained
+        step k records the unit (x_σk = (1 − σ_k)·x0 + σ_k·ε_k, x0) of the clean latent x0 instead of a
+        transition, with ε_k keyed by (sample seed, ``FORWARD_NOISE_STEP`` + k); no log-probability."""
+        if ode_solver not in ("euler", "dpm2"):
+            raise ValueError(f"ode_solver must be 'euler' or 'dpm2', got {ode_solver!r}")
+        if ode_solver == "dpm2" and mix_window is None and not forward_process:
+            raise ValueError("ode_solver='dpm2' needs a mix_window (MixGRPO-Flash) or forward_process")
+        if forward_process and mix_window is not None:
+            raise ValueError("forward_process (DiffusionNFT) and mix_window (MixGRPO) exclude each other")
+        self.forward_process = forward_process
         self.model = model
         self.text_encoder = text_encoder
         self.sampler = sampler
@@ -61,6 +85,31 @@ class RolloutEngine:
         self.samples_per_forward = samples_per_forward
         self.device = torch.device(device)
         self.ledger: BatchLedger | None = None  # runtime.record_batches: the forwards' batches
+        self.mix_window = mix_window
+        self.ode_solver = ode_solver
+
+    @staticmethod
+    def algo_settings(algo: AlgoConfig) -> dict[str, Any]:
+        """The constructor's keyword arguments that ``algo`` decides (which steps are trained and stochastic,
+        the ODE solver), for every place that builds an engine from a config."""
+        mix, nft = algo.name == "mixgrpo", algo.name == "diffusionnft"
+        solver = algo.mix_ode_solver if mix else algo.nft_ode_solver if nft else "euler"
+        return {
+            "timestep_fraction": algo.timestep_fraction,
+            # DiffusionNFT trains a random K of the grid's sigmas per sample (train_nft_sd3.py: `perms_time`)
+            "timestep_selection": "shuffled" if nft else algo.timestep_selection,
+            "fast_window": algo.fast_window,
+            "mix_window": MixWindow.from_config(algo) if mix else None,
+            "ode_solver": solver,
+            "forward_process": nft,
+        }
+
+    @property
+    def sde_mode(self) -> str:
+        """How the trained steps decide the stochastic ones (:func:`digenrl.algo.timesteps.sde_step_mask`)."""
+        if self.forward_process:
+            return "diffusionnft"
+        return "mixgrpo" if self.mix_window is not None else self.timestep_selection
 
     def uncond(self) -> TextCondition | None:
         """The empty-prompt condition for true CFG (cached by the encoder), else None. Every TSP stage
@@ -75,7 +124,11 @@ class RolloutEngine:
         """
         t = self.sampler.num_steps
         mode = self.timestep_selection
-        if mode == "fast-window":
+        if self.mix_window is not None:  # MixGRPO: one window per iteration, for the whole batch
+            generator = torch.Generator().manual_seed(mix_seed(self.seed, iteration, 0x3172))
+            steps = self.mix_window.steps(t, iteration, generator)
+            per_sample = steps.unsqueeze(0).expand(len(seeds), -1)
+        elif mode == "fast-window":
             generator = torch.Generator().manual_seed(mix_seed(self.seed, iteration, 0xFA57))
             steps = select_train_steps(t, self.timestep_fraction, mode, generator, window=self.fast_window)
             per_sample = steps.unsqueeze(0).expand(len(seeds), -1)
@@ -92,7 +145,7 @@ class RolloutEngine:
         else:
             steps = select_train_steps(t, self.timestep_fraction, mode)
             per_sample = steps.unsqueeze(0).expand(len(seeds), -1)
-        mask = sde_step_mask(t, steps, mode=mode)
+        mask = sde_step_mask(t, steps, mode=self.sde_mode)
         return per_sample.contiguous(), mask
 
     @torch.no_grad()
@@ -190,6 +243,32 @@ class RolloutEngine:
         """
         return self._advance(batch, until_step, on_step, in_place=False)
 
+    def _forward_units(
+        self,
+        clean: torch.Tensor,
+        seeds: list[int],
+        train_steps: torch.Tensor,
+        sigmas: torch.Tensor,
+        latents: torch.Tensor,
+        next_latents: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """DiffusionNFT's units of a finished rollout: ``latents[b, k]`` = x_σ = (1 − σ)·x0 + σ·ε at step
+        ``train_steps[b, k]``, ``next_latents[b, k]`` = x0 (digenrl/algo/nft.py)."""
+        for k in range(train_steps.shape[1]):
+            for step in train_steps[:, k].unique().tolist():
+                rows = (train_steps[:, k] == step).nonzero(as_tuple=True)[0]
+                eps = step_noise(
+                    [seeds[r] for r in rows.tolist()],
+                    FORWARD_NOISE_STEP + step,
+                    self.latent_shape,
+                    device=self.device,
+                )
+                rows = rows.to(self.device)
+                sigma = sigmas[step]
+                latents[rows, k] = (1 - sigma) * clean[rows] + sigma * eps
+                next_latents[rows, k] = clean[rows]
+        return latents, next_latents
+
     def _advance(
         self,
         batch: TrajectoryBatch,
@@ -218,7 +297,7 @@ class RolloutEngine:
         cond = batch.cond.to(self.device)
         uncond = self.uncond()
         train_steps = batch.step_indices.cpu()
-        sde_mask = sde_step_mask(t, batch.step_indices[0].cpu(), mode=self.timestep_selection) if b else None
+        sde_mask = sde_step_mask(t, batch.step_indices[0].cpu(), mode=self.sde_mode) if b else None
         sigmas = self.sampler.sigmas.to(self.device)
         chunk = self.samples_per_forward or b
         if self.ledger is not None and first < until_step:
@@ -226,9 +305,17 @@ class RolloutEngine:
             for start in range(0, b, chunk):
                 rows = keys[start : start + chunk]
                 self.ledger.record("rollout", batch.iteration, "samples", rows, steps=[first, until_step])
+        # MixGRPO-Flash: DPM-Solver++(2M) on the ODE steps after the window, from the previous step's x̂0
+        # (kept within this call: validation refuses a TSP split of a Flash rollout)
+        flash_from = t
+        if self.ode_solver == "dpm2" and b:
+            flash_from = 0 if self.forward_process else int(train_steps[0].max()) + 1
+        prev_x0: torch.Tensor | None = None
+        grid = self.sampler.sigmas.tolist()
         for i in range(first, until_step):
             noise = step_noise(seeds, i, self.latent_shape, device=self.device)
             nxt = torch.empty_like(x)
+            x0_pred = torch.empty_like(x) if self.ode_solver == "dpm2" else None
             step_log_prob = torch.empty(b, dtype=torch.float32, device=self.device)
             for start in range(0, b, chunk):
                 sl = slice(start, min(start + chunk, b))
@@ -242,15 +329,25 @@ class RolloutEngine:
                 )
                 nxt[sl] = res.prev_sample
                 step_log_prob[sl] = res.log_prob
+                if self.ode_solver == "dpm2":  # python floats from the host grid: no device read
+                    prev = None if prev_x0 is None or i < flash_from else prev_x0[sl]
+                    flash_x, x0_pred[sl] = dpm_solver_2m_step(
+                        v, x[sl], grid[i], grid[i + 1], prev_x0=prev, prev_sigma=grid[i - 1] if i else None
+                    )
+                    if i >= flash_from:
+                        nxt[sl] = flash_x
             rows, cols = torch.nonzero(train_steps == i, as_tuple=True)  # on CPU: no device sync
-            if rows.numel():
+            if rows.numel() and not self.forward_process:
                 rows, cols = rows.to(self.device), cols.to(self.device)
                 latents[rows, cols] = x[rows]
                 next_latents[rows, cols] = nxt[rows]
                 log_probs[rows, cols] = step_log_prob[rows]
             x = nxt
+            prev_x0 = x0_pred
             if on_step is not None:
                 on_step(i)
+        if self.forward_process and until_step == t and b:
+            latents, next_latents = self._forward_units(x, seeds, train_steps, sigmas, latents, next_latents)
         return replace(
             batch,
             latents=latents,

@@ -18,6 +18,9 @@ from digenrl.data.seeding import mix_seed
 
 INITIAL_NOISE_STEP = -1
 """Step tag of the initial latent x_T ~ N(0, I); SDE step i uses tag i."""
+FORWARD_NOISE_STEP = 1 << 20
+"""Tag offset of DiffusionNFT's forward-process noise: the unit at step k noises the clean latent with the
+draw tagged ``FORWARD_NOISE_STEP + k``, never one of the sampler's (digenrl/algo/nft.py)."""
 
 
 def sample_seed(seed: int, iteration: int, prompt_index: int, sample_index: int) -> int:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from digenrl.config import ConfigError
+from digenrl.config import AlgoConfig, ConfigError
 
 #: The largest helper budget (fragments per trainer rank per iteration) TAG's search tries.
 MAX_TAG_BUDGET = 16
@@ -116,3 +116,15 @@ class TagPrediction:
 
     budget: int
     iteration_s: dict[int, float]
+
+
+def trained_step_count(algo: AlgoConfig, num_steps: int) -> int:
+    """K, the trained transitions per trajectory of a ``num_steps``-step rollout, as the engine selects
+    them: the window of MixGRPO or FlowGRPO-Fast, else max(1, ⌊T·timestep_fraction⌋) (DiffusionNFT's
+    forward units too, at a random K of the grid's sigmas per sample). The cost model, the simulator and the
+    trainer's unit count all read it here."""
+    if algo.name == "mixgrpo":
+        return algo.mix_window
+    if algo.name == "flowgrpo" and algo.timestep_selection == "fast-window":
+        return algo.fast_window
+    return max(1, int(num_steps * algo.timestep_fraction))

@@ -1,6 +1,6 @@
-"""The captioned grid an evaluation leaves in ``out_dir/samples/iter_<k>.png`` (docs/operations.md, "Reading a
-run"): one cell per held-out prompt, its image above its caption (the prompt, wrapped, and the sample's
-reward); a video model's cell is a strip of evenly spaced frames. Drawn with PIL (a dependency).
+"""The captioned grid an evaluation leaves in ``out_dir/samples/policy_v<k>.png`` (docs/operations.md,
+"Reading a run"): one cell per held-out prompt, its image above its caption (the prompt, wrapped, and the
+sample's reward); a video model's cell is a strip of evenly spaced frames. Drawn with PIL (a dependency).
 """
 
 from __future__ import annotations
@@ -20,8 +20,11 @@ _LINE_HEIGHT = 12
 _PAD = 6
 
 
-def grid_path(out_dir: str | Path, iteration: int) -> Path:
-    return Path(out_dir) / SAMPLES_DIR / f"iter_{iteration}.png"
+def grid_path(out_dir: str | Path, policy_version: int) -> Path:
+    """The grid of the evaluation of policy version ``policy_version`` (the policy after that many updates):
+    named by the policy it shows, not the iteration that evaluated it (the run's last grid, drawn after
+    update N, is ``policy_v<N>.png``)."""
+    return Path(out_dir) / SAMPLES_DIR / f"policy_v{policy_version}.png"
 
 
 def write_sample_grid(

@@ -278,7 +278,7 @@ class System:
             if evaluation is not None:  # rank 0: the evaluation's numbers and its grid
                 record.update(evaluation.metrics)
                 image = write_sample_grid(
-                    grid_path(cfg.out_dir, iteration),
+                    grid_path(cfg.out_dir, evaluation.policy_version),
                     evaluation.images,
                     evaluation.prompts,
                     evaluation.rewards,

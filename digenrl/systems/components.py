@@ -159,9 +159,7 @@ def build_rank_components(
             latent_shape=latent_shape,
             group_size=cfg.algo.group_size,
             seed=cfg.seed,
-            timestep_fraction=cfg.algo.timestep_fraction,
-            timestep_selection=cfg.algo.timestep_selection,
-            fast_window=cfg.algo.fast_window,
+            **RolloutEngine.algo_settings(cfg.algo),
             samples_per_forward=cfg.sampler.samples_per_forward,
             device=ctx.device,
         )

@@ -17,6 +17,7 @@ from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.gap.unit_packer import UnitPacker
 from digenrl.rollout.sampler import Sampler
 from digenrl.rollout.scoring import ScoreResult
+from digenrl.rules.schedule import trained_step_count
 from digenrl.runtime.distributed import comm_device, named_collective
 from digenrl.runtime.events import EventLogger
 from digenrl.runtime.fault_injection import inject_delay
@@ -206,6 +207,4 @@ def reward_summary(rewards: torch.Tensor, group: dist.ProcessGroup | None = None
 
 def units_per_sample(cfg: Config, sampler: Sampler) -> int:
     """Trained transitions per trajectory (K), as the engine selects them (same count in every mode)."""
-    if cfg.algo.timestep_selection == "fast-window":
-        return cfg.algo.fast_window
-    return max(1, int(sampler.num_steps * cfg.algo.timestep_fraction))
+    return trained_step_count(cfg.algo, sampler.num_steps)

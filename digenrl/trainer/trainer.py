@@ -13,6 +13,9 @@ when all micro-batches have equal size, which GAP fragments and uneven rank shar
 
 Loss per unit (docs/algorithm.md "Loss"; flow_grpo scripts/train_sd3.py): ``max(−A·r, −A·clip(r, 1±ε))`` with
 ``r = exp(logp_θ − logp_old)``, plus ``β · mean((μ_θ − μ_ref)² / (2σ_t²))`` when ``algo.kl_beta > 0``.
+GRPO-Guard (docs/algorithm.md, "GRPO-Guard"): ``algo.ratio_norm`` clips the normalised ratio
+``exp((log r + mean((μ_θ − μ_old)²)/(2s²))·s)`` instead, μ_old recomputed from the rollout's keyed noise;
+``algo.step_reweight`` divides each unit's policy loss by −dt.
 
 With classifier-free guidance the training forward applies the rollout's guidance, and ``algo.cfg_grad``
 chooses the gradient (:mod:`digenrl.rollout.sampler`): ``cond`` (default) detaches the unconditional
@@ -34,11 +37,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from digenrl.algo.loss import clipped_policy_loss, kl_to_reference
+from digenrl.algo.loss import PolicyLossTerms, clipped_policy_loss, kl_to_reference, ratio_norm_terms
+from digenrl.algo.nft import nft_loss, velocity_kl
 from digenrl.config import Config
 from digenrl.data.micro_batches import plan_micro_batches
 from digenrl.models.fp8 import apply_fp8
 from digenrl.models.optimize import optimize_flow_model
+from digenrl.rollout.noise import step_noise
 from digenrl.runtime.batch_ledger import BatchLedger
 from digenrl.trainer.checkpoint import load_sharded
 from digenrl.trainer.ema import TrainerEMA
@@ -63,6 +68,8 @@ class _MicroBatch:
     log_probs: torch.Tensor
     advantages: torch.Tensor
     cond: TextCondition
+    seeds: torch.Tensor  # [n] int64 sample seed of each unit (GRPO-Guard regenerates the step's noise)
+    step_indices: torch.Tensor  # [n] int64 denoising step of each unit
 
     @property
     def size(self) -> int:
@@ -78,6 +85,8 @@ class _MicroBatch:
             log_probs=self.log_probs[:1].clone(),
             advantages=self.advantages[:1].clone(),
             cond=self.cond.index_select([0]),
+            seeds=self.seeds[:1].clone(),
+            step_indices=self.step_indices[:1].clone(),
         )
 
 
@@ -96,6 +105,9 @@ def _gather_units(batch: TrajectoryBatch, units: list[tuple[int, int]], device: 
         log_probs=take(batch.log_probs),
         advantages=batch.advantages[b.to(batch.advantages.device)].to(device, non_blocking=True),
         cond=batch.cond.index_select(b.to(batch.cond.device)).to(device),
+        # left where the batch is (no host sync per micro-batch); only GRPO-Guard's RatioNorm reads them
+        seeds=batch.seeds[b.to(batch.seeds.device)],
+        step_indices=batch.step_indices[b.to(batch.step_indices.device), k.to(batch.step_indices.device)],
     )
 
 
@@ -104,6 +116,19 @@ def _unit_keys(batch: TrajectoryBatch, units: list[tuple[int, int]]) -> list[lis
     return [
         [int(batch.prompt_ids[b]), int(batch.sample_ids[b]), int(batch.step_indices[b, k])] for b, k in units
     ]
+
+
+def _behaviour_mean(mb: _MicroBatch, std: torch.Tensor) -> torch.Tensor:
+    """μ_old of every unit, x' − s·ε: the rollout drew x' = μ_old + s·ε with ε keyed by (sample seed, step)
+    (digenrl/rollout/noise.py), so the behaviour mean needs no extra tensor on the wire. Draws are
+    device-type specific, like the rollout's: the trainer must run on the generators' device type."""
+    shape = tuple(mb.next_latents.shape[1:])
+    noise = torch.empty_like(mb.next_latents, dtype=torch.float32)
+    seeds, steps = mb.seeds.cpu(), mb.step_indices.cpu()
+    for step in steps.unique().tolist():
+        rows = (steps == step).nonzero(as_tuple=True)[0]
+        noise[rows.to(noise.device)] = step_noise(seeds[rows], int(step), shape, device=noise.device)
+    return mb.next_latents.float() - std * noise
 
 
 class PolicyTrainer:
@@ -199,6 +224,8 @@ class PolicyTrainer:
 
         The reference forward runs without autograd, so it keeps the rollout's batched CFG layout; the
         training forward follows ``sampler.cfg_grad`` (:meth:`Sampler.velocity`)."""
+        if self.cfg.algo.name == "diffusionnft":
+            return self._nft_unit_losses(mb)
         sampler, model = self.sampler, self.flow_model
         kl = None
         ref_mean = None
@@ -211,14 +238,56 @@ class PolicyTrainer:
                 ).mean
         v = sampler.velocity(model, mb.latents, mb.sigmas, mb.cond, self.uncond)
         res = sampler.transition(v, mb.latents, mb.sigmas, mb.next_sigmas, prev_sample=mb.next_latents)
-        terms = clipped_policy_loss(res.log_prob, mb.log_probs, mb.advantages, self.cfg.algo.clip_range)
+        algo = self.cfg.algo
+        bias = scale = None
+        if algo.ratio_norm:  # GRPO-Guard's RatioNorm (digenrl.algo.loss.ratio_norm_terms)
+            bias, scale = ratio_norm_terms(res.mean, _behaviour_mean(mb, res.std), res.std)
+        terms = clipped_policy_loss(
+            res.log_prob,
+            mb.log_probs,
+            mb.advantages,
+            algo.clip_range,
+            log_ratio_bias=bias,
+            log_ratio_scale=scale,
+        )
         total = terms.loss
+        if algo.step_reweight:  # GRPO-Guard's gradient reweighting: 1 / (−dt) per unit
+            total = total / (mb.sigmas - mb.next_sigmas).to(total)
         if ref_mean is not None:
             # flow_grpo divides by std_dev_t² (the σ_t of the SDE, StepResult.noise_scale), which is the
             # scale its β values (0.04 / 0.01) were tuned for; see digenrl.algo.loss.kl_to_reference.
             kl = kl_to_reference(res.mean, ref_mean, res.noise_scale)
             total = total + self.cfg.algo.kl_beta * kl
         return total, terms, kl
+
+    def _nft_unit_losses(self, mb: _MicroBatch) -> tuple[torch.Tensor, PolicyLossTerms, torch.Tensor | None]:
+        """DiffusionNFT's loss per unit (digenrl/algo/nft.py): a unit is (x_σ, σ, x0) with x_σ in ``latents``
+        and x0 in ``next_latents``. v_old is the sampling policy's velocity: validation admits DiffusionNFT
+        only on-policy with one optimizer step per batch, where the sampling weights are the current ones,
+        so v_old is v_θ's own value, detached (the published code's `decay_type=0` soft update). The ratio
+        statistics report 1: there is no likelihood ratio."""
+        sampler, model, algo = self.sampler, self.flow_model, self.cfg.algo
+        kl = v_ref = None
+        if algo.kl_beta > 0:
+            with torch.no_grad(), reference_policy(model):
+                v_ref = sampler.velocity(model, mb.latents, mb.sigmas, mb.cond, self.uncond)
+        v = sampler.velocity(model, mb.latents, mb.sigmas, mb.cond, self.uncond)
+        nft = nft_loss(
+            v,
+            v.detach(),
+            mb.latents,
+            mb.next_latents,
+            mb.sigmas,
+            mb.advantages,
+            beta=algo.nft_beta,
+            adv_clip_max=algo.adv_clamp,
+        )
+        total = nft.loss
+        if v_ref is not None:
+            kl = velocity_kl(v, v_ref)
+            total = total + algo.kl_beta * kl
+        ones = torch.ones_like(nft.loss.detach())
+        return total, PolicyLossTerms(loss=nft.loss, ratio=ones, clipped=ones.bool().logical_not()), kl
 
     def accumulate(self, batch: TrajectoryBatch, unit_weight: float) -> dict[str, float]:
         """Add ``unit_weight · ∇ Σ_units loss`` of ``batch``'s units to the pending gradient.

@@ -1,11 +1,12 @@
-"""Clipped policy loss and KL penalty against float64 references."""
+"""Clipped policy loss and KL penalty against float64 references; GRPO-Guard's RatioNorm on a drift."""
 
+import math
 import random
 
 import pytest
 import torch
 
-from digenrl.algo.loss import clipped_policy_loss, kl_to_reference
+from digenrl.algo.loss import clipped_policy_loss, kl_to_reference, ratio_norm_terms
 
 
 def ref_loss(logp, old, adv, eps):
@@ -120,3 +121,62 @@ def test_kl_gradient_only_through_policy_mean_and_errors():
         kl_to_reference(mean, ref_mean, 0.0)
     with pytest.raises(ValueError, match="shape"):
         kl_to_reference(mean, ref_mean[:1], 0.5)
+
+
+# ------------------------------------------------------------------------------- GRPO-Guard's RatioNorm
+
+
+def _drifted_units(s: float, n: int = 512, d: int = 4096, drift: float = 0.01, seed: int = 0):
+    """Units of one step with transition std ``s`` whose current mean has drifted by rms ``drift`` from the
+    behaviour mean: (log p_θ, log p_old, μ_θ, μ_old, std), log-densities averaged over the elements."""
+    g = torch.Generator().manual_seed(seed)
+    old_mean = torch.randn(n, d, generator=g)
+    mean = old_mean + drift * torch.randn(1, d, generator=g).expand(n, d)
+    std = torch.full((n, 1), s)
+    sample = old_mean + std * torch.randn(n, d, generator=g)
+
+    def log_density(mu: torch.Tensor) -> torch.Tensor:
+        return (-((sample - mu) ** 2) / (2 * std**2) - torch.log(std) - 0.5 * math.log(2 * math.pi)).mean(1)
+
+    return log_density(mean), log_density(old_mean), mean, old_mean, std
+
+
+def test_ratio_norm_recentres_a_drifted_ratio_and_makes_the_steps_consistent():
+    eps, advantages = 1e-4, torch.ones(512)
+    raw_means, norm_means, norm_spreads, raw_upper = [], [], [], []
+    for s in (0.02, 0.2):  # an early, noisy step and a later one: same drift, different transition std
+        log_prob, old_log_prob, mean, old_mean, std = _drifted_units(s)
+        raw = clipped_policy_loss(log_prob, old_log_prob, advantages, eps)
+        bias, scale = ratio_norm_terms(mean, old_mean, std)
+        norm = clipped_policy_loss(
+            log_prob, old_log_prob, advantages, eps, log_ratio_bias=bias, log_ratio_scale=scale
+        )
+        raw_means.append(raw.ratio.mean().item())
+        norm_means.append(norm.ratio.mean().item())
+        norm_spreads.append(norm.ratio.std().item())
+        raw_upper.append((raw.ratio > 1 + eps).float().mean().item())
+        # with RatioNorm, about a quarter of the positive-advantage units reach the upper clip at every step
+        assert (norm.ratio > 1 + eps).float().mean().item() > 0.1
+    # unnormalised: mean ≈ exp(−drift²/(2s²)) — far below 1 at the small-s step, and different per step
+    assert raw_means[0] < 0.9 and raw_means[1] > 0.99
+    assert raw_upper[0] == 0.0  # left shift: the upper clip never constrains a positive-advantage unit
+    assert raw_means[0] == pytest.approx(math.exp(-(0.01**2) / (2 * 0.02**2)), rel=0.02)
+    for m in norm_means:
+        assert abs(m - 1) < 2e-5
+    assert norm_spreads[0] == pytest.approx(norm_spreads[1], rel=0.2)  # one scale for every step
+
+
+def test_ratio_norm_is_one_on_policy_and_carries_the_gradient_through_the_mean():
+    log_prob, _, mean, _, std = _drifted_units(0.1, n=8, d=64)
+    mean = mean.clone().requires_grad_(True)
+    bias, scale = ratio_norm_terms(mean, mean.detach(), std)
+    assert torch.equal(bias, torch.zeros(8))
+    terms = clipped_policy_loss(
+        log_prob, log_prob, torch.ones(8), 0.2, log_ratio_bias=bias, log_ratio_scale=scale
+    )
+    assert torch.equal(terms.ratio, torch.ones(8))
+    # the bias is quadratic in the drift: zero gradient on-policy, a gradient once the mean has moved
+    shifted = mean + 0.01
+    bias, _ = ratio_norm_terms(shifted, mean.detach(), std)
+    bias.sum().backward()
+    assert mean.grad is not None and float(mean.grad.abs().sum()) > 0

@@ -223,6 +223,17 @@ def test_enumerations_are_the_tuples_the_runtime_checks():
             ["algo.timestep_selection=fast-window", "algo.fast_window=5"],
             ["algo.fast_window=5", "num_steps // 2 = 4"],
         ),
+        (["algo=mixgrpo", "algo.mix_window=9"], ["algo.mix_window=9", "sampler.num_steps=8"]),
+        (
+            ["algo=mixgrpo", "algo.mix_ode_solver=dpm2", "tsp.stages=2"],
+            ["algo.mix_ode_solver=dpm2", "tsp.stages=2"],
+        ),
+        (["algo=grpo"], ["algo.name='grpo'", "flowgrpo, mixgrpo, diffusionnft"]),
+        (["algo=diffusionnft", "tcss=true"], ["algo.name=diffusionnft", "tcss.enabled=true", "on-policy"]),
+        (
+            ["algo=diffusionnft", "algo.nft_ode_solver=dpm2", "tsp.stages=2"],
+            ["algo.nft_ode_solver=dpm2", "tsp.stages=2"],
+        ),
         (["sync.mode=full"], ["sync.mode='full'", "trainer.mode='lora'"]),
         (["reward=pickscore"], ["reward 'pickscore'", "reward.weights_path"]),
         (
@@ -245,6 +256,18 @@ def test_the_audits_bad_values_fail_at_startup_naming_the_key(overrides, needles
     ("overrides", "needles"),
     [
         (["algo.fast_window=3"], ["algo.fast_window=3", "timestep_selection=fast-window", "'first'"]),
+        (["algo.mix_window=2"], ["algo.mix_window=2", "with algo.name=mixgrpo", "'flowgrpo'"]),
+        (["algo=diffusionnft", "algo.mix_window=4"], ["algo.mix_window=4", "with algo.name=mixgrpo"]),
+        (["algo=diffusionnft", "algo.clip_range=0.1"], ["algo.clip_range=0.1", "DiffusionNFT has no ratio"]),
+        (["algo=diffusionnft", "algo.ratio_norm=true"], ["algo.ratio_norm=true", "'diffusionnft'"]),
+        (["algo.nft_beta=0.5"], ["algo.nft_beta=0.5", "with algo.name=diffusionnft"]),
+        (["algo=diffusionnft", "algo.timestep_selection=shuffled"], ["algo.timestep_selection='shuffled'"]),
+        (["sampler.sde_type=cps", "algo.ratio_norm=true"], ["algo.ratio_norm=true", "sampler.sde_type=sde"]),
+        (["algo=mixgrpo", "algo.timestep_fraction=0.5"], ["algo.timestep_fraction=0.5", "'mixgrpo'"]),
+        (
+            ["algo=mixgrpo", "algo.mix_schedule=random", "algo.mix_shift_interval=5"],
+            ["algo.mix_shift_interval=5", "mix_schedule=progressive"],
+        ),
         (["algo.timestep_selection=shuffled", "algo.fast_window=1"], ["algo.fast_window=1", "'shuffled'"]),
         (
             ["trainer.mode=full", "trainer.lora_rank=4"],
@@ -289,6 +312,12 @@ def test_a_knob_the_run_would_not_read_is_refused_naming_it_and_why(overrides, n
 
 def test_the_same_knobs_are_accepted_where_they_are_read(tmp_path):
     _valid(["algo.timestep_selection=fast-window", "algo.fast_window=3"], tmp_path)
+    _valid(["algo=mixgrpo", "algo.mix_window=2", "algo.mix_stride=2", "algo.mix_ode_solver=dpm2"], tmp_path)
+    _valid(["algo.ratio_norm=true", "algo.step_reweight=true", "algo.clip_range=2e-6"], tmp_path)
+    _valid(
+        ["algo=diffusionnft", "algo.nft_beta=0.1", "algo.kl_beta=1e-4", "algo.timestep_fraction=0.5"],
+        tmp_path,
+    )
     _valid(["trainer.deepspeed_stage=2", "trainer.backend=deepspeed", "system=colocated-sync"], tmp_path)
     _valid(["sampler.guidance_scale=4.5", "algo.cfg_grad=both"], tmp_path)
     _valid(["tag.policy=always", "tag.max_fragments=2", "tag.park_grads=true"], tmp_path)

@@ -59,7 +59,7 @@ def test_yaml_file_is_read():
         (["algo.group_size=four"], "algo.group_size"),
         (["iterations=1.5"], "iterations"),
         (["model.name.x=1"], "model.name"),
-        (["algo=3"], "algo"),
+        (["trainer=3"], "trainer"),
         (["justtext"], "key=value"),
     ],
 )

@@ -57,3 +57,12 @@ def test_bad_workloads_name_the_field():
         Workload(prompts_per_iteration=1, group_size=2, num_steps=4, train_steps=5, cfg=False)
     with pytest.raises(ValueError, match="cooldown"):
         Workload(prompts_per_iteration=1, group_size=2, num_steps=4, train_steps=2, cfg=False, iterations=2)
+
+
+def test_mixgrpo_trains_only_its_window_in_the_cost_model():
+    """MixGRPO's training cost falls with the window: the simulator trains w units per sample."""
+    flow = Workload.from_config(load_config(TINY))
+    mix = Workload.from_config(load_config(TINY, ["algo=mixgrpo", "algo.mix_window=2"]))
+    assert (flow.train_steps, mix.train_steps) == (7, 2)
+    assert mix.num_steps == flow.num_steps  # the rollout still runs every step
+    assert mix.units_per_iteration * 7 == flow.units_per_iteration * 2

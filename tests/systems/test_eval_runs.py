@@ -30,7 +30,9 @@ def _check_evaluations(out_dir, iterations: int) -> list[dict]:
     assert records[-1]["eval_policy_version"] == iterations
     for record in (records[0], records[-1]):
         assert record["eval_samples"] > 0 and record["eval_reward_std"] >= 0
-        assert (out_dir / "samples" / f"iter_{record['iteration']}.png").is_file()
+        # named by the policy it shows: the final grid is policy_v<N> (drawn after update N)
+        assert (out_dir / "samples" / f"policy_v{record['eval_policy_version']}.png").is_file()
+    assert (out_dir / "samples" / f"policy_v{iterations}.png").is_file()
     return records
 
 

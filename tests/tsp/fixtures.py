@@ -40,8 +40,6 @@ def make_engine(cfg: Config, *, flow_model=None, seed: int | None = None) -> Rol
         latent_shape=model.latent_shape(HEIGHT, WIDTH),
         group_size=cfg.algo.group_size,
         seed=cfg.seed if seed is None else seed,
-        timestep_fraction=cfg.algo.timestep_fraction,
-        timestep_selection=cfg.algo.timestep_selection,
-        fast_window=cfg.algo.fast_window,
+        **RolloutEngine.algo_settings(cfg.algo),
         samples_per_forward=cfg.sampler.samples_per_forward,
     )

@@ -69,7 +69,7 @@ def _reference(engine, prompts, ids, iteration, version, step_indices):
     b = len(seeds)
     cond = bundle().text_encoder.encode(prompts).repeat_interleave(g)
     uncond = bundle().text_encoder.negative_condition(1) if sampler.true_cfg else None
-    mask = sde_step_mask(t, step_indices[0], mode=engine.timestep_selection)
+    mask = sde_step_mask(t, step_indices[0], mode=engine.sde_mode)
     chunk = engine.samples_per_forward or b
     x = step_noise(seeds, INITIAL_NOISE_STEP, shape, device="cpu")
     xs, logps = [x], []
