@@ -100,6 +100,8 @@ MIX_SCHEDULES = ("progressive", "random")
 #: ``algo.mix_ode_solver``: the ODE solver after MixGRPO's window (dpm2 = MixGRPO-Flash's DPM-Solver++ 2M)
 MIX_ODE_SOLVERS = ("euler", "dpm2")
 TRAINER_MODES = ("lora", "full")
+#: ``trainer.sharding``: how FSDP2 shards a full fine-tune over the trainer ranks (digenrl/rules/schedule.py)
+TRAINER_SHARDINGS = ("flat", "hybrid")
 TRAINER_BACKENDS = ("auto", "none", "ddp", "fsdp2", "deepspeed")
 NONFINITE_ACTIONS = ("stop", "skip")
 #: ZeRO stages of trainer.backend=deepspeed (3 partitions parameters too; docs/design.md §3)
@@ -220,6 +222,9 @@ class TrainerConfig:
     """How the policy is updated."""
 
     mode: str = field(default="lora", metadata=among(TRAINER_MODES))
+    # full fine-tuning with FSDP2: flat = shard over every trainer rank; hybrid = shard inside each node and
+    # replicate across nodes (HSDP: per-micro-batch gathers stay on NVLink, one gradient all-reduce per step)
+    sharding: str = field(default="flat", metadata=among(TRAINER_SHARDINGS))
     lora_rank: int = field(default=32, metadata=within(1, 65536))
     lora_alpha: int = field(default=64, metadata=within(1, 1_000_000))
     lora_targets: list[str] | None = None  # None = the family's attention projections

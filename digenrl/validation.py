@@ -202,6 +202,12 @@ KNOB_RULES: tuple[KnobRule, ...] = (
         lambda cfg: cfg.trainer.mode == "lora",
     ),
     KnobRule(
+        ("trainer.sharding",),
+        "with trainer.mode=full (FSDP2 shards a full fine-tune; a LoRA adapter is replicated)",
+        ("trainer.mode",),
+        lambda cfg: cfg.trainer.mode == "full",
+    ),
+    KnobRule(
         ("trainer.deepspeed_stage",),
         "with trainer.backend=deepspeed",
         ("trainer.backend",),
@@ -406,6 +412,27 @@ def validate_config(cfg: Config, world_size: int | None = None) -> None:
         )
     if world_size is not None:
         get_system(cfg.system).check(cfg, world_size)
+    if cfg.trainer.sharding == "hybrid":
+        check_hybrid_sharding(cfg, profile, world_size)
+
+
+def check_hybrid_sharding(cfg: Config, profile: HardwareProfile, world_size: int | None) -> None:
+    """``trainer.sharding=hybrid``: the trainer ranks must span two or more nodes with the same count on
+    each (digenrl/rules/schedule.py); the simulator and the planner price it, and the runtime says plainly
+    that it does not run it yet (its FSDP2 backend shards over the whole trainer group)."""
+    from digenrl.plan import RunPlan
+    from digenrl.rules.schedule import hybrid_sharding_problem
+
+    if world_size is not None:
+        ranks = RunPlan.from_config(cfg, profile).trainer_ranks(world_size)
+        problem = hybrid_sharding_problem(ranks, profile.node_of)
+        if problem:
+            raise ConfigError(problem)
+    raise ConfigError(
+        "trainer.sharding=hybrid (shard inside a node, replicate across nodes) is priced by the simulator "
+        "and the planner (python experiments/simulate.py plan), but run_train.py's FSDP2 backend shards over "
+        "the whole trainer group so far; use trainer.sharding=flat"
+    )
 
 
 def hardware_profile(cfg: Config) -> HardwareProfile:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -36,13 +36,20 @@ from digenrl.config import (
     TAG_POLICIES,
     TRAIN_ORDERS,
     TRAINER_BACKENDS,
+    TRAINER_SHARDINGS,
     Config,
     ConfigError,
 )
 from digenrl.data.rank_shares import RankShare, rank_shares, split_backend_conflict
 from digenrl.gap.fragments import FragmentPlan
 from digenrl.plan.workload import Workload
-from digenrl.rules import fragment_size, resolve_switch, separate_pools, staleness_lag
+from digenrl.rules import (
+    fragment_size,
+    hybrid_sharding_problem,
+    resolve_switch,
+    separate_pools,
+    staleness_lag,
+)
 
 #: How a colocated schedule shares the logical batch (``colocated.split``, digenrl/data/rank_shares.py).
 WORK_SPLITS = COLOCATED_SPLITS
@@ -92,7 +99,9 @@ class RunPlan:
     Every system: ``profile`` (the config's ``profile`` string, "" = not given) and its ``world_size``
     (0 = not given); ``share_device`` (``runtime.share_device``); ``trainer_backend`` /
     ``deepspeed_stage`` (how the trainer pool shards, ``trainer.backend``; ``auto`` = FSDP2 for a full
-    fine-tune on several trainers); ``micro_batch_size`` / ``activation_checkpointing`` /
+    fine-tune on several trainers); ``trainer_sharding`` (``trainer.sharding``: ``hybrid`` shards a full
+    fine-tune inside each node and replicates across nodes, :func:`digenrl.rules.schedule.shard_group`);
+    ``micro_batch_size`` / ``activation_checkpointing`` /
     ``samples_per_forward`` (None = the workload's ``trainer.micro_batch_size`` /
     ``trainer.activation_checkpointing`` / ``sampler.samples_per_forward``; a run's plan holds the values;
     the planner lowers them where memory requires, :mod:`digenrl.planning.memory`).
@@ -122,6 +131,7 @@ class RunPlan:
     scorers: int = 0
     share_device: bool = False
     trainer_backend: str = "auto"
+    trainer_sharding: str = "flat"
     deepspeed_stage: int = 2
     micro_batch_size: int | None = None
     activation_checkpointing: bool | None = None
@@ -189,6 +199,7 @@ class RunPlan:
             ("work_split", WORK_SPLITS),
             ("tag_policy", TAG_POLICIES),
             ("trainer_backend", TRAINER_BACKENDS),
+            ("trainer_sharding", TRAINER_SHARDINGS),
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(
@@ -213,6 +224,8 @@ class RunPlan:
         }
         if cfg.trainer.backend == "deepspeed":
             knobs["deepspeed_stage"] = cfg.trainer.deepspeed_stage
+        if cfg.trainer.sharding != "flat":
+            knobs["trainer_sharding"] = cfg.trainer.sharding
         if cfg.system in COLOCATED_SYSTEMS:
             knobs |= {"train_resident": cfg.residency.train_resident, "work_split": cfg.colocated.split}
             if cfg.system == "colocated-sync":  # colocated-overlap keeps the reward resident
@@ -270,6 +283,8 @@ class RunPlan:
             out["trainer.backend"] = self.trainer_backend
         if self.trainer_backend == "deepspeed":
             out["trainer.deepspeed_stage"] = self.deepspeed_stage
+        if self.trainer_sharding != "flat":
+            out["trainer.sharding"] = self.trainer_sharding
         for key, value in (
             ("trainer.micro_batch_size", self.micro_batch_size),
             ("trainer.activation_checkpointing", self.activation_checkpointing),
@@ -388,6 +403,8 @@ class RunPlan:
             out.append(f"weight_sync_interval={self.weight_sync_interval}")
         if not self.reap_before_launch:
             out.append("reap_before_launch=False")
+        if self.trainer_sharding == "hybrid":
+            out.append("trainer.sharding=hybrid (priced here; the runtime's FSDP2 shards flat so far)")
         return out
 
     @property
@@ -455,11 +472,28 @@ class RunPlan:
         w = self.effective_workload(workload)
         return rank_shares(w.prompts_per_iteration, w.group_size, speeds, w.micro_batch_size, self.work_split)
 
-    def check(self, world_size: int, workload: Workload, speeds: Sequence[float] | None = None) -> None:
+    def check(
+        self,
+        world_size: int,
+        workload: Workload,
+        speeds: Sequence[float] | None = None,
+        node_of: Callable[[int], int] | None = None,
+    ) -> None:
         """Raise ValueError if the plan cannot run ``workload`` on ``world_size`` devices (the runtime's
         start-up checks that a plan can violate: ``digenrl/systems/colocated_sync.py`` and
         ``digenrl/systems/digenrl_system.py`` ``check``). ``speeds``: each rank's ``relative_speed``
-        (None: all equal), which the speed split reads."""
+        (None: all equal), which the speed split reads; ``node_of``: each rank's node (the profile's
+        ``node_of``), which hybrid sharding reads."""
+        if self.trainer_sharding == "hybrid":
+            if workload.trainer_mode != "full":
+                raise ValueError(
+                    "trainer.sharding=hybrid shards a full fine-tune (FSDP2); a LoRA run replicates its "
+                    "adapter, so use trainer.sharding=flat (the default) with trainer.mode=lora"
+                )
+            if node_of is not None:
+                problem = hybrid_sharding_problem(self.trainer_ranks(world_size), node_of)
+                if problem:
+                    raise ValueError(problem)
         p = workload.prompts_per_iteration
         if self.colocated:
             try:
@@ -589,6 +623,8 @@ class RunPlan:
             knobs.append(f"micro-batch {self.micro_batch_size}")
         if self.activation_checkpointing:
             knobs.append("activation ckpt")
+        if self.trainer_sharding != "flat":
+            knobs.append(f"{self.trainer_sharding} sharding")
         if self.samples_per_forward:
             knobs.append(f"{self.samples_per_forward} samples/forward")
         return knobs

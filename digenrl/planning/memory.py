@@ -31,6 +31,7 @@ from digenrl.costs.cost_model import CFG_KEYS, CostModel
 from digenrl.costs.device_costs import DeviceCosts
 from digenrl.plan import RunPlan
 from digenrl.plan.workload import Workload
+from digenrl.rules.schedule import shard_group
 from digenrl.runtime.profiles import HardwareProfile
 
 GIB = 2**30
@@ -203,7 +204,7 @@ def _loads(plan: RunPlan, w: Workload, profile: HardwareProfile, choice: tuple) 
                 share.micro_batch_size,
                 ckpt,
                 cap(batch),
-                world,
+                len(shard_group(range(world), rank, profile.node_of, plan.trainer_sharding)),
                 train_res,
                 reward_res,
             )
@@ -221,7 +222,7 @@ def _loads(plan: RunPlan, w: Workload, profile: HardwareProfile, choice: tuple) 
         mb,
         ckpt,
         gen_batch if tag else 0,
-        len(trainers),
+        len(shard_group(trainers, trainers[0], profile.node_of, plan.trainer_sharding)),
         grads_while_generating=tag and not plan.park_grads,
     )
     generator = RankLoad("generator", False, True, gen_batch=gen_batch)

@@ -241,15 +241,28 @@ class Planner:
         if plan in self._scores:
             return self._scores[plan]
         score = self._search_tag_budget(plan) if plan.searches_tag_budget else self._score_exact(plan)
+        if self._searches_sharding(plan):
+            # trainer.sharding: a full fine-tune across nodes also tries hybrid sharding (shard inside a
+            # node, replicate across nodes); the better plan is the score, flat kept on a tie
+            hybrid = self.score(plan.with_(trainer_sharding="hybrid"))
+            if hybrid is not None and (score is None or hybrid.samples_per_s > score.samples_per_s):
+                score = hybrid
         self._scores[plan] = score
         return score
+
+    def _searches_sharding(self, plan: RunPlan) -> bool:
+        return (
+            plan.trainer_sharding == "flat"
+            and self.workload.trainer_mode == "full"
+            and self.profile.num_nodes > 1
+        )
 
     def _score_exact(self, plan: RunPlan) -> PlanScore | None:
         if plan in self._scores:
             return self._scores[plan]
         score = None
         try:
-            plan.check(self.world, self.workload, self.profile.relative_speeds)
+            plan.check(self.world, self.workload, self.profile.relative_speeds, self.profile.node_of)
         except ValueError as error:
             self.invalid[plan.describe()] = str(error)
         else:

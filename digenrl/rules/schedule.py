@@ -4,7 +4,7 @@ and TAG's budget search (docs/design.md §3). Torch-free: the simulator and the 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -128,3 +128,54 @@ def trained_step_count(algo: AlgoConfig, num_steps: int) -> int:
     if algo.name == "flowgrpo" and algo.timestep_selection == "fast-window":
         return algo.fast_window
     return max(1, int(num_steps * algo.timestep_fraction))
+
+
+def shard_group(
+    ranks: Sequence[int], rank: int, node_of: Callable[[int], int], sharding: str
+) -> tuple[int, ...]:
+    """The trainer ranks among which ``rank``'s FSDP2 shards its weights, gradients and optimizer state:
+    every one of ``ranks`` (``trainer.sharding=flat``), or those on ``rank``'s node (``hybrid``: HSDP,
+    shard within a node and replicate across nodes, so each micro-batch's all-gathers and reduce-scatters
+    stay on the node's links and only one gradient all-reduce per step crosses nodes; PyTorch FSDP2
+    ``fully_shard`` on a 2-D device mesh)."""
+    if sharding == "flat":
+        return tuple(ranks)
+    node = node_of(rank)
+    return tuple(r for r in ranks if node_of(r) == node)
+
+
+def replica_group(
+    ranks: Sequence[int], rank: int, node_of: Callable[[int], int], sharding: str
+) -> tuple[int, ...]:
+    """The ranks holding the same shard as ``rank`` on the other nodes (``hybrid``; flat: ``rank`` alone):
+    the group of the once-per-step gradient all-reduce."""
+    if sharding == "flat":
+        return (rank,)
+    position = shard_group(ranks, rank, node_of, sharding).index(rank)
+    nodes = sorted({node_of(r) for r in ranks})
+    out = []
+    for node in nodes:
+        local = [r for r in ranks if node_of(r) == node]
+        if position < len(local):
+            out.append(local[position])
+    return tuple(out)
+
+
+def hybrid_sharding_problem(ranks: Sequence[int], node_of: Callable[[int], int]) -> str | None:
+    """Why ``trainer.sharding=hybrid`` cannot shard ``ranks`` (None: it can): HSDP needs at least two nodes
+    and the same number of trainer ranks on each (a 2-D mesh)."""
+    per_node: dict[int, int] = {}
+    for r in ranks:
+        per_node[node_of(r)] = per_node.get(node_of(r), 0) + 1
+    if len(per_node) < 2:
+        return (
+            "trainer.sharding=hybrid shards inside a node and replicates across nodes, but the trainer ranks "
+            "are on one node; use trainer.sharding=flat (the same thing on one node)"
+        )
+    if len(set(per_node.values())) > 1:
+        counts = ", ".join(f"node {n}: {c}" for n, c in sorted(per_node.items()))
+        return (
+            f"trainer.sharding=hybrid needs the same number of trainer ranks on every node ({counts}); "
+            "choose pools whose trainers divide evenly over the nodes, or trainer.sharding=flat"
+        )
+    return None

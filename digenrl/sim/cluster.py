@@ -47,6 +47,7 @@ class SimCluster:
         self.profile = profile
         self.costs = costs
         self.workload = workload
+        self.trainer_sharding = "flat"  # trainer.sharding of the plan (sim/training.py shard groups)
         self.sim = Simulation()
         self.net = Network(profile)
         self.log = SpanLog(roles)

@@ -49,7 +49,7 @@ class GeneratorWeights:
         if seconds > 0:
             seconds += cost.message_latency_s
         if sharded(cluster, self.trainers):
-            seconds += fsdp_gather_s(cluster, self.trainers, cost.weight_sync_bytes)
+            seconds += fsdp_gather_s(cluster, self.trainers, cost.weight_sync_bytes, self.source)
         start, end = cluster.net.reserve_group(cluster.now, ranks, seconds)
         self._sync_start[version] = start
         if end > start:

@@ -132,7 +132,7 @@ def simulate(
     profile = load_profile(profile) if isinstance(profile, str) else profile
     device_costs = costs if isinstance(costs, DeviceCosts) else DeviceCosts(profile, costs)
     workload = plan.effective_workload(workload)
-    plan.check(profile.world_size, workload, profile.relative_speeds)
+    plan.check(profile.world_size, workload, profile.relative_speeds, profile.node_of)
     if plan.system == "separate-async" and plan.max_inflight != 1:
         raise ValueError(
             f"the simulator models separate-async with max_inflight 1 (UniRL's), not {plan.max_inflight}"
@@ -176,6 +176,7 @@ def _simulate_once(
     profile: HardwareProfile, costs: DeviceCosts, workload: Workload, plan: RunPlan
 ) -> SimResult:
     cluster = SimCluster(profile, costs, workload, _roles(profile, plan))
+    cluster.trainer_sharding = plan.trainer_sharding
     info = SCHEDULES[plan.system](cluster, plan) or {}
     makespan = cluster.sim.run()
     missing = [k for k in range(workload.iterations) if k not in cluster.iteration_end]

@@ -8,7 +8,11 @@
 * :func:`micro_batch_s`: one micro-batch's forward + backward (:meth:`Workload.micro_batch_s`); with full
   fine-tuning sharded over a group of ranks, FSDP2 gathers the weights for the forward and again for the
   backward and reduce-scatters the gradients, three ring passes of ``param_bytes`` per micro-batch,
-  prefetched under the compute (the micro-batch takes the longer of the two).
+  prefetched under the compute (the micro-batch takes the longer of the two). The ring spans the rank's
+  shard group (:func:`digenrl.rules.schedule.shard_group`): every trainer rank with
+  ``trainer.sharding=flat``, the trainer ranks of its node with ``hybrid`` (HSDP), whose replicas add one
+  all-reduce of their gradient shard across nodes per step (:func:`optimizer_s`: FSDP2 with the
+  cross-replica reduction deferred to the step, as the runtime runs it).
 * :func:`generation_s`: a rank's denoising steps; a colocated rank of a sharded full fine-tune generates
   with the sharded model, so every forward gathers the weights once (the gather of FSDP shards for
   generation that a colocated system pays and a dedicated generator, holding whole weights, does not).
@@ -19,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from digenrl.data.micro_batches import split_units
+from digenrl.rules.schedule import replica_group, shard_group
 from digenrl.sim.cluster import SimCluster
 
 
@@ -27,9 +32,17 @@ def sharded(cluster: SimCluster, group: Sequence[int]) -> bool:
     return cluster.workload.trainer_mode == "full" and len(group) > 1
 
 
-def fsdp_gather_s(cluster: SimCluster, group: Sequence[int], nbytes: float) -> float:
-    """One ring all-gather (or reduce-scatter) of ``nbytes`` over ``group``: (n−1)/n of the bytes over the
-    slowest ring link (nccl-tests PERFORMANCE.md)."""
+def shards_of(cluster: SimCluster, rank: int, group: Sequence[int]) -> tuple[int, ...]:
+    """The ranks ``rank``'s FSDP2 shards span within trainer ``group`` (flat: all; hybrid: its node's)."""
+    return shard_group(group, rank, cluster.profile.node_of, cluster.trainer_sharding)
+
+
+def fsdp_gather_s(cluster: SimCluster, group: Sequence[int], nbytes: float, rank: int | None = None) -> float:
+    """One ring all-gather (or reduce-scatter) of ``nbytes`` over ``group`` — over ``rank``'s shard group
+    within it when ``rank`` is given (hybrid sharding: its node) —: (n−1)/n of the bytes over the slowest
+    ring link (nccl-tests PERFORMANCE.md)."""
+    if rank is not None:
+        group = shards_of(cluster, rank, group)
     n = len(set(group))
     if n < 2 or nbytes == 0:
         return 0.0
@@ -42,7 +55,7 @@ def micro_batch_s(cluster: SimCluster, rank: int, group: Sequence[int], units: i
     compute = w.micro_batch_s(cluster.cost(rank), units)
     if not units or not sharded(cluster, group):
         return compute
-    return max(compute, 3 * fsdp_gather_s(cluster, group, cluster.cost(rank).param_bytes))
+    return max(compute, 3 * fsdp_gather_s(cluster, group, cluster.cost(rank).param_bytes, rank))
 
 
 def generation_s(
@@ -56,15 +69,21 @@ def generation_s(
         return w.generation_s(cost, samples, steps)
     chunk = w.samples_per_forward or samples
     full, rest = divmod(samples, chunk)
-    gather = fsdp_gather_s(cluster, group, cost.param_bytes)
+    gather = fsdp_gather_s(cluster, group, cost.param_bytes, rank)
     step = full * max(w.step_s(cost, chunk), gather) + (max(w.step_s(cost, rest), gather) if rest else 0.0)
     return (w.num_steps if steps is None else steps) * step
 
 
 def optimizer_s(cluster: SimCluster, rank: int, group: Sequence[int]) -> float:
-    """The optimizer step of ``rank``: each rank of a sharded full fine-tune steps its shard only."""
-    seconds = cluster.cost(rank).optimizer_step_s
-    return seconds / len(group) if sharded(cluster, group) else seconds
+    """The optimizer step of ``rank``: each rank of a sharded full fine-tune steps its shard only; with
+    hybrid sharding the shard's gradient is first all-reduced over its replicas on the other nodes."""
+    cost = cluster.cost(rank)
+    if not sharded(cluster, group):
+        return cost.optimizer_step_s
+    shards = shards_of(cluster, rank, group)
+    replicas = replica_group(group, rank, cluster.profile.node_of, cluster.trainer_sharding)
+    reduce = cluster.net.allreduce_s(replicas, cost.grad_bytes / len(shards))
+    return cost.optimizer_step_s / len(shards) + reduce
 
 
 def units_s(
