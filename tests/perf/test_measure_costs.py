@@ -54,4 +54,6 @@ def test_plan_cli_plans_from_the_measured_file(measured, capsys):
     assert simulate.main(["plan", "--profile", "cpu-4", "--costs", str(measured), "--baselines"]) == 0
     printed = capsys.readouterr().out
     assert "best:" in printed and "runner-up:" in printed and "colocated-sync" in printed
-    assert "run it: python experiments/run_train.py system=" in printed
+    line = next(x for x in printed.splitlines() if "run it:" in x)  # a complete command (issue 33)
+    assert line.split("run it: ")[1].startswith("python experiments/run_train.py model.name=tiny-sd3 ")
+    assert " system=" in line and " profile=cpu-4" in line
