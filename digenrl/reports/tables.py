@@ -23,7 +23,8 @@ Scenarios (:func:`scenarios`): LoRA post-training of SD3.5-medium, FLUX.1-dev, Q
 HunyuanVideo at each model's default resolution, plus where disaggregation can matter — full fine-tuning of
 FLUX.1-dev (12 B) and FLUX.1-dev with a 7 B vision-language reward model. Costs come from the measured H200
 files, carried where nothing measured the configuration (:mod:`digenrl.costs.extrapolation`), then to each
-profile's device types by ``relative_speed``.
+profile's device types by ``relative_speed`` — except a type with a measured file of its own (the H100's
+SD3.5-medium and FLUX.1-dev files), which is used as measured (:func:`measured_types`).
 
 Tables are written in the ``paper_figures`` results-table format (``paper_figures/README.md``; extra
 columns are kept and ignored by the plots): ``<stem>.csv`` with a ``#`` header (command, date) and
@@ -49,7 +50,7 @@ from digenrl.planning.planner import Planner, PlannerResult, PlanScore
 from digenrl.reports.folders import Folders
 from digenrl.runtime.profiles import HardwareProfile, NodeGroup, load_profile
 
-PROFILES = ("a100-16", "h800-32", "hetero-h100-a100-16")
+PROFILES = ("a100-16", "h800-32", "hetero-h100-a100-16", "hetero-h100-h200-16")
 #: relative_speed 1.0: the reference device of every profile (digenrl/runtime/hardware_profiles/)
 REFERENCE_DEVICE = "h200"
 #: --quick: the CPU-measured tiny model (seconds to simulate; tests), from its cost file on ``cpu``.
@@ -195,17 +196,37 @@ def scenario_costs(scenario: Scenario, folders: Folders, cost_file: Path | None 
     return ModelCosts(costs, folders.relative(path), tuple(audit(costs, scenario.workload, expected)))
 
 
+def measured_types(profile: HardwareProfile, scenario: Scenario, folders: Folders) -> dict[str, CostModel]:
+    """The scenario's cost model per device type of ``profile`` that has a measured file of its own
+    (``<type>-<model>.json`` beside the H200 one, e.g. ``h100-sd3.5-medium.json``), carried to the scenario
+    as the H200 file is (:func:`scenario_costs`)."""
+    out = {}
+    model = CARRIED_FROM.get(scenario.model, scenario.model)
+    for name in profile.gpu_types:
+        path = cost_path(name, model, folders.costs)
+        if name != REFERENCE_DEVICE and path.is_file():
+            out[name] = replace(scenario_costs(scenario, folders, path).costs, device=name)
+    return out
+
+
 def _frames(model: str) -> int | None:
     return rollout_defaults(model).frames
 
 
-def device_costs(profile: HardwareProfile, costs: CostModel) -> DeviceCosts:
-    """Carry an H200 cost model to every device type of ``profile`` by ``relative_speed`` (H200 = 1.0),
-    the same rule :class:`DeviceCosts` applies inside one profile."""
+def device_costs(
+    profile: HardwareProfile, costs: CostModel, measured: dict[str, CostModel] | None = None
+) -> DeviceCosts:
+    """The cost model of every device type of ``profile``: a type's own measured file where ``measured``
+    has one (no scaling between types: comparative advantage per phase is what was measured), else the
+    H200 model carried by ``relative_speed`` (H200 = 1.0), the rule :class:`DeviceCosts` applies inside
+    one profile."""
+    measured = measured or {}
     by_type = {}
     for name, gpu in profile.gpu_types.items():
         if name == costs.device:
             by_type[name] = costs
+        elif name in measured:
+            by_type[name] = measured[name]
         else:
             factor = 1.0 / gpu.relative_speed
             by_type[name] = costs.scaled(factor, factor, name)
@@ -543,7 +564,9 @@ def throughput_rows(
     start = time.perf_counter()
     profile = load_profile(profile_name)
     mc = scenario_costs(scenario, folders, cost_file)
-    comparison = compare(profile, device_costs(profile, mc.costs), scenario.workload, max_stages=max_stages)
+    measured = {} if cost_file is not None else measured_types(profile, scenario, folders)
+    costs = device_costs(profile, mc.costs, measured)
+    comparison = compare(profile, costs, scenario.workload, max_stages=max_stages)
     rows = comparison_rows(comparison, profile, scenario, mc, "main")
     for row in rows:
         row["model"] = f"{scenario.label} @ {profile_name}"
