@@ -5,6 +5,7 @@
     python experiments/simulate.py scaling [--regenerate]        # strong scaling, 8..32 GPUs
     python experiments/simulate.py split [--regenerate]          # generator : trainer split
     python experiments/simulate.py validate RUN_DIR [RUN_DIR ...]  # predicted vs measured, per phase
+    python experiments/simulate.py memory RUN_DIR [RUN_DIR ...]    # estimated vs measured peak memory
 
 ``python experiments/simulate.py COMMAND --help`` describes each (digenrl/reports/cli.py). Tables go to
 ``runs/simulate/<name>`` unless ``--out`` says otherwise; ``--regenerate`` rewrites the committed one in

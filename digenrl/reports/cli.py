@@ -369,6 +369,31 @@ def validate(argv: list[str] | None, folders: Folders) -> int:
     return 0
 
 
+def memory(argv: list[str] | None, folders: Folders) -> int:
+    """The planner's memory estimate of each RUN_DIR's first rank against the run's measured peak
+    (digenrl/reports/memory_check.py)."""
+    from digenrl.reports.memory_check import memory_row, report_markdown
+
+    p = _parser("memory", memory.__doc__)
+    p.add_argument(
+        "run_dirs", nargs="+", type=Path, help="out_dir of real GPU runs (config.yaml, metrics.jsonl)"
+    )
+    p.add_argument("--profile", default=None, help="the profile the runs ran on, where they recorded auto")
+    p.add_argument("--name", default="memory", help="report file stem")
+    p.add_argument("--out", type=Path, default=None, help="report folder (default: runs/simulate/memory)")
+    p.add_argument("--regenerate", action="store_true", help="write experiments/results/memory")
+    args = p.parse_args(argv)
+    out = _out(args, "memory", folders)
+    rows = [memory_row(d, folders.costs, args.profile) for d in args.run_dirs]
+    text = report_markdown(rows, _command("memory", argv))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{args.name}.md").write_text(text)
+    (out / f"{args.name}.json").write_text(json.dumps({"rows": rows}, indent=2) + "\n")
+    print(text)
+    print(f"[memory] wrote {out / (args.name + '.md')} and .json")
+    return 0
+
+
 # ----------------------------------------------------------------------------- measure.py missing
 
 
@@ -404,6 +429,7 @@ COMMANDS: dict[str, Callable[[list[str] | None, Folders], int]] = {
     "scaling": scaling,
     "split": split,
     "validate": validate,
+    "memory": memory,
 }
 
 
