@@ -782,10 +782,16 @@ def save_config(cfg: Config, path: str | Path, *, run_id: str | None = None) -> 
     """Write ``cfg`` as YAML (atomically: a crash leaves the old file or the new one). ``run_id`` goes into
     a leading comment, so the file still loads as a config (``--config out_dir/config.yaml``)."""
     path = Path(path)
-    header = f"{RUN_ID_HEADER}{run_id}\n" if run_id else ""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(header + yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    tmp.write_text(config_yaml(cfg, run_id=run_id))
     tmp.replace(path)
+
+
+def config_yaml(cfg: Config, *, run_id: str | None = None) -> str:
+    """``cfg`` as the YAML text :func:`save_config` writes (a run's own ``config.yaml`` is written from it
+    without following links, digenrl/runtime/run_files.py)."""
+    header = f"{RUN_ID_HEADER}{run_id}\n" if run_id else ""
+    return header + yaml.safe_dump(cfg.to_dict(), sort_keys=False)
 
 
 # --------------------------------------------------------------------------- run identity

@@ -194,6 +194,8 @@ def _require_shared_out_dir(out_dir: str, ctx: DistContext, timeout_s: float) ->
 
     import torch.distributed as dist
 
+    from digenrl.runtime.run_files import ensure_dir, open_new
+
     store = dist.distributed_c10d._get_default_store()
     # One key per torchrun attempt: an elastic restart reuses the store and must not read an old token.
     key = f"digenrl/shared-out-dir-token/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
@@ -201,8 +203,9 @@ def _require_shared_out_dir(out_dir: str, ctx: DistContext, timeout_s: float) ->
     marker = Path(out_dir) / f".shared-check-{token}"
     try:
         if ctx.rank == 0:
-            Path(out_dir).mkdir(parents=True, exist_ok=True)
-            marker.write_text(token)
+            ensure_dir(out_dir)
+            with open_new(marker) as stream:
+                stream.write(token.encode())
             store.set(key, token)
         else:
             marker = Path(out_dir) / f".shared-check-{store.get(key).decode()}"

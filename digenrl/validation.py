@@ -553,7 +553,59 @@ def check_files(cfg: Config) -> None:
                 )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    check_out_dir(cfg.out_dir)
     check_writable_dir("out_dir", cfg.out_dir)
+
+
+def check_out_dir(out_dir: str) -> None:
+    """``out_dir`` is a folder of its own: not a literal ``~`` path (quoted, so the shell did not expand
+    it: the run would create a folder named ``~``), not the file system root, and not inside another run's
+    folder (one holding a run's ``config.yaml``, or the run lock beside a run file: an ``overwrite`` or a
+    checkpoint clean-up of that run would delete this one)."""
+    if out_dir.startswith("~"):
+        raise ConfigError(
+            f"out_dir={out_dir!r} starts with a literal '~', which is not expanded here (the run would "
+            f"create a folder named '~'); write the full path, e.g. out_dir={os.path.expanduser(out_dir)!r}"
+        )
+    resolved = Path(out_dir).resolve()
+    if resolved == Path(resolved.anchor):
+        raise ConfigError(
+            f"out_dir={out_dir!r} is the file system root; a run writes and may delete its files there. "
+            "Choose a folder of its own, e.g. out_dir=runs/my-run"
+        )
+    for ancestor in resolved.parents:
+        evidence = _run_folder_evidence(ancestor)
+        if evidence:
+            raise ConfigError(
+                f"out_dir={out_dir!r} lies inside the folder of another run, {ancestor} (it holds "
+                f"{evidence}); that run's overwrite or checkpoint clean-up could delete this one. Choose an "
+                "out_dir outside it"
+            )
+
+
+def _run_folder_evidence(folder: Path) -> str:
+    """What marks ``folder`` as a run's folder ("" if nothing): its lock or a run's resolved
+    ``config.yaml`` (first line names the run) beside what a run logs (``metrics.jsonl``, ``events/``,
+    ``checkpoints/``). One marker alone is not enough: other tools keep ``.lock`` files, and a resolved
+    config is often copied elsewhere to start a new run from."""
+    from digenrl.config import RUN_ID_HEADER
+    from digenrl.runtime.run_lock import LOCK_FILE
+    from digenrl.trainer.run_dir import CHECKPOINT_DIR, CONFIG_FILE, EVENTS_SUBDIR, METRICS_FILE
+
+    try:
+        logged = [name for name in (METRICS_FILE, EVENTS_SUBDIR, CHECKPOINT_DIR) if (folder / name).exists()]
+        if not logged:
+            return ""
+        if (folder / LOCK_FILE).is_file():
+            return f"{LOCK_FILE} and {logged[0]}"
+        config = folder / CONFIG_FILE
+        if config.is_file():
+            with config.open("rb") as stream:
+                if stream.readline().startswith(RUN_ID_HEADER.encode()):
+                    return f"a run's {CONFIG_FILE} and {logged[0]}"
+    except OSError:
+        return ""
+    return ""
 
 
 def check_evaluation(cfg: Config) -> None:

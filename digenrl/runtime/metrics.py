@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 from digenrl.config import LoggerConfig
+from digenrl.runtime.run_files import ensure_dir, open_append, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +121,7 @@ class MetricsWriter:
         self.tensorboard = tensorboard if is_writer else None
         self.wandb = wandb if is_writer else None
         if is_writer:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            ensure_dir(self.path.parent)
             kept = (
                 [r for r in read_metrics(out_dir) if r["iteration"] < start_iteration]
                 if start_iteration
@@ -138,8 +139,8 @@ class MetricsWriter:
             raise KeyError(f"metrics record lacks {missing}")
         record = {**record, "run_id": self.run_id} if self.run_id is not None else record
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
-        with self.path.open("a") as f:
-            f.write(json.dumps(clean) + "\n")
+        with open_append(self.path) as f:
+            f.write((json.dumps(clean) + "\n").encode())
         numbers = {
             k: v
             for k, v in clean.items()
@@ -228,9 +229,7 @@ def read_metrics(out_dir: str | Path) -> list[dict[str, Any]]:
 
 def _replace(path: Path, records: list[dict[str, Any]]) -> None:
     """Write ``records`` as the whole file, atomically."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
-    tmp.replace(path)
+    write_atomic(path, "".join(json.dumps(r) + "\n" for r in records))
 
 
 def add_event_summary(out_dir: str | Path) -> None:

@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from digenrl.config import ConfigError
+from digenrl.runtime.run_files import ensure_dir, open_regular
 
 LOCK_FILE = ".lock"
 #: The environment variable that hands the launcher's lock token to the workers it starts.
@@ -45,7 +46,7 @@ class RunLock:
         if self.fd is not None:
             _write(self.fd, self.info)
         else:  # the launcher holds the lock and waits for us; its record gets the id
-            fd = os.open(self.path, os.O_WRONLY)
+            fd = open_regular(self.path, os.O_WRONLY)
             try:
                 _write(fd, self.info)
             finally:
@@ -74,8 +75,14 @@ def _write(fd: int, info: dict) -> None:
 
 def _read(path: Path) -> dict:
     try:
-        info = json.loads(path.read_text() or "{}")
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        fd = open_regular(path, os.O_RDONLY)
+    except (OSError, ConfigError):
+        return {}
+    with os.fdopen(fd, "rb") as stream:
+        raw = stream.read(1 << 16)
+    try:
+        info = json.loads(raw.decode() or "{}")
+    except (UnicodeDecodeError, json.JSONDecodeError):
         return {}
     return info if isinstance(info, dict) else {}
 
@@ -94,8 +101,8 @@ def acquire_run_lock(out_dir: str | Path) -> tuple[RunLock, str]:
     path = Path(out_dir).resolve() / LOCK_FILE
     if path in _HELD:
         return _HELD[path], ""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    ensure_dir(path.parent)
+    fd = open_regular(path, os.O_RDWR | os.O_CREAT)  # a link, FIFO or folder there is refused
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

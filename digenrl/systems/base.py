@@ -19,7 +19,7 @@ from typing import ClassVar
 
 import torch
 
-from digenrl.config import Config, save_config
+from digenrl.config import Config, config_yaml
 from digenrl.rollout.evaluate import EvalPhases, EvalResult, eval_schedule
 from digenrl.runtime.distributed import DistContext
 from digenrl.runtime.events import agree_clock_origin, merge_chrome_trace
@@ -27,6 +27,7 @@ from digenrl.runtime.fault_injection import inject_fault
 from digenrl.runtime.iteration_profile import profiled_iteration
 from digenrl.runtime.metrics import add_event_summary, read_metrics
 from digenrl.runtime.policy_version import PolicyVersion
+from digenrl.runtime.run_files import write_atomic
 from digenrl.runtime.run_report import closing_summary, start_banner
 from digenrl.runtime.sample_grid import grid_path, write_sample_grid
 from digenrl.runtime.telemetry import GpuTelemetry
@@ -209,7 +210,7 @@ class System:
                 )
             start = self.restore(payload)
         if ctx.rank == 0:
-            save_config(cfg, f"{cfg.out_dir}/config.yaml", run_id=run.run_id)
+            write_atomic(f"{cfg.out_dir}/config.yaml", config_yaml(cfg, run_id=run.run_id))
             print(
                 start_banner(cfg, ctx.world_size, self.describe_pools(), self.describe_mechanisms(), run),
                 flush=True,

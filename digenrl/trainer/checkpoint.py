@@ -66,6 +66,7 @@ import torch.distributed as dist
 import yaml
 
 from digenrl.runtime.errors import DistributedTimeoutError
+from digenrl.runtime.run_files import remove_tree, write_atomic
 from digenrl.trainer.checkpoint_files import RNG_GLOBALS, CheckpointError, inside, load_tensors, read_json
 
 CHECKPOINT_DIR = "checkpoints"
@@ -215,8 +216,7 @@ def save_checkpoint(
     tmp = root / f".{step_dir_name(step)}.tmp"
     if is_writer:
         root.mkdir(parents=True, exist_ok=True)
-        if tmp.exists():
-            shutil.rmtree(tmp)  # a previous save of this step that crashed
+        remove_tree(tmp)  # a previous save of this step that crashed (a link there goes, its target stays)
         (tmp / "rng").mkdir(parents=True)
     _barrier(group, f"{tmp.name} created", timeout_s)
     _torch_save_synced(capture_rng_state(), tmp / "rng" / f"rank_{rank}.pt")
@@ -342,8 +342,7 @@ def _publish(
     _fsync_dir(tmp)
     if final.exists():  # re-saving a step (e.g. after a resume): move the old one aside first
         old = root / f".{final.name}.old"
-        if old.exists():
-            shutil.rmtree(old)
+        remove_tree(old)
         os.replace(final, old)
         os.replace(tmp, final)
         shutil.rmtree(old)
@@ -356,10 +355,7 @@ def _publish(
 def point_latest(out_dir: str | Path, step: int) -> None:
     """Make ``latest`` name ``step_<step>`` (atomically: a crash leaves the old pointer or the new one)."""
     root = Path(out_dir) / CHECKPOINT_DIR
-    pointer = root / f".{LATEST}.tmp"
-    pointer.write_text(step_dir_name(step) + "\n")
-    _fsync_file(pointer)
-    os.replace(pointer, root / LATEST)
+    write_atomic(root / LATEST, step_dir_name(step) + "\n", sync=True)
     _fsync_dir(root)
 
 
