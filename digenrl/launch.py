@@ -116,12 +116,16 @@ def main(argv: list[str]) -> int:
 
     from digenrl.runtime.distributed import configured_backend, init_distributed, shutdown_distributed
     from digenrl.runtime.fault_injection import inject_delay
+    from digenrl.runtime.job import exit_with_launcher
     from digenrl.runtime.profiles import load_profile
-    from digenrl.runtime.run_lock import release_run_locks
+    from digenrl.runtime.run_lock import TOKEN_ENV, register_worker, release_run_locks
     from digenrl.runtime.watchdog import end_process, start_watchdog
     from digenrl.systems import get_system
     from digenrl.trainer.run_dir import agree_run_start
 
+    if os.environ.get(TOKEN_ENV):  # a worker of this launcher: live only while it lives, and say so
+        exit_with_launcher()
+        register_worker(cfg.out_dir)
     # the hardware profile says what the devices are: a CPU profile runs gloo on CPUs even where CUDA exists
     if cfg.runtime.deterministic:  # before any CUDA work: cuBLAS reads its workspace setting once
         from digenrl.runtime.determinism import use_deterministic_kernels
