@@ -235,10 +235,17 @@ class RewardConfig:
     timeout_s: float = field(default=60.0, metadata=within(0.0, 86_400.0, low_open=True))
     # further attempts after a connection error, a timeout or a 5xx answer
     retries: int = field(default=2, metadata=within(0, 100))
+    # a file holding the server's bearer token (python -m digenrl.rewards.serve --token-file)
+    token_file: str | None = None
 
     def remote_settings(self) -> dict[str, object]:
         """Constructor settings of the ``remote`` reward (``digenrl/rewards/remote.py``)."""
-        return {"url": self.url, "timeout_s": self.timeout_s, "retries": self.retries}
+        return {
+            "url": self.url,
+            "timeout_s": self.timeout_s,
+            "retries": self.retries,
+            "token_file": self.token_file,
+        }
 
 
 @dataclass

@@ -195,7 +195,7 @@ KNOB_RULES: tuple[KnobRule, ...] = (
         lambda cfg: not cfg.reward.weights or cfg.reward.name in cfg.reward.weights,
     ),
     KnobRule(
-        ("reward.url", "reward.timeout_s", "reward.retries"),
+        ("reward.url", "reward.timeout_s", "reward.retries", "reward.token_file"),
         "with reward=remote (reward.name or one of reward.weights)",
         ("reward.name", "reward.weights"),
         lambda cfg: "remote" in reward_names(cfg),
@@ -455,6 +455,8 @@ def check_remote_reward(cfg: Config) -> None:
     (:data:`KNOB_RULES`), their ranges are declared in :class:`~digenrl.config.RewardConfig`."""
     from urllib.parse import urlsplit
 
+    from digenrl.rewards.remote import read_token_file, url_credentials_problem
+
     if "remote" not in reward_names(cfg):
         return
     url = cfg.reward.url
@@ -468,8 +470,18 @@ def check_remote_reward(cfg: Config) -> None:
         port = parts.port
     except ValueError as exc:
         raise ConfigError(f"reward.url={url!r} is not a valid URL ({exc})") from None
+    problem = url_credentials_problem(url)
+    if problem:
+        raise ConfigError(f"reward.url {problem}")  # the URL itself is not repeated: it holds a secret
     if parts.scheme not in ("http", "https") or not parts.hostname or port is None:
         raise ConfigError(f"reward.url={url!r} must look like http://HOST:PORT (scheme, host and port)")
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"reward.url={url!r}: port {port} is not a TCP port (1-65535)")
+    if cfg.reward.token_file is not None:
+        try:
+            read_token_file(cfg.reward.token_file)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 # ------------------------------------------------------------------------------------- model and files

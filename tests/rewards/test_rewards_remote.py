@@ -145,7 +145,7 @@ def test_metadata_travels_to_the_served_reward() -> None:
 @pytest.mark.slow
 def test_serve_refuses_a_reward_it_cannot_build() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "digenrl.rewards.serve", "--reward", "pickscore", "--port", "0"],
+        [sys.executable, "-m", "digenrl.rewards.serve", "--reward", "pickscore", "--port", str(free_port())],
         cwd=REPO,
         env=train_env(),
         capture_output=True,
