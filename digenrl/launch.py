@@ -119,6 +119,7 @@ def main(argv: list[str]) -> int:
     from digenrl.runtime.job import exit_with_launcher
     from digenrl.runtime.profiles import load_profile
     from digenrl.runtime.run_lock import TOKEN_ENV, register_worker, release_run_locks
+    from digenrl.runtime.stop_request import STOP
     from digenrl.runtime.watchdog import end_process, start_watchdog
     from digenrl.systems import get_system
     from digenrl.trainer.run_dir import agree_run_start
@@ -147,6 +148,7 @@ def main(argv: list[str]) -> int:
         system = get_system(cfg.system)(cfg, ctx, run)
         if watchdog is not None:
             watchdog.follow(system.parts.events)
+        STOP.install()  # SIGTERM: a checkpoint at the end of the iteration, then the end (stop_request.py)
         system.run()
         inject_delay(ctx.rank, "exit")  # robustness tests only: a rank that finishes last
     except BaseException as exc:
@@ -165,7 +167,8 @@ def main(argv: list[str]) -> int:
         watchdog.stop()  # before the process group goes: a finished rank is not a hung one
     shutdown_distributed()
     release_run_locks()  # a clean end (also at interpreter exit; explicit for processes that os._exit)
-    return 0
+    STOP.uninstall()
+    return 0 if STOP.signum is None else 128 + STOP.signum
 
 
 def _node_suffix() -> str:

@@ -38,8 +38,9 @@ from typing import Any
 
 #: Signals the launcher forwards to the job it started.
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-#: Seconds the job's processes get to exit after the forwarded signal before SIGKILL.
-STOP_GRACE_S = 10.0
+#: Seconds the job's processes get to exit after the forwarded signal before SIGKILL: room for a SIGTERM's
+#: final checkpoint (digenrl/runtime/stop_request.py ends a rank that takes longer than 25 s itself).
+STOP_GRACE_S = 30.0
 #: The environment variable naming the launcher (``<pid>:<start time>``) to the workers it starts.
 LAUNCHER_ENV = "DIGENRL_LAUNCHER"
 #: Seconds between a worker's looks at whether its launcher is still alive.

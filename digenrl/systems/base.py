@@ -30,6 +30,7 @@ from digenrl.runtime.policy_version import PolicyVersion
 from digenrl.runtime.run_files import write_atomic
 from digenrl.runtime.run_report import closing_summary, start_banner
 from digenrl.runtime.sample_grid import grid_path, write_sample_grid
+from digenrl.runtime.stop_request import STOP
 from digenrl.runtime.telemetry import GpuTelemetry
 from digenrl.systems.components import RankComponents
 from digenrl.trainer.checkpoint import load_checkpoint, save_checkpoint
@@ -277,8 +278,20 @@ class System:
             self.parts.metrics.log(record, image=image)
             records.append(record)
             last = iteration + 1 == cfg.iterations
-            if last or (cfg.checkpoint_every and (iteration + 1) % cfg.checkpoint_every == 0):
+            scheduled = last or (cfg.checkpoint_every and (iteration + 1) % cfg.checkpoint_every == 0)
+            if scheduled:
                 self._save(iteration + 1)
+            if not last and STOP.agreed(ctx):  # SIGTERM on some rank: the final checkpoint, then the end
+                if not scheduled:
+                    self._save(iteration + 1)
+                STOP.finishing()
+                if ctx.rank == 0:
+                    print(
+                        f"[digenrl] stopped on SIGTERM after iteration {iteration}: checkpoint at step "
+                        f"{iteration + 1} written; continue with resume=true",
+                        flush=True,
+                    )
+                break
         self.after_run()
         if telemetry is not None:
             telemetry.stop()
