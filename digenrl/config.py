@@ -707,11 +707,22 @@ def load_config(
                         "keep one"
                     )
                 set_here[leaf] = str(spelled)
-        if not _is_resolved_config(path):
+        if not (_is_resolved_config(path) and _lists_every_key(data)):  # a forged header is not enough
             _record(cfg, list(set_here), str(path))
     if overrides:
         apply_overrides(cfg, overrides)
     return cfg
+
+
+def _lists_every_key(data: dict[str, Any]) -> bool:
+    """Whether ``data`` sets every declared key, as a run's resolved ``config.yaml`` does."""
+    for name, _, _ in declared_fields(Config()):
+        node: Any = data
+        for part in name.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return False
+            node = node[part]
+    return True
 
 
 def _is_resolved_config(path: str | Path) -> bool:

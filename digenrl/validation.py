@@ -44,6 +44,7 @@ from digenrl.config import COMMAND_LINE, Config, ConfigError, Range, declared_fi
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
+    from digenrl.models.spec_types import ModelSpec
     from digenrl.runtime.profiles import HardwareProfile
 
 #: Sections (and keys) that only some systems read; everything else is shared by every system.
@@ -402,6 +403,11 @@ def check_reward(cfg: Config) -> None:
     names = reward_names(cfg)
     for name in names:
         one_of("reward.weights key" if cfg.reward.weights else "reward.name", name, rewards)
+    if cfg.reward.weights and not any(cfg.reward.weights.values()):
+        raise ConfigError(
+            f"reward.weights={cfg.reward.weights}: every weight is 0, so every sample's reward is 0 and "
+            "nothing is learned; give at least one reward a non-zero weight"
+        )
     path = cfg.reward.weights_path
     if path is not None and not Path(path).is_dir():
         raise ConfigError(
@@ -497,11 +503,13 @@ def check_model(cfg: Config) -> None:
     spec = get_model_spec(cfg.model.name)
     height, width = cfg.model.height or spec.default_height, cfg.model.width or spec.default_width
     try:
-        latent_shape_for(spec, height, width, cfg.model.frames, key_prefix="model.")
+        latent = latent_shape_for(spec, height, width, cfg.model.frames, key_prefix="model.")
         if cfg.model.pretrained_path is not None:
             check_pretrained_dir(spec, cfg.model.pretrained_path)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    check_position_table(spec, height, width, latent)
+    check_iteration_memory(cfg, spec, latent)
     if cfg.model.attention_backend != "native":  # diffusers' default always exists: skip importing diffusers
         from digenrl.models.flow_model import available_attention_backends
 
@@ -517,6 +525,44 @@ def check_model(cfg: Config) -> None:
             check_lora_targets(meta_transformer(spec, cfg.model.pretrained_path), list(targets), each=True)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+
+
+def check_position_table(spec: ModelSpec, height: int, width: int, latent: tuple[int, ...]) -> None:
+    """A transformer with a fixed table of positions (SD3's ``pos_embed_max_size``, in patches per side,
+    diffusers ``PatchEmbed``) cannot take a larger image: refuse it here, not at the first forward."""
+    limit = spec.transformer_config.get("pos_embed_max_size")
+    if not limit:
+        return
+    from digenrl.models.specs import get_family
+
+    patch = get_family(spec.family).patch_size(spec.transformer_config)[1]
+    for key, pixels, cells in (("model.height", height, latent[-2]), ("model.width", width, latent[-1])):
+        if cells // patch > limit:
+            largest = pixels * limit // (cells // patch)
+            raise ConfigError(
+                f"{key}={pixels} is larger than {spec.name} can take: its position table covers {limit} "
+                f"patches per side ({largest} pixels); use at most {largest}"
+            )
+
+
+def check_iteration_memory(cfg: Config, spec: ModelSpec, latent: tuple[int, ...]) -> None:
+    """An iteration keeps every sample's trajectory (the latent of each of ``num_steps + 1`` points, fp32)
+    until it is trained on; refuse ``algo.prompts_per_iteration`` x ``algo.group_size`` whose trajectories
+    alone exceed this machine's memory (they would fail late, or swap the machine to a halt)."""
+    samples = cfg.algo.prompts_per_iteration * cfg.algo.group_size
+    steps = cfg.sampler.num_steps or spec.default_num_steps
+    need = samples * (steps + 1) * math.prod(latent) * 4
+    try:
+        have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+        return
+    if need > have:
+        raise ConfigError(
+            f"algo.prompts_per_iteration={cfg.algo.prompts_per_iteration} x algo.group_size="
+            f"{cfg.algo.group_size} = {samples} samples per iteration: their trajectories alone ({steps + 1} "
+            f"latents of {math.prod(latent)} values each) need {need / 2**30:.1f} GiB, more than this "
+            f"machine's {have / 2**30:.1f} GiB; use fewer prompts or a smaller group"
+        )
 
 
 def check_fp8(cfg: Config) -> None:
@@ -579,7 +625,15 @@ def check_out_dir(out_dir: str) -> None:
             f"out_dir={out_dir!r} starts with a literal '~', which is not expanded here (the run would "
             f"create a folder named '~'); write the full path, e.g. out_dir={os.path.expanduser(out_dir)!r}"
         )
-    resolved = Path(out_dir).resolve()
+    too_long = _path_too_long(out_dir)
+    if too_long:
+        raise ConfigError(
+            f"out_dir=…{out_dir[-60:]!r} ({len(out_dir)} characters): {too_long}; choose a shorter path"
+        )
+    try:
+        resolved = Path(out_dir).resolve()
+    except (OSError, RuntimeError) as exc:  # a loop of links, a component that is not a folder
+        raise ConfigError(f"out_dir={out_dir!r} cannot be resolved ({exc}); choose another folder") from None
     if resolved == Path(resolved.anchor):
         raise ConfigError(
             f"out_dir={out_dir!r} is the file system root; a run writes and may delete its files there. "
@@ -593,6 +647,29 @@ def check_out_dir(out_dir: str) -> None:
                 f"{evidence}); that run's overwrite or checkpoint clean-up could delete this one. Choose an "
                 "out_dir outside it"
             )
+
+
+def _path_too_long(path: str) -> str:
+    """Why the file system cannot hold ``path`` ("" if it can): a name longer than the file system's
+    NAME_MAX or a whole path longer than PATH_MAX (pathconf(3); 255 and 4096 where they cannot be read)."""
+    probe = Path(path).absolute()
+    while probe != probe.parent:
+        try:
+            if probe.exists():
+                break
+        except OSError:  # ENAMETOOLONG: not a folder there either
+            pass
+        probe = probe.parent
+    try:
+        name_max, path_max = os.pathconf(probe, "PC_NAME_MAX"), os.pathconf(probe, "PC_PATH_MAX")
+    except (OSError, ValueError):
+        name_max, path_max = 255, 4096
+    longest = max((len(part.encode()) for part in Path(path).parts), default=0)
+    if longest > name_max:
+        return f"a folder name of {longest} bytes, longer than the file system's limit of {name_max}"
+    if len(str(Path(path).absolute()).encode()) >= path_max:
+        return f"longer than the file system's path limit of {path_max} bytes"
+    return ""
 
 
 def _run_folder_evidence(folder: Path) -> str:
