@@ -140,6 +140,17 @@ class System:
             self.parts.trainer.load_state_dict(payload["trainer"], checkpoint_dir=payload["path"])
         return int(payload["next_iteration"])
 
+    def obey_stop_request(self, iteration: int) -> None:
+        """At the end of ``iteration``: once a rank got SIGTERM, end the run after the iteration all ranks
+        agreed on (digenrl/runtime/stop_request.py) by lowering ``cfg.iterations`` to it, so every system
+        ends as at a planned last iteration. The lead covers how far a rank may run ahead of another:
+        a generator starts iteration k+1 before the trainer ends k, plus the asynchrony's versions."""
+        cfg = self.cfg
+        lead = 2 + cfg.asynchrony.max_staleness + cfg.asynchrony.max_inflight
+        end = STOP.last_iteration(self.ctx, iteration, lead)
+        if end is not None and end + 1 < cfg.iterations:
+            cfg.iterations = max(end, iteration) + 1
+
     def checkpoint_ranks(self) -> tuple[bool, object]:
         """(does this rank take part in saving, over which process group). Default: every rank."""
         return True, None
@@ -225,7 +236,10 @@ class System:
         if telemetry is not None:
             telemetry.start()
         records = []
-        for iteration in range(start, cfg.iterations):
+        planned = cfg.iterations
+        iteration = start - 1
+        while iteration + 1 < cfg.iterations:  # a stop request may lower cfg.iterations (stop_request.py)
+            iteration += 1
             inject_fault(ctx.rank, iteration)
             if ctx.device.type == "cuda":  # peak_mem_gib: this iteration's peak on this rank's GPU
                 torch.cuda.reset_peak_memory_stats(ctx.device)
@@ -277,21 +291,18 @@ class System:
                 )
             self.parts.metrics.log(record, image=image)
             records.append(record)
+            self.obey_stop_request(iteration)
             last = iteration + 1 == cfg.iterations
-            scheduled = last or (cfg.checkpoint_every and (iteration + 1) % cfg.checkpoint_every == 0)
-            if scheduled:
+            if last or (cfg.checkpoint_every and (iteration + 1) % cfg.checkpoint_every == 0):
                 self._save(iteration + 1)
-            if not last and STOP.agreed(ctx):  # SIGTERM on some rank: the final checkpoint, then the end
-                if not scheduled:
-                    self._save(iteration + 1)
-                STOP.finishing()
-                if ctx.rank == 0:
-                    print(
-                        f"[digenrl] stopped on SIGTERM after iteration {iteration}: checkpoint at step "
-                        f"{iteration + 1} written; continue with resume=true",
-                        flush=True,
-                    )
-                break
+        if cfg.iterations < planned:  # stopped on SIGTERM: the checkpoint is written, end without hanging
+            STOP.finishing()
+            if ctx.rank == 0:
+                print(
+                    f"[digenrl] stopped on SIGTERM after iteration {cfg.iterations - 1}: checkpoint at step "
+                    f"{cfg.iterations} written; continue with resume=true",
+                    flush=True,
+                )
         self.after_run()
         if telemetry is not None:
             telemetry.stop()

@@ -21,6 +21,22 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
+def thread_server(reward, limits=None) -> Iterator[str]:
+    """The server of ``python -m digenrl.rewards.serve`` on a thread of this process, scoring ``reward``
+    (``limits``: its :class:`~digenrl.rewards.serve.ServeLimits`, default the command's)."""
+    from digenrl.rewards.serve import make_server
+
+    server = make_server(reward, "127.0.0.1", 0, limits)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@contextlib.contextmanager
 def reward_server(reward: str, *extra: str, start_timeout_s: float = 120.0) -> Iterator[str]:
     """Run the server, yield the URL it prints once listening, then stop it with SIGTERM and check that it
     shut down cleanly. Its log goes to a temporary file (a long-running server never blocks on a pipe) and

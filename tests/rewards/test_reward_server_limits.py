@@ -11,28 +11,16 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 import torch
 
 from digenrl.rewards import build_reward
 from digenrl.rewards.remote import RemoteRewardError, encode_images, post_json
-from digenrl.rewards.serve import ServeLimits, check_device, check_port, main, make_server
+from digenrl.rewards.serve import ServeLimits, check_device, check_port, main
+from tests.rewards.reward_server import thread_server
 
 TOKEN = "s3cret-token-0123456789abcdef"
-
-
-@contextlib.contextmanager
-def serving(reward, limits: ServeLimits) -> Iterator[str]:
-    server = make_server(reward, "127.0.0.1", 0, limits)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def _raw(url: str, data: bytes, *, read: bool = True, timeout: float = 5.0) -> bytes:
@@ -52,7 +40,7 @@ def _payload(n: int = 2, size: int = 8) -> dict:
 
 
 def test_a_body_above_the_limit_is_refused_before_it_is_read():
-    with serving(build_reward("brightness"), ServeLimits(max_body_bytes=1 << 20)) as url:
+    with thread_server(build_reward("brightness"), ServeLimits(max_body_bytes=1 << 20)) as url:
         start = time.monotonic()
         answer = _raw(url, b"POST /score HTTP/1.0\r\nContent-Length: 268435456\r\n\r\n" + b"x" * 1024)
         assert answer.startswith(b"HTTP/1.0 413") and b"above this server's limit of 1048576" in answer
@@ -62,7 +50,7 @@ def test_a_body_above_the_limit_is_refused_before_it_is_read():
 
 def test_stalled_connections_hold_a_bounded_pool_get_503_beyond_it_and_are_cut_off():
     limits = ServeLimits(workers=3, read_timeout_s=0.5)
-    with serving(build_reward("brightness"), limits) as url:
+    with thread_server(build_reward("brightness"), limits) as url:
         host, port = url.removeprefix("http://").split(":")
         before = threading.active_count()
         stalled = [socket.create_connection((host, int(port)), timeout=5.0) for _ in range(40)]
@@ -95,7 +83,10 @@ def test_the_token_is_required_and_never_logged(tmp_path, caplog):
     token_file.write_text(TOKEN + "\n")
     wrong = tmp_path / "wrong"
     wrong.write_text("not-the-token-but-long-enough\n")
-    with caplog.at_level(logging.DEBUG), serving(build_reward("brightness"), ServeLimits(token=TOKEN)) as url:
+    with (
+        caplog.at_level(logging.DEBUG),
+        thread_server(build_reward("brightness"), ServeLimits(token=TOKEN)) as url,
+    ):
         images = torch.rand(2, 3, 8, 8)
         for token in (None, str(wrong)):
             reward = build_reward("remote", url=url, timeout_s=5.0, retries=0, token_file=token)
@@ -151,7 +142,7 @@ def test_requests_from_several_connections_are_scored_in_one_reward_call():
         return score_images(images, prompts)
 
     reward.score_images = slow
-    with serving(reward, ServeLimits(workers=8)) as url:
+    with thread_server(reward, ServeLimits(workers=8)) as url:
         payloads = [_payload(2) for _ in range(6)]
         answers: list = [None] * 6
 
