@@ -185,13 +185,12 @@ def _die_with_parent() -> Any:
     """A ``preexec_fn`` that makes the child get SIGTERM when the launcher (the thread that started it)
     ends, via ``prctl(PR_SET_PDEATHSIG)``; None where there is no prctl (not Linux)."""
     import ctypes
-    import ctypes.util
     import sys
 
     if not sys.platform.startswith("linux"):
         return None
-    try:
-        prctl = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
+    try:  # the process's own symbols hold libc's (no library search: that would start processes)
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
         return None
 
