@@ -86,7 +86,7 @@ def among(choices: tuple[Any, ...]) -> dict[str, tuple[Any, ...]]:
 SYSTEMS = ("colocated-sync", "colocated-overlap", "separate-sync", "separate-async", "digenrl")
 COLOCATED_SYSTEMS = ("colocated-sync", "colocated-overlap")
 #: ``colocated.split``: how a colocated system shares the batch over its ranks (digenrl/data/rank_shares.py)
-COLOCATED_SPLITS = ("equal", "speed")
+COLOCATED_SPLITS = ("equal", "speed", "speed-lockstep")
 MODEL_DTYPES = ("float32", "bfloat16", "float16")
 SAMPLER_TYPES = ("sde", "cps", "dance")
 TIMESTEP_SELECTIONS = ("first", "shuffled", "fast-window")
@@ -370,8 +370,10 @@ class ResidencyConfig:
 class ColocatedConfig:
     """Colocated systems: how the iteration's samples are shared over the ranks (docs/design.md §4, "Work
     split"; :mod:`digenrl.data.rank_shares`). ``equal``: the same number of samples on every rank;
-    ``speed``: samples and micro-batch size in proportion to the hardware profile's ``relative_speed``,
-    the same number of micro-batch steps on every rank."""
+    ``speed``: samples in proportion to the hardware profile's ``relative_speed``, full-size micro-batches,
+    uneven counts (the strongest colocated plan on mixed devices; needs a backend that reduces once per
+    step, e.g. LoRA's ddp); ``speed-lockstep``: samples and micro-batch size in proportion to speed, the
+    same number of micro-batch steps on every rank (for FSDP2 / ZeRO-2/3)."""
 
     split: str = field(default="equal", metadata=among(COLOCATED_SPLITS))
 
@@ -399,6 +401,10 @@ class RuntimeConfig:
     # a real-size model (not tiny-*) on a CPU device is refused at startup with its memory estimate unless
     # this is true (digenrl/validation.py validate_devices)
     allow_large_cpu_model: bool = False
+    # a rank whose real device is not the profile's (an H100 under profile=h200-1, a CPU under a GPU profile)
+    # is refused at startup unless this is true: then a warning in the banner, in every metrics.jsonl record
+    # (profile_mismatch) and the closing summary, and the bound uses the real device's numbers
+    allow_profile_mismatch: bool = False
     # several ranks of one job on one GPU (docs/operations.md, "Shared-device mode"): every rank builds its
     # models on the GPU, collectives run on gloo, point-to-point transfers stage through pinned host memory.
     # For testing every CUDA path of the schedules on one GPU; its timings are not a multi-GPU result.
@@ -406,6 +412,9 @@ class RuntimeConfig:
     # deterministic kernels (torch.use_deterministic_algorithms, docs/operations.md "Reproducible runs"):
     # two runs, or two schedules, then round alike; slower, and an op without a deterministic kernel raises
     deterministic: bool = False
+    # write out_dir/batches/rank<r>.jsonl: which samples each forward, decode and micro-batch ran on, in
+    # order (digenrl/runtime/batch_ledger.py), to check that two schedules compute on the same batches
+    record_batches: bool = False
     # profile this iteration on every rank with torch.profiler: device time per phase and kind of kernel in
     # out_dir/profile/rank<r>.{json,md} and the trace (docs/operations.md, "Profiling an iteration")
     profile_iteration: int | None = field(default=None, metadata=within(0, 10_000_000))
@@ -478,7 +487,9 @@ class Config:
     """One experiment."""
 
     system: str = field(default="colocated-sync", metadata=among(SYSTEMS))
-    profile: str = "cpu-1"
+    # auto: this node's devices (digenrl/runtime/profiles.py auto_profile); multi-node or mixed clusters
+    # name a profile (hardware_profiles/*.yaml) or a YAML file
+    profile: str = "auto"
     iterations: int = field(default=10, metadata=within(1, 10_000_000))
     seed: int = field(default=0, metadata=_SEED)
     out_dir: str = "runs/tiny"

@@ -41,9 +41,33 @@ def _world_size_from_env() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def auto_cpu_ranks(cfg) -> int | None:
+    """``profile=auto`` on a machine without a GPU: the CPU ranks a plain run starts (the pools' sum when
+    given, else the fewest the system runs on: one colocated, a trainer and each TSP stage's generator
+    otherwise); None where the profile is not ``auto`` on a CPU."""
+    from digenrl.config import COLOCATED_SYSTEMS
+    from digenrl.runtime.profiles import AUTO
+
+    if cfg.profile != AUTO or "RANK" in os.environ:
+        return None
+    import torch
+
+    if torch.cuda.device_count() > 0:
+        return None
+    pools = cfg.pools.trainers + cfg.pools.generators + cfg.pools.scorers
+    return pools or (1 if cfg.system in COLOCATED_SYSTEMS else 1 + max(1, cfg.tsp.stages))
+
+
 def ranks_to_start(cfg) -> int:
     """How many worker processes a plain ``python run_train.py`` starts for ``cfg``: the pools' sum when
-    given, else every device of a one-node profile (a multi-node profile needs torchrun on each node)."""
+    given, else every device of a one-node profile (a multi-node profile needs torchrun on each node);
+    ``profile=auto`` on a CPU: :func:`auto_cpu_ranks`, which every process of the job then reads from
+    the environment (digenrl/runtime/profiles.py ``AUTO_WORKERS_ENV``)."""
+    cpu_ranks = auto_cpu_ranks(cfg)
+    if cpu_ranks is not None:
+        from digenrl.runtime.profiles import AUTO_WORKERS_ENV
+
+        os.environ[AUTO_WORKERS_ENV] = str(cpu_ranks)
     profile = hardware_profile(cfg)
     wanted = cfg.pools.trainers + cfg.pools.generators + cfg.pools.scorers or profile.world_size
     if profile.num_nodes > 1 or wanted == 1:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -363,10 +364,10 @@ def validate_config(cfg: Config, world_size: int | None = None) -> None:
 def hardware_profile(cfg: Config) -> HardwareProfile:
     """The hardware profile ``profile`` names: a shipped one by name, or a YAML file (errors name the key
     and the file)."""
-    from digenrl.runtime.profiles import available_profiles, is_profile_path, load_profile
+    from digenrl.runtime.profiles import AUTO, available_profiles, is_profile_path, load_profile
 
     if not is_profile_path(cfg.profile):
-        one_of("profile", cfg.profile, available_profiles())
+        one_of("profile", cfg.profile, [AUTO, *available_profiles()])
     try:
         return load_profile(cfg.profile)
     except ValueError as exc:  # ConfigError included: a file that is missing, binary or malformed
@@ -806,6 +807,12 @@ def validate_devices(
     device = planned_device_type(
         backend, distributed=distributed, cuda_available=gpus > 0, share_device=share
     )
+    # a launcher computes nothing (its workers check), and a caller that states the GPUs (cuda_devices, a
+    # test) describes another machine than the one whose device this process would read
+    here = cuda_devices is None and ("RANK" in os.environ or not distributed)
+    note = check_profile_device(cfg, device, computes_here=here, gpus=gpus)
+    if note:
+        print(f"[digenrl] WARNING (runtime.allow_profile_mismatch=true): {note}", file=sys.stderr, flush=True)
     if device == "cpu" and not cfg.model.name.startswith("tiny-") and not cfg.runtime.allow_large_cpu_model:
         where = "runtime.backend=gloo" if distributed and gpus else "no CUDA device"
         raise ConfigError(
@@ -815,6 +822,31 @@ def validate_devices(
         )
     if share and gpus > 0 and _checks_memory_here(distributed):
         check_shared_device_memory(cfg, world_size, free_bytes=_free_gpu_bytes(), gpus=gpus)
+
+
+def check_profile_device(cfg: Config, device_type: str, *, computes_here: bool, gpus: int) -> str | None:
+    """This process's real device against the one the profile gives its rank (digenrl/runtime/profiles.py
+    ``device_mismatch``): a ConfigError naming both and the fix, or with ``runtime.allow_profile_mismatch``
+    the mismatch as a note (None: they match, or this process is a launcher that computes nothing — its
+    workers check their own devices)."""
+    if not computes_here:
+        return None
+    from digenrl.runtime.profiles import detect_device, device_mismatch, matching_profiles
+
+    profile = hardware_profile(cfg)
+    rank = int(os.environ.get("RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    index = local % gpus if cfg.runtime.share_device and gpus else local
+    device = detect_device(device_type, index)
+    mismatch = device_mismatch(profile, min(rank, profile.world_size - 1), device)
+    if mismatch is None or cfg.runtime.allow_profile_mismatch:
+        return mismatch
+    fits = matching_profiles(device, profile.world_size)
+    fix = " or ".join(f"profile={name}" for name in ["auto", *fits] if name != cfg.profile)
+    raise ConfigError(
+        f"{mismatch}: its bounds, memory checks and plans would be another device's. Use {fix} (a profile "
+        "of this machine's devices), or runtime.allow_profile_mismatch=true to run anyway with a warning"
+    )
 
 
 def check_shared_device_memory(cfg: Config, world_size: int, *, free_bytes: float, gpus: int = 1) -> None:

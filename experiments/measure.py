@@ -1,5 +1,6 @@
 """Measure: everything that times real components on this machine's device (nothing here simulates or plots).
 
+    python experiments/measure.py device     --out runs/device              # matmul ceiling, memory, copies
     python experiments/measure.py costs      --model tiny-sd3               # cost file, real components
     python experiments/measure.py generator  --model sd3.5-medium --compile  # generator step benchmark
     python experiments/measure.py trainer    --model flux.1-dev --compile --autocast   # trainer benchmark
@@ -34,6 +35,7 @@ FOLDERS = Folders(root=REPO, results=REPO / "experiments" / "results", runs=REPO
 TINY_CONFIG = REPO / "experiments" / "configs" / "tiny.yaml"
 
 COMMANDS = {
+    "device": "digenrl.perf.measure_device",
     "costs": "digenrl.perf.measure_costs",
     "generator": "digenrl.perf.bench_generator",
     "trainer": "digenrl.perf.bench_trainer",

@@ -2,13 +2,17 @@
 ``slow`` marker on every multi-process test, so ``python -m pytest -q -m "not slow"`` is the fast inner loop
 while ``python -m pytest -q`` still runs everything (README.md, "The two commands"), and the ``needs``
 marker: ``@pytest.mark.needs("deepspeed")`` skips a test of an optional dependency, with the reason, where
-the package is not installed."""
+the package is not installed. Every test's random draws are seeded (:func:`seeded`): a failure reproduces
+with the same command, and ``DIGENRL_TEST_SEED=N`` draws another sample."""
 
 import importlib.util
 import os
+import random
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -49,6 +53,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             names, extras = ", ".join(missing), ",".join(missing)
             reason = f"needs {names} (optional), which is not installed: pip install 'digenrl[{extras}]'"
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def seed_of(nodeid: str) -> int:
+    """The seed of one test: its node id's CRC32, mixed with ``DIGENRL_TEST_SEED`` when set."""
+    return zlib.crc32(f"{os.environ.get('DIGENRL_TEST_SEED', '')}:{nodeid}".encode())
+
+
+@pytest.fixture(autouse=True)
+def seeded(request: pytest.FixtureRequest) -> int:
+    """Seed Python's, numpy's and torch's global generators before every test (issue 33: tests drew
+    unseeded random numbers, so a failure could not be replayed); returns the seed."""
+    seed = seed_of(request.node.nodeid)
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    return seed
 
 
 @pytest.fixture(scope="session")

@@ -194,3 +194,16 @@ def test_the_checker_finds_names_that_moved():
         "`tsp.stages`",  # a config key
     ]
     assert [text for text in current if stale_references(text, page)] == []
+
+
+def test_the_model_family_table_lists_every_field():
+    """docs/models.md's table of ``ModelFamily`` fields names each field (``name`` aside), so a required
+    field such as ``pipeline_class`` is not left for a family author to discover by a TypeError."""
+    tree = ast.parse((ROOT / "digenrl" / "models" / "family.py").read_text(encoding="utf-8"))
+    family = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ModelFamily")
+    fields = [
+        n.target.id for n in family.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+    ]
+    page = (ROOT / "docs" / "models.md").read_text(encoding="utf-8")
+    rows = set(re.findall(r"^\| `(\w+)` \|", page, flags=re.MULTILINE))
+    assert fields and set(fields) - {"name"} <= rows, sorted(set(fields) - {"name"} - rows)

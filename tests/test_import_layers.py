@@ -17,18 +17,20 @@ PACKAGE = Path(__file__).resolve().parents[1] / "digenrl"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("config",),
-    ("data", "algo"),
+    ("data", "algo", "rules"),
     ("models", "rewards"),
     ("runtime",),
     ("rollout", "trainer"),
-    ("gap", "tsp", "async_policy", "costs", "sim"),
+    ("gap", "tsp", "async_policy", "costs", "plan", "sim"),
     ("planning", "tag"),
     ("systems",),
     ("validation", "launch"),
 )
 SIDE = ("perf", "reports", "export")
-#: the one module of the simulator the runtime may use (TAG's prediction)
+#: the one module of the simulator the runtime may use: TAG's prediction, which a system hands to TAG
 RUNTIME_MAY_USE_FROM_SIM = {"digenrl.sim.predict"}
+#: folders that never import the simulator at all (TAG decides through a predictor it is handed)
+NEVER_IMPORT_SIM = ("tag", "runtime")
 RUNTIME = ("runtime", "rollout", "trainer", "gap", "tsp", "async_policy", "tag", "systems", "launch")
 
 
@@ -143,15 +145,19 @@ def test_imports_point_down_the_layers():
     assert upward == []
 
 
-def test_runtime_asks_the_simulator_one_question():
-    reached = sorted(
+def _simulator_imports(folders: tuple[str, ...], allowed: set[str] | None = None) -> list[str]:
+    """Imports of ``sim/`` or ``planning/`` modules (but ``allowed``) by modules of ``folders``."""
+    return sorted(
         f"{module} -> {target}"
         for module, targets in GRAPH.items()
-        if _folder(module) in RUNTIME
+        if _folder(module) in folders
         for target in targets
-        if _folder(target) in ("sim", "planning") and target not in RUNTIME_MAY_USE_FROM_SIM
+        if _folder(target) in ("sim", "planning") and target not in (allowed or set())
     )
-    assert reached == []
+
+
+def test_runtime_asks_the_simulator_one_question():
+    assert _simulator_imports(RUNTIME, RUNTIME_MAY_USE_FROM_SIM) == []
 
 
 def test_the_library_does_not_reach_into_the_checkout():
@@ -162,3 +168,7 @@ def test_the_library_does_not_reach_into_the_checkout():
             if needle in text:
                 offenders.append(f"{path.relative_to(PACKAGE.parent)}: {needle}")
     assert offenders == []
+
+
+def test_tag_and_runtime_never_import_the_simulator():
+    assert _simulator_imports(NEVER_IMPORT_SIM) == []

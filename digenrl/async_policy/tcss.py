@@ -51,38 +51,17 @@ drain after a checkpoint), ``digenrl`` with TCSS's; the simulator binds versions
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+from digenrl.config import Config
+from digenrl.rules import resolve_switch
 
-from digenrl.config import Config, ConfigError
-from digenrl.data.trajectory import TrajectoryBatch
+if TYPE_CHECKING:  # torch-free at import: the simulator binds versions by StalenessBound
+    from digenrl.data.trajectory import TrajectoryBatch
 
 
 class StalenessError(RuntimeError):
     """A fragment broke a TCSS invariant (mixed versions, staler than allowed, or not the plan's version)."""
-
-
-SWITCH_KEY = "tcss.switch"
-SWITCH_MODES = ("auto", "timing")
-
-
-def resolve_switch(value: str, num_fragments: int) -> int | None:
-    """``tcss.switch`` as the first fragment of an iteration generated with that iteration's own version
-    (None: ``timing``; ``auto`` = ``num_fragments``, see the module docstring)."""
-    if value == "timing":
-        return None
-    if value == "auto":
-        return num_fragments
-    try:
-        switch = int(value)
-    except ValueError:
-        switch = -1
-    if not 0 <= switch <= num_fragments:
-        raise ConfigError(
-            f"{SWITCH_KEY}={value!r} is not allowed; choose auto, timing or a fragment index in "
-            f"[0, {num_fragments}] (the iteration's {num_fragments} fragments)"
-        )
-    return switch
 
 
 @dataclass(frozen=True)
@@ -173,7 +152,7 @@ class StalenessBound:
         plan binds it to; returns its staleness."""
         if shard.batch_size == 0:
             return 0
-        versions = torch.unique(shard.policy_version.cpu()).tolist()
+        versions = shard.policy_version.cpu().unique().tolist()
         if len(versions) != 1:
             raise StalenessError(
                 f"rank {rank}: fragment {fragment} of iteration {shard.iteration} mixes policy versions "

@@ -36,7 +36,7 @@ DEFAULT_CFG_GRAD = "cond"
 
 
 class TrainingShape(Protocol):
-    """What of a workload the audit reads (:class:`digenrl.sim.workload.Workload` is one)."""
+    """What of a workload the audit reads (:class:`digenrl.plan.workload.Workload` is one)."""
 
     @property
     def cfg(self) -> bool: ...

@@ -7,20 +7,20 @@ resolution): one transformer forward of one sample (``forward``) and one VAE dec
 (``vae_decode``), on the ``meta`` device (shapes only, no memory, no time on the GPU).
 
 An iteration's model FLOPs (:func:`iteration_flops`), by phase, in the model-FLOPs convention (PaLM,
-Chowdhery et al. 2022, appendix B: a backward costs two forwards; recomputation, optimiser and elementwise
-work are not model FLOPs):
+Chowdhery et al. 2022, appendix B: a full backward costs two forwards, activation and weight gradients;
+recomputation, optimiser and elementwise work are not model FLOPs):
 
 * rollout: samples x ``sampler.num_steps`` forwards, twice with true CFG (the unconditional pass);
 * score: samples x one VAE decode (the reward model is not counted: each reward is its own model);
-* train: per trained unit (one sample at one trained step) a forward and its backward, 3 forwards, plus,
-  with true CFG, the unconditional pass: one no-graph forward (``algo.cfg_grad=cond``) or a second 3
-  (``both``);
+* train: per trained unit (one sample at one trained step) a forward and its backward: 3 forwards for full
+  fine-tuning, 2 for LoRA (its backward computes the activation gradients of the frozen layers, one
+  forward of matmul work, and the adapters' weight gradients, negligible at rank r << width); plus, with
+  true CFG, the unconditional pass: one no-graph forward (``algo.cfg_grad=cond``) or a second forward and
+  backward (``both``);
 * optimizer, sync: 0 (no matmul work; their seconds still count against the loop).
 
-The convention counts a backward as two forwards also for LoRA, whose backward computes the activation
-gradients of the frozen layers but not their weight gradients (about one forward of matmul work): a LoRA
-training phase does about 3/4 of the counted work at ``cfg_grad=cond``, so its fraction of the bound reads
-high by up to 4/3 against the hardware's (experiments/results/gpu/loops/README.md reads both).
+(Before issue 33 a LoRA backward was counted as two forwards too, so a LoRA training phase's fraction of
+the bound read high by up to 4/3; loop reports written before then carry that count.)
 
 The loop's fraction of its bound = model FLOPs / (seconds x ceiling): per iteration over ``wall_s`` and the
 GPUs the run occupies, per phase over the device-seconds its spans took (``phase_seconds``, summed over
@@ -83,14 +83,25 @@ def model_flops(model: str, height: int, width: int, frames: int | None = None) 
 
 
 def iteration_flops(
-    counts: dict[str, int], *, samples: int, train_units: float, num_steps: int, true_cfg: bool, cfg_grad: str
+    counts: dict[str, int],
+    *,
+    samples: int,
+    train_units: float,
+    num_steps: int,
+    true_cfg: bool,
+    cfg_grad: str,
+    trainer_mode: str,
 ) -> dict[str, float]:
-    """Model FLOPs of one iteration by phase (module docstring) and their ``total``."""
+    """Model FLOPs of one iteration by phase (module docstring) and their ``total``; ``trainer_mode``:
+    ``lora`` or ``full`` (what a backward computes)."""
+    if trainer_mode not in ("lora", "full"):
+        raise ValueError(f"trainer_mode must be 'lora' or 'full', got {trainer_mode!r}")
     forward = counts["forward"]
     rollout = samples * num_steps * forward * (2 if true_cfg else 1)
-    unit = 3 * forward
+    backward = 2 * forward if trainer_mode == "full" else forward
+    unit = forward + backward
     if true_cfg:
-        unit += 3 * forward if cfg_grad == "both" else forward
+        unit += forward + backward if cfg_grad == "both" else forward
     out = {
         "rollout": float(rollout),
         "score": float(samples * counts["vae_decode"]),
@@ -102,14 +113,27 @@ def iteration_flops(
     return out
 
 
-def loop_ceiling(profile: Any, device_type: str) -> tuple[float | None, str]:
+def loop_ceiling(profile: Any, device_type: str, device: Any = None) -> tuple[float | None, str]:
     """(ceiling in TFLOP/s or None, where it comes from / why there is none) for a run on ``device_type``
-    with hardware profile ``profile``."""
+    with hardware profile ``profile``. ``device`` (a :class:`~digenrl.runtime.profiles.DetectedDevice`):
+    the real device, whose own measured ceiling counts where it is not the profile's (a run with
+    ``runtime.allow_profile_mismatch``)."""
+    from digenrl.runtime.profiles import known_device_type, type_matches
+
     gpu = profile.device_type(0)
     if device_type != "cuda":
         return None, (
             f"the run computes on a {device_type} device, which has no measured matmul ceiling (the CPU "
             "profiles' numbers are planning placeholders)"
+        )
+    if device is not None and not type_matches(gpu.name, device.family):
+        known = known_device_type(device.family)
+        if known is None or known[0].measured_bf16_tflops is None:
+            return None, f"no shipped profile has a measured matmul ceiling for the run's {device.name}"
+        real, _, source = known
+        return float(real.measured_bf16_tflops), (
+            f"profile {source}, {real.name} measured bf16 matmul (the run's device; profile {profile.name} "
+            "describes another)"
         )
     if gpu.measured_bf16_tflops is None:
         return None, (

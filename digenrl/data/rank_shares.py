@@ -10,11 +10,18 @@ generates it does not change its trajectory, and per-unit weights are ``1 / (uni
 (:mod:`digenrl.trainer.trainer`), so the share does not change the update.
 
 ``equal`` (``colocated.split=equal``): ``P·G / R`` samples per rank at ``trainer.micro_batch_size``.
-``speed``: rank r gets ``q · m_r`` samples and trains them in micro-batches of ``m_r``, with ``m_r``
-proportional to its device's ``relative_speed`` (largest remainder) and ``q`` the same on every rank, so
-every rank runs ``K · q`` micro-batch steps — a lockstep backend (FSDP2) runs its collectives in step —
-and a device twice as fast does twice the work per step. ``q`` is the smallest count for which the
-fastest rank's micro-batch stays within ``trainer.micro_batch_size`` (the memory the planner checked).
+``speed``: samples in proportion to each device's ``relative_speed`` (largest remainder), every rank at
+the full ``trainer.micro_batch_size``, so a device twice as fast runs about twice as many full-size
+micro-batches: gradient accumulation does not need equal counts, and a backend that reduces the gradient
+once per step (``ddp``, LoRA's default) synchronises only after each rank's last micro-batch. This is the
+strongest colocated plan on mixed devices (docs/design.md §4).
+``speed-lockstep``: for backends whose every micro-batch is a collective (FSDP2, ZeRO-2/3; full
+fine-tuning's default): rank r gets ``q · m_r`` samples in micro-batches of ``m_r``, ``m_r`` proportional to
+its speed and ``q`` the same on every rank, so every rank runs ``K · q`` micro-batch steps in step and a
+device twice as fast does twice the work per step. ``q`` is the smallest count for which the fastest rank's
+micro-batch stays within ``trainer.micro_batch_size`` (the memory the planner checked). With ``speed`` such
+a backend would pad the slower ranks with empty micro-batches up to the fastest one's count, so that pair
+is refused (:func:`split_backend_conflict`).
 The runtime (:class:`digenrl.systems.colocated_sync.ColocatedSync`) and the simulator
 (:mod:`digenrl.sim.schedules.colocated`) both take their shares from :func:`rank_shares`.
 """
@@ -72,16 +79,44 @@ def rank_shares(
                 f"{ranks} ranks"
             )
         sizes, micro = [total // ranks] * ranks, [micro_batch_size] * ranks
+    elif split == "speed":
+        _check_speeds(speeds)
+        sizes = _proportional(total, speeds)
+        if sizes is None:
+            raise ValueError(
+                f"{total} samples cannot give each of {ranks} ranks at least one sample (and so a "
+                "micro-batch) under colocated.split=speed; use fewer ranks or a larger batch"
+            )
+        micro = [micro_batch_size] * ranks
     else:
         sizes, micro = _speed_sizes(total, speeds, micro_batch_size)
     bounds = [0, *[sum(sizes[: r + 1]) for r in range(ranks)]]
     return [RankShare(bounds[r], bounds[r + 1], micro[r]) for r in range(ranks)]
 
 
-def _speed_sizes(total: int, speeds: Sequence[float], micro_batch_size: int) -> tuple[list[int], list[int]]:
-    """(samples, micro-batch size) per rank for the ``speed`` split (module docstring)."""
+def split_backend_conflict(split: str, backend: str, deepspeed_stage: int = 2) -> str | None:
+    """Why ``split`` cannot run with the resolved training ``backend`` (None: it can). ``speed`` gives
+    ranks different numbers of micro-batches, which a lockstep backend runs in step, padding the slower
+    ranks with empty ones: the fast ranks' advantage is lost and the slow ones compute for nothing."""
+    lockstep = backend == "fsdp2" or (backend == "deepspeed" and deepspeed_stage >= 2)
+    if split == "speed" and lockstep:
+        return (
+            "colocated.split=speed gives the ranks different numbers of micro-batches, but trainer.backend "
+            f"{backend} runs every micro-batch as a collective in step (the slower ranks would pad with "
+            "empty micro-batches); use colocated.split=speed-lockstep (the same number of smaller "
+            "micro-batches on the slower ranks) or a LoRA run with trainer.backend=ddp"
+        )
+    return None
+
+
+def _check_speeds(speeds: Sequence[float]) -> None:
     if any(not (s > 0 and math.isfinite(s)) for s in speeds):
         raise ValueError(f"relative speeds must be positive and finite, got {list(speeds)}")
+
+
+def _speed_sizes(total: int, speeds: Sequence[float], micro_batch_size: int) -> tuple[list[int], list[int]]:
+    """(samples, micro-batch size) per rank for the ``speed-lockstep`` split (module docstring)."""
+    _check_speeds(speeds)
     ranks = len(speeds)
     for steps in range(1, total + 1):  # q: micro-batch rows per trained timestep, the same on every rank
         if total % steps or total // steps < ranks:
@@ -92,7 +127,7 @@ def _speed_sizes(total: int, speeds: Sequence[float], micro_batch_size: int) -> 
     raise ValueError(
         f"{total} samples cannot be shared over {ranks} ranks in proportion to their speeds {list(speeds)} "
         f"with the same number of micro-batches on every rank and micro-batches of at most "
-        f"trainer.micro_batch_size={micro_batch_size}; use colocated.split=equal or change the batch"
+        f"trainer.micro_batch_size={micro_batch_size}; use colocated.split=speed, equal, or change the batch"
     )
 
 

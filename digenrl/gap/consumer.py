@@ -31,6 +31,7 @@ from digenrl.config import TRAIN_ORDERS, Config, ConfigError
 from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.gap.stream import FragmentStream
 from digenrl.gap.unit_packer import UnitPacker
+from digenrl.rules import fragment_size
 from digenrl.runtime.events import EventLogger
 
 #: a received fragment's tags that go into its ``wait_fragment`` span: who made it and what it measured
@@ -45,7 +46,7 @@ def check_gap_config(cfg: Config, trainers: int, *, lockstep: bool = False) -> N
             "gap.enabled=true normalises advantages per fragment, which needs algo.adv_std=group "
             f"(got {cfg.algo.adv_std!r}); a global std needs the whole batch before any fragment trains"
         )
-    samples = cfg.gap.fragment_samples or cfg.gap.fragment_groups * cfg.algo.group_size
+    samples = fragment_size(cfg.algo.group_size, cfg.gap.fragment_groups, cfg.gap.fragment_samples)
     key = "gap.fragment_samples" if cfg.gap.fragment_samples else "gap.fragment_groups"
     if lockstep and samples < trainers:
         raise ConfigError(

@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from digenrl.config import GAP_ASSIGNMENTS, ConfigError
+from digenrl.rules import fragment_size
 
 FRAGMENT_GROUPS_KEY = "gap.fragment_groups"
 FRAGMENT_SAMPLES_KEY = "gap.fragment_samples"
@@ -116,7 +117,7 @@ class FragmentPlan:
             raise ValueError(f"group_size must be an int >= 1, got {group_size!r}")
         if self.splits_groups and group_size != self.group_size:
             raise ValueError(f"group_size={group_size} differs from the plan's {self.group_size}")
-        return self.sample_size if self.splits_groups else self.fragment_groups * group_size
+        return fragment_size(group_size, self.fragment_groups, self.sample_size)
 
     def prompt_ids(self, fragment: int) -> range:
         """Prompt indices (= group ids) ``fragment`` holds samples of, in the iteration's logical batch."""

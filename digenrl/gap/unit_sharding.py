@@ -34,6 +34,7 @@ from dataclasses import replace
 import torch
 
 from digenrl.data.trajectory import TrajectoryBatch
+from digenrl.rules import shard_sizes
 
 
 def timestep_major_units(step_indices: torch.Tensor) -> list[tuple[int, int]]:
@@ -43,24 +44,6 @@ def timestep_major_units(step_indices: torch.Tensor) -> list[tuple[int, int]]:
     steps = step_indices.cpu().tolist()
     units = [(b, k) for b, row in enumerate(steps) for k in range(len(row))]
     return sorted(units, key=lambda u: (steps[u[0]][u[1]], u[0], u[1]))
-
-
-def balanced_sizes(total: int, parts: int) -> list[int]:
-    """``parts`` sizes summing to ``total`` that differ by at most one (larger ones first)."""
-    return shard_sizes(total, parts, 0)
-
-
-def shard_sizes(total: int, parts: int, offset: int) -> list[int]:
-    """``parts`` sizes summing to ``total``, differing by at most one; the larger ones go to the parts
-    from ``offset`` on (cyclically). Passing the units of all earlier fragments as ``offset`` deals an
-    iteration's units evenly: over the whole batch no trainer rank gets more than one unit above another
-    (the simulator cuts shards the same way, :func:`digenrl.sim.schedules.disaggregated.unit_shares`)."""
-    if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
-        raise ValueError(f"num_shards must be an int >= 1, got {parts!r}")
-    if isinstance(total, bool) or not isinstance(total, int) or total < 0:
-        raise ValueError(f"total must be an int >= 0, got {total!r}")
-    base, extra = divmod(total, parts)
-    return [base + (1 if (i - offset) % parts < extra else 0) for i in range(parts)]
 
 
 def plan_unit_shards(

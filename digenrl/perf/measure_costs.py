@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import copy
 import platform
-import re
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -42,22 +41,15 @@ from digenrl.perf.roofline import resolve_device, synchronize, tensor_bytes
 from digenrl.rewards.registry import build_reward
 from digenrl.rollout.engine import RolloutEngine
 from digenrl.rollout.sampler import Sampler
+from digenrl.runtime.profiles import detect_device
 from digenrl.runtime.transfer import batch_to_tensors
 from digenrl.trainer.trainer import PolicyTrainer
 
-#: Short device names used in cost file names, matched inside ``torch.cuda.get_device_name``.
-KNOWN_GPUS = ("h200", "h100", "h800", "h20", "a100", "a800", "l40s", "l40", "a10", "v100", "b200")
-
 
 def device_label(device: torch.device) -> str:
-    """``cpu``, or a short GPU name (``h200``) for cost file names; unknown GPUs get a slug of their name."""
-    if device.type != "cuda":
-        return device.type
-    full = torch.cuda.get_device_name(device).lower()
-    for short in KNOWN_GPUS:
-        if re.search(rf"\b{short}\b", full):
-            return short
-    return re.sub(r"[^a-z0-9]+", "-", full).strip("-")
+    """``cpu``, or the GPU's family (``h200``, ``h100``: :func:`digenrl.runtime.profiles.device_family`, the
+    rule a run's profile check uses) for cost file names."""
+    return detect_device(device.type, device.index or 0).family
 
 
 def reset_peak(device: torch.device) -> None:

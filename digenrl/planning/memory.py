@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 
 from digenrl.costs.cost_model import CFG_KEYS, CostModel
 from digenrl.costs.device_costs import DeviceCosts
+from digenrl.plan import RunPlan
+from digenrl.plan.workload import Workload
 from digenrl.runtime.profiles import HardwareProfile
-from digenrl.sim.schedule_plan import SchedulePlan
-from digenrl.sim.workload import Workload
 
 GIB = 2**30
 #: Fraction of a device's memory a run may allocate (max_memory_allocated); the caching allocator's
@@ -160,7 +160,7 @@ def rank_memory(
 class Fit:
     """The plan with the memory knobs it can run (None if none fits), and why (or what was lowered)."""
 
-    plan: SchedulePlan | None
+    plan: RunPlan | None
     notes: tuple[str, ...] = ()
     checked: bool = True
 
@@ -177,7 +177,7 @@ def _halvings(top: int) -> list[int]:
     return out
 
 
-def _loads(plan: SchedulePlan, w: Workload, profile: HardwareProfile, choice: tuple) -> dict[int, RankLoad]:
+def _loads(plan: RunPlan, w: Workload, profile: HardwareProfile, choice: tuple) -> dict[int, RankLoad]:
     """Every rank's load under ``choice`` = (micro_batch, checkpointing, samples_per_forward,
     train_resident, reward_resident)."""
     from digenrl.sim.schedules.colocated import overlap_sub_batches
@@ -229,7 +229,7 @@ def _loads(plan: SchedulePlan, w: Workload, profile: HardwareProfile, choice: tu
 
 
 def check_plan(
-    profile: HardwareProfile, costs: DeviceCosts, workload: Workload, plan: SchedulePlan
+    profile: HardwareProfile, costs: DeviceCosts, workload: Workload, plan: RunPlan
 ) -> list[RankMemory]:
     """Every rank's predicted peak for ``plan`` as it stands (its knobs, else the workload's)."""
     w = plan.effective_workload(workload)
@@ -257,7 +257,7 @@ def _all_fit(profile: HardwareProfile, costs: DeviceCosts, loads: dict[int, Rank
     return True
 
 
-def fit_plan(profile: HardwareProfile, costs: DeviceCosts, workload: Workload, plan: SchedulePlan) -> Fit:
+def fit_plan(profile: HardwareProfile, costs: DeviceCosts, workload: Workload, plan: RunPlan) -> Fit:
     """``plan`` with the cheapest memory knobs every rank can run: micro-batch (the plan's, else up to the
     largest measured, or smaller), activation checkpointing, samples per generator forward (the plan's or
     the workload's, or smaller), and — colocated — parking the optimizer state or the reward model

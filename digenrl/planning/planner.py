@@ -39,17 +39,18 @@ from dataclasses import dataclass, field, replace
 from digenrl.config import COLOCATED_SYSTEMS, SYSTEMS
 from digenrl.costs.cost_model import CFG_KEYS, CostModel
 from digenrl.costs.device_costs import DeviceCosts
+from digenrl.plan import RunPlan
+from digenrl.plan.workload import Workload
 from digenrl.planning.memory import Fit, fit_plan
+from digenrl.rules import search_tag_budget, tag_budget_limit
 from digenrl.runtime.profiles import HardwareProfile, load_profile
-from digenrl.sim.schedule_plan import SchedulePlan
-from digenrl.sim.simulator import SimResult, search_tag_budget, simulate, tag_budget_limit
-from digenrl.sim.workload import Workload
+from digenrl.sim.simulator import SimResult, simulate
 
 #: The baselines of docs/design.md §4 (labels of :meth:`Planner.baselines`): every system but DigenRL.
 BASELINES = tuple(system for system in SYSTEMS if system != "digenrl")
 #: Knob variants tried on the best few DigenRL plans (field → alternative value).
+#: Only knobs the runtime has: the planner hands out runnable plans (:attr:`RunPlan.runnable`).
 REFINEMENTS: tuple[tuple[str, object], ...] = (
-    ("transport", "rendezvous"),
     ("fragment_assignment", "round-robin"),
     ("train_order", "arrival"),
     ("gap", False),
@@ -60,7 +61,7 @@ REFINEMENTS: tuple[tuple[str, object], ...] = (
 class PlanScore:
     """One simulated candidate."""
 
-    plan: SchedulePlan
+    plan: RunPlan
     samples_per_s: float
     iteration_s: float
     busy_fraction: Mapping[str, float]
@@ -69,11 +70,9 @@ class PlanScore:
 
     @classmethod
     def of(cls, result: SimResult, notes: Iterable[str] = ()) -> PlanScore:
-        plan = result.plan
-        if plan.tag and not plan.tag_budget:  # the budget search inserted no TAG: it is the plain plan
-            plan = plan.with_(tag=False, tag_budget=None)
+        # a searched budget is the plan's (RunPlan.with_tag_budget: budget 0 is the TAG-off plan)
         return cls(
-            plan,
+            result.plan,
             result.samples_per_s,
             result.steady_iteration_s,
             dict(result.busy_fraction),
@@ -192,7 +191,7 @@ def _bound(workload: Workload, samples_per_s: float, units_per_s: float, prefetc
     return workload.samples_per_iteration / bound_s if bound_s > 0 else math.inf
 
 
-def plan_bound(costs: DeviceCosts, workload: Workload, plan: SchedulePlan) -> float:
+def plan_bound(costs: DeviceCosts, workload: Workload, plan: RunPlan) -> float:
     """Samples/s no schedule of this DigenRL ``plan`` can exceed: :func:`throughput_bound` with the batch
     its generators actually run (a fragment, at most ``samples_per_forward`` per forward)."""
     w = plan.effective_workload(workload)
@@ -223,8 +222,8 @@ class Planner:
         self.workload = replace(workload, iterations=iterations, warmup_iterations=1, cooldown_iterations=1)
         self.rejected: dict[str, str] = {}  # plan → why nothing fits in memory
         self.invalid: dict[str, str] = {}  # plan → the runtime check it fails
-        self._scores: dict[SchedulePlan, PlanScore | None] = {}
-        self._fits: dict[SchedulePlan, Fit] = {}
+        self._scores: dict[RunPlan, PlanScore | None] = {}
+        self._fits: dict[RunPlan, Fit] = {}
 
     @property
     def world(self) -> int:
@@ -234,21 +233,18 @@ class Planner:
     def heterogeneous(self) -> bool:
         return len({self.profile.device_type(r).name for r in range(self.world)}) > 1
 
-    def score(self, plan: SchedulePlan) -> PlanScore | None:
+    def score(self, plan: RunPlan) -> PlanScore | None:
         """The simulated score of ``plan`` with the memory knobs it can run; None if it cannot run (the
         reason is in :attr:`rejected` / :attr:`invalid`). A TAG plan without a budget searches it: budgets
         0, 1, 2, … per trainer (0 is the TAG-off plan), stopping after two that do not improve, the best
         kept and ties going to the smaller budget — TAG only where it shortens the makespan."""
         if plan in self._scores:
             return self._scores[plan]
-        if plan.system == "digenrl" and plan.tag and plan.tag_budget is None:
-            score = self._search_tag_budget(plan)
-        else:
-            score = self._score_exact(plan)
+        score = self._search_tag_budget(plan) if plan.searches_tag_budget else self._score_exact(plan)
         self._scores[plan] = score
         return score
 
-    def _score_exact(self, plan: SchedulePlan) -> PlanScore | None:
+    def _score_exact(self, plan: RunPlan) -> PlanScore | None:
         if plan in self._scores:
             return self._scores[plan]
         score = None
@@ -266,7 +262,7 @@ class Planner:
         self._scores[plan] = score
         return score
 
-    def _fit(self, plan: SchedulePlan) -> Fit:
+    def _fit(self, plan: RunPlan) -> Fit:
         """:func:`fit_plan`, once per memory-relevant shape of a plan (stages, transport, order, TCSS and the
         TAG budget do not change what a rank holds)."""
         key = plan.with_(
@@ -274,7 +270,8 @@ class Planner:
             transport=None,
             train_order="index",
             tcss=False,
-            tag_budget=None,
+            tag_policy="auto",
+            tag_max_fragments=0,
             gap=True,
             fragment_assignment="dynamic",
         )
@@ -292,38 +289,36 @@ class Planner:
         )
         return Fit(plan.with_(**{k: getattr(fit.plan, k) for k in knobs}), fit.notes, fit.checked)
 
-    def _search_tag_budget(self, plan: SchedulePlan) -> PlanScore | None:
+    def _search_tag_budget(self, plan: RunPlan) -> PlanScore | None:
         def run(budget: int) -> PlanScore | None:  # budget 0 is the TAG-off plan (cached)
-            return self._score_exact(plan.with_(tag_budget=budget) if budget else plan.with_(tag=False))
+            return self._score_exact(plan.with_tag_budget(budget))
 
-        return search_tag_budget(tag_budget_limit(plan.num_fragments(self.workload), plan.trainers), run)[0]
+        limit = tag_budget_limit(plan.num_fragments(self.workload), plan.trainers, plan.tag_max_fragments)
+        return search_tag_budget(limit, run)[0]
 
     # ------------------------------------------------------------------ baselines
-    def baseline_plans(
-        self, system: str, max_staleness: int = 0, work_split: str = "equal"
-    ) -> list[SchedulePlan]:
+    def baseline_plans(self, system: str, max_staleness: int = 0, work_split: str = "equal") -> list[RunPlan]:
         """Every plan of one baseline the way its authors would tune it: pool split, sub-batches,
         staleness (exactly ``max_staleness`` for separate-async)."""
         world = self.world
         if system == "colocated-sync":
-            return [SchedulePlan(system, work_split=work_split)]
+            return [RunPlan(system, work_split=work_split)]
         if system == "colocated-overlap":
             # the runtime's sub-batches (sampler.samples_per_forward, kept by the memory fit unless memory
             # lowers it); overlap_sub_batches is a simulator what-if that run_train.py cannot run, so no
             # table row carries it
-            plan = SchedulePlan(system, work_split=work_split)
+            plan = RunPlan(system, work_split=work_split)
             return [plan.with_(samples_per_forward=s) for s in self._overlap_sub_batch_sizes(plan)]
         splits = range(1, world)
         if system == "separate-sync":
-            return [SchedulePlan(system, trainers=n, generators=world - n) for n in splits]
+            return [RunPlan(system, trainers=n, generators=world - n) for n in splits]
         if system == "separate-async":
             return [
-                SchedulePlan(system, trainers=n, generators=world - n, max_staleness=max_staleness)
-                for n in splits
+                RunPlan(system, trainers=n, generators=world - n, max_staleness=max_staleness) for n in splits
             ]
         raise ValueError(f"unknown baseline {system!r}; choose one of: {', '.join(BASELINES)}")
 
-    def _overlap_sub_batch_sizes(self, plan: SchedulePlan) -> list[int | None]:
+    def _overlap_sub_batch_sizes(self, plan: RunPlan) -> list[int | None]:
         """Sub-batch sizes of ``colocated-overlap`` worth simulating: the workload's (None; one group per
         sub-batch when ``samples_per_forward`` is unset) and G, 2G, 4G samples, each only while the next
         smaller one still cuts the largest rank's share. Smaller sub-batches overlap more scoring with
@@ -340,7 +335,7 @@ class Planner:
         sizes = [k * g for k in (1, 2, 4) if k == 1 or k * g // 2 < largest]
         return [None, *(size for size in sizes if size != default)]
 
-    def best_of(self, plans: Iterable[SchedulePlan]) -> PlanScore | None:
+    def best_of(self, plans: Iterable[RunPlan]) -> PlanScore | None:
         scores = [s for s in (self.score(p) for p in plans) if s is not None]
         return max(scores, key=lambda s: s.samples_per_s) if scores else None
 
@@ -356,7 +351,10 @@ class Planner:
             out["separate-async s=1"] = self.best_of(self.baseline_plans("separate-async", 1))
         if self.heterogeneous:
             for system in COLOCATED_SYSTEMS:
-                out[f"{system} speed-split"] = self.best_of(self.baseline_plans(system, work_split="speed"))
+                # the fair split (full-size micro-batches, uneven counts) where the backend allows it;
+                # full fine-tuning's FSDP2 runs in lockstep (digenrl/data/rank_shares.py)
+                split = "speed-lockstep" if self.workload.trainer_mode == "full" else "speed"
+                out[f"{system} speed-split"] = self.best_of(self.baseline_plans(system, work_split=split))
         return out
 
     # ------------------------------------------------------------------ DigenRL's plan space
@@ -371,14 +369,14 @@ class Planner:
         tag_options: Sequence[bool] = (False, True),
         include_baselines: bool = True,
         refine: int = 1,
-        template: SchedulePlan | None = None,
+        template: RunPlan | None = None,
         prune: bool = True,
     ) -> PlannerResult:
         """The best and runner-up plans of DigenRL's plan space at staleness ≤ ``max_staleness`` (module
         docstring). ``trainer_counts`` restricts the splits (and then leaves the colocated plans out);
         ``include_baselines=False`` searches the mechanisms' plans alone. ``prune=False`` simulates every
         plan (the reference the pruning is tested against)."""
-        template = template or SchedulePlan("digenrl")
+        template = template or RunPlan("digenrl")
         if template.system != "digenrl":
             raise ValueError(f"template.system must be 'digenrl', got {template.system!r}")
         world, w = self.world, self.workload
@@ -434,7 +432,8 @@ class Planner:
                                 **fragment_plan_knobs(f, w.group_size),
                                 tsp_stages=s,
                                 tag=tag,
-                                tag_budget=None,
+                                tag_policy="auto",
+                                tag_max_fragments=0,
                                 tcss=tcss,
                             )
                             if prune and self._beaten(plan, scores + mechanism_scores):
@@ -457,7 +456,7 @@ class Planner:
             rejected=dict(self.rejected),
         )
 
-    def _beaten(self, plan: SchedulePlan, scores: list[PlanScore]) -> bool:
+    def _beaten(self, plan: RunPlan, scores: list[PlanScore]) -> bool:
         """Whether ``plan``'s bound cannot beat the current runner-up (then simulating it cannot change the
         best two)."""
         if len(scores) < 2:
@@ -474,7 +473,11 @@ class Planner:
             for name, value in REFINEMENTS:
                 if getattr(current.plan, name) == value:
                     continue
-                base = current.plan.with_(tag_budget=None) if current.plan.tag else current.plan
+                base = (
+                    current.plan.with_(tag_policy="auto", tag_max_fragments=0)
+                    if current.plan.tag
+                    else current.plan
+                )
                 trial = self.score(base.with_(**{name: value}))
                 if trial is not None:
                     out.append(trial)
@@ -483,7 +486,7 @@ class Planner:
         return out
 
 
-def _complexity(plan: SchedulePlan) -> tuple[int, ...]:
+def _complexity(plan: RunPlan) -> tuple[int, ...]:
     """Tie-break equal throughput toward the simpler plan: a baseline, no TAG, no TCSS, fewer stages, bigger
     fragments (whole groups before split ones)."""
     return (

@@ -86,6 +86,7 @@ def shared_device_estimates(cfg: Config, world_size: int) -> tuple[list[RankEsti
     from digenrl.models.bundle import bundle_parameter_counts, meta_transformer
     from digenrl.models.specs import get_model_spec
     from digenrl.planning.memory import generator_activation_bytes, train_activation_bytes
+    from digenrl.rules import fragment_size
     from digenrl.trainer.lora import default_lora_targets, lora_parameter_count
 
     spec = get_model_spec(cfg.model.name)
@@ -133,7 +134,9 @@ def shared_device_estimates(cfg: Config, world_size: int) -> tuple[list[RankEsti
                     else per_generator
                 )
                 if role != "colocated" and cfg.system == "digenrl":
-                    batch = cfg.gap.fragment_groups * cfg.algo.group_size
+                    batch = fragment_size(
+                        cfg.algo.group_size, cfg.gap.fragment_groups, cfg.gap.fragment_samples
+                    )
                 activations = max(activations, generator_activation_bytes(cost, batch, cfg_pass))
             parts["activations"] = activations
         estimates.append(RankEstimate(rank, role, parts))

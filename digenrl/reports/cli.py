@@ -26,8 +26,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from digenrl.config import Config, explicit_keys, load_config
 from digenrl.costs.cost_model import CostModel, load_costs
 from digenrl.costs.device_costs import SCALINGS, DeviceCosts
+from digenrl.plan import RunPlan, is_schedule_key
 from digenrl.reports import tables
 from digenrl.reports.folders import Folders
 
@@ -78,10 +82,9 @@ def _command(name: str, argv: list[str] | None) -> str:
 
 def plan(argv: list[str] | None, folders: Folders) -> int:
     """Ask the planner for the best plan on a hardware profile (and, with --baselines, the baselines)."""
-    from digenrl.config import load_config
+    from digenrl.plan.workload import Workload
     from digenrl.planning.planner import Planner
     from digenrl.runtime.profiles import load_profile
-    from digenrl.sim.workload import Workload
 
     p = _parser("plan", plan.__doc__)
     p.add_argument("--profile", required=True, help="hardware profile name or YAML path")
@@ -106,7 +109,22 @@ def plan(argv: list[str] | None, folders: Folders) -> int:
     p.add_argument("--max-staleness", type=int, default=0, choices=[0, 1], help="1: TCSS plans allowed")
     p.add_argument("--max-stages", type=int, default=8, help="largest TSP stage count to consider")
     p.add_argument("--baselines", action="store_true", help="also print the tuned baselines' predictions")
+    p.add_argument(
+        "--json", action="store_true", help="print only the best plan, as a run's plan.json holds it"
+    )
+    p.add_argument(
+        "--emit-config",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="write a config that `run_train.py --config PATH` runs as exactly the best plan",
+    )
     args = p.parse_args(argv)
+    if args.emit_config is not None and (args.train_steps is not None or args.cfg is not None):
+        p.error(
+            "--emit-config cannot write --train-steps or --cfg as config keys exactly; set them in --config "
+            "(algo.timestep_fraction, sampler.guidance_scale) instead"
+        )
     profile = load_profile(args.profile)
     if args.model and args.device:
         models: CostModel | dict[str, CostModel] = load_costs(args.device, args.model, folders.costs)
@@ -135,25 +153,96 @@ def plan(argv: list[str] | None, folders: Folders) -> int:
     elif args.train_steps is not None:
         changes["train_steps"] = args.train_steps
     workload = replace(workload, **changes)
-    print(
+    say = (lambda *a, **k: None) if args.json else print
+    say(
         f"profile {profile.name} ({profile.world_size} devices), model {model_name}: "
         f"P={workload.prompts_per_iteration} G={workload.group_size} T={workload.num_steps} "
         f"K={workload.train_steps} cfg={'on' if workload.cfg else 'off'} "
         f"micro-batch={workload.micro_batch_size}"
     )
     for type_name, cost in sorted(costs.by_type.items()):
-        print(f"  costs for {type_name}: {cost.device}-{cost.model} ({cost.source}, path {cost.path})")
+        say(f"  costs for {type_name}: {cost.device}-{cost.model} ({cost.source}, path {cost.path})")
     start = time.perf_counter()
     planner = Planner(profile, costs, workload)
     result = planner.search(max_staleness=args.max_staleness, max_stages=args.max_stages)
+    # the plan as a run of it records it: the workload's memory knobs and the profile as given
+    best = result.best.plan.resolved(workload, profile).with_(profile=args.profile)
+    run_items = _run_config_items(cfg if args.config else None, best, model_name, changes)
+    if args.emit_config is not None:
+        _write_config(args.emit_config, run_items)
+        command = f"python experiments/run_train.py --config {shlex.quote(str(args.emit_config))}"
+    else:
+        base = f" --config {shlex.quote(args.config)}" if args.config else ""
+        # with --config the file holds the rest; a command-line system= switches off its other systems' knobs
+        items = run_items
+        if args.config:
+            items = {_WORKLOAD_KEYS[k]: v for k, v in changes.items() if k in _WORKLOAD_KEYS}
+            items |= best.config_items()
+        command = f"python experiments/run_train.py{base} " + " ".join(
+            shlex.quote(f"{k}={_override_text(v)}") for k, v in items.items()
+        )
+    if args.json:
+        print(json.dumps(best.to_json(), indent=2))
+        return 0
     print(result.describe())
-    print("  run it: python experiments/run_train.py " + " ".join(result.best.plan.overrides()))
+    print("  run it: " + command)
     if args.baselines:
         print("baselines (each tuned over its own knobs):")
         for label, score in planner.baselines(max_staleness=1).items():
             print(f"  {label}: {score.describe() if score else 'no plan fits in memory'}")
     print(f"planned in {time.perf_counter() - start:.1f} s")
     return 0
+
+
+#: Workload fields ``simulate.py plan`` may change and the config keys that say the same.
+_WORKLOAD_KEYS = {
+    "prompts_per_iteration": "algo.prompts_per_iteration",
+    "group_size": "algo.group_size",
+    "num_steps": "sampler.num_steps",
+    "micro_batch_size": "trainer.micro_batch_size",
+}
+
+
+def _run_config_items(base: Config | None, plan: RunPlan, model: str, changes: Mapping[str, Any]) -> dict:
+    """The dotted keys of a config that runs ``plan`` for the planned workload: ``base``'s own keys but the
+    schedule's (:data:`~digenrl.plan.SCHEDULE_KEYS`), the model, the workload changed on the command line,
+    then the plan's keys (:meth:`RunPlan.config_items`)."""
+    items: dict[str, Any] = {}
+    if base is not None:
+        for key in explicit_keys(base):
+            if not is_schedule_key(key):
+                section, _, name = key.partition(".")
+                items[key] = getattr(getattr(base, section), name) if name else getattr(base, section)
+    else:
+        items["model.name"] = model
+    items |= {_WORKLOAD_KEYS[k]: v for k, v in changes.items() if k in _WORKLOAD_KEYS}
+    return items | plan.config_items()
+
+
+def _write_config(path: Path, items: Mapping[str, Any]) -> None:
+    """``items`` (dotted keys) as a nested YAML config file."""
+    tree: dict[str, Any] = {}
+    for key, value in items.items():
+        section, _, name = key.partition(".")
+        if name:
+            tree.setdefault(section, {})[name] = value
+        else:
+            tree[key] = value
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        "# written by `python experiments/simulate.py plan --emit-config`: the planner's best plan\n"
+        + yaml.safe_dump(tree, sort_keys=False)
+    )
+
+
+def _override_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if value is None:
+        return "null"
+    if isinstance(value, list):
+        return "[" + ",".join(str(v) for v in value) + "]"
+    return str(value)
 
 
 # ----------------------------------------------------------------------------- tables

@@ -43,10 +43,11 @@ from typing import Any
 from digenrl.costs.audit import audit
 from digenrl.costs.cost_model import CostModel, cost_path
 from digenrl.costs.device_costs import DeviceCosts
+from digenrl.plan.rollout_defaults import rollout_defaults
+from digenrl.plan.workload import Workload
 from digenrl.planning.planner import Planner, PlannerResult, PlanScore
 from digenrl.reports.folders import Folders
 from digenrl.runtime.profiles import HardwareProfile, NodeGroup, load_profile
-from digenrl.sim.workload import Workload
 
 PROFILES = ("a100-16", "h800-32", "hetero-h100-a100-16")
 #: relative_speed 1.0: the reference device of every profile (digenrl/runtime/hardware_profiles/)
@@ -195,9 +196,7 @@ def scenario_costs(scenario: Scenario, folders: Folders, cost_file: Path | None 
 
 
 def _frames(model: str) -> int | None:
-    from digenrl.models import get_model_spec
-
-    return get_model_spec(model).default_frames
+    return rollout_defaults(model).frames
 
 
 def device_costs(profile: HardwareProfile, costs: CostModel) -> DeviceCosts:

@@ -7,9 +7,9 @@ Per-phase numbers are the mean seconds per steady iteration summed over the rank
 :func:`digenrl.runtime.event_summary.summarize_records`, so a phase whose predicted time is off shows
 up by name.
 
-:func:`compare_run` does both for a run directory: it simulates the run's own config
-(:func:`plan_from_config`) from the cost file of its device and model and prints predicted next to measured
-seconds per phase (``python experiments/simulate.py validate RUN_DIR``).
+:func:`compare_run` does both for a run directory: it simulates the plan the run executed (its
+``plan.json``, :class:`~digenrl.plan.RunPlan`) from the cost file of its device and model and prints
+predicted next to measured seconds per phase (``python experiments/simulate.py validate RUN_DIR``).
 """
 
 from __future__ import annotations
@@ -19,15 +19,15 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from digenrl.config import COLOCATED_SYSTEMS
 from digenrl.costs.cost_model import CostModel, cost_path, run_path
 from digenrl.costs.device_costs import DeviceCosts
+from digenrl.plan import RunPlan
+from digenrl.plan.workload import Workload
 from digenrl.runtime.event_records import load_events
 from digenrl.runtime.event_summary import summarize_records
 from digenrl.runtime.profiles import HardwareProfile, load_profile
-from digenrl.sim.schedule_plan import SchedulePlan
 from digenrl.sim.simulator import SimResult, simulate
-from digenrl.sim.workload import Workload
+from digenrl.trainer.run_dir import PLAN_FILE
 
 if TYPE_CHECKING:
     from digenrl.config import Config
@@ -110,31 +110,12 @@ def simulation_error(
 PHASE_ERROR_GOAL = 0.10
 
 
-def plan_from_config(cfg: Config, world_size: int) -> SchedulePlan:
-    """The simulator's plan of a run's config (pools, knobs) — what ``experiments/run_train.py`` ran."""
-    pools = {}
-    if cfg.system not in COLOCATED_SYSTEMS:
-        trainers = cfg.pools.trainers or world_size // 2
-        pools = {"trainers": trainers, "generators": cfg.pools.generators or world_size - trainers}
-    knobs: dict[str, Any] = {
-        "train_resident": cfg.residency.train_resident,
-        "reward_resident": cfg.residency.reward_resident,
-    }
-    if cfg.system == "separate-async":
-        knobs["max_staleness"] = cfg.asynchrony.max_staleness
-    if cfg.system == "digenrl":
-        knobs |= {
-            "gap": cfg.gap.enabled,
-            "fragment_groups": cfg.gap.fragment_groups,
-            "fragment_assignment": cfg.gap.assignment,
-            "train_order": cfg.gap.train_order,
-            "tsp_stages": cfg.tsp.stages,
-            "tag": cfg.tag.enabled,
-            "tag_budget": None if cfg.tag.policy == "auto" else (cfg.tag.max_fragments or None),
-            "park_grads": cfg.tag.park_grads,
-            "tcss": cfg.tcss.enabled,
-        }
-    return SchedulePlan(cfg.system, **pools, **knobs)
+def run_plan(run_dir: Path, cfg: Config, profile: HardwareProfile) -> RunPlan:
+    """The plan the run in ``run_dir`` executed: its ``plan.json``; a run written before runs recorded
+    their plan gets the plan of its ``config.yaml`` (:meth:`RunPlan.from_config`, the same rule)."""
+    if (run_dir / PLAN_FILE).is_file():
+        return RunPlan.load(run_dir / PLAN_FILE)
+    return RunPlan.from_config(cfg, profile)
 
 
 def run_cost_file(cfg: Config, profile: HardwareProfile, costs_dir: str | Path) -> Path:
@@ -177,8 +158,7 @@ def compare_run(
     workload = Workload.from_config(
         cfg, iterations=iterations, warmup_iterations=warmup, cooldown_iterations=cooldown
     )
-    world = profile.world_size if cfg.system in COLOCATED_SYSTEMS else None
-    plan = plan_from_config(cfg, world or (cfg.pools.trainers + cfg.pools.generators) or profile.world_size)
+    plan = run_plan(run_dir, cfg, profile)
     result = simulate(profile, DeviceCosts(profile, costs), workload, plan)
     error = simulation_error(result, run_dir, warmup, cooldown)
     device = "cuda" if profile.backend == "nccl" else "cpu"

@@ -211,11 +211,11 @@ def main(argv: list[str] | None = None, *, config: Path | None = None, out: Path
     from digenrl.config import load_config
     from digenrl.costs.cost_model import CostModel
     from digenrl.perf.measure_costs import measure_costs
+    from digenrl.plan import RunPlan
+    from digenrl.plan.workload import Workload
     from digenrl.reports.validation import simulation_error
     from digenrl.runtime.event_records import load_events
-    from digenrl.sim.schedule_plan import SchedulePlan
     from digenrl.sim.simulator import simulate
-    from digenrl.sim.workload import Workload
 
     torch.set_num_threads(args.threads)
     command = "python experiments/measure.py validation-runs " + shlex.join(
@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None, *, config: Path | None = None, out: Path
             costs = measure()
         launch_s = run_real(conf, args, run_dir)
         load_after = os.getloadavg()[0]
-        result = simulate(args.profile, costs, workload, SchedulePlan(**conf.plan_kwargs))
+        result = simulate(args.profile, costs, workload, RunPlan(**conf.plan_kwargs))
         err = simulation_error(result, run_dir, warmup=args.warmup, cooldown=args.cooldown)
         steady = range(args.warmup, args.iterations - args.cooldown)
         measured_median = statistics.median(iteration_times(load_events(run_dir))[k] for k in steady)

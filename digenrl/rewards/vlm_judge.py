@@ -69,6 +69,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
+from digenrl.models.families.qwen_image import QWEN25_VL_7B_CONFIG
 from digenrl.rewards.base import RewardFunction
 from digenrl.rewards.local_weights import (
     FULL_LAYOUT,
@@ -92,33 +93,9 @@ VISION_START, VISION_END = "<|vision_start|>", "<|vision_end|>"
 #: Tokens the offline stand-in tokenizer gets, so the Qwen2.5-VL prompt format tokenises as one id each.
 QWEN_SPECIAL_TOKENS = ("<|im_start|>", "<|im_end|>", VISION_START, VISION_END, IMAGE_TOKEN, "<|video_pad|>")
 
-#: Qwen2.5-VL-7B-Instruct (config.json of the public checkpoint; 8,292,166,656 parameters).
-QWEN25_VL_7B: dict[str, dict[str, Any]] = {
-    "text_config": {
-        "vocab_size": 152064,
-        "hidden_size": 3584,
-        "intermediate_size": 18944,
-        "num_hidden_layers": 28,
-        "num_attention_heads": 28,
-        "num_key_value_heads": 4,
-        "rms_norm_eps": 1e-6,
-        "max_position_embeddings": 128000,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [16, 24, 24]},
-    },
-    "vision_config": {
-        "depth": 32,
-        "hidden_size": 1280,
-        "intermediate_size": 3420,
-        "num_heads": 16,
-        "out_hidden_size": 3584,
-        "patch_size": 14,
-        "spatial_merge_size": 2,
-        "temporal_patch_size": 2,
-        "window_size": 112,
-        "fullatt_block_indexes": [7, 15, 23, 31],
-        "tokens_per_second": 2,
-    },
-}
+#: Qwen2.5-VL-7B-Instruct (config.json of the public checkpoint; 8,292,166,656 parameters): the one
+#: declaration, also Qwen-Image's text encoder (digenrl/models/families/qwen_image.py).
+QWEN25_VL_7B: dict[str, dict[str, Any]] = QWEN25_VL_7B_CONFIG
 #: The tiny twin: same architecture and image pipeline, 2 + 2 layers (vocabulary: the tokenizer's).
 TINY_QWEN25_VL: dict[str, dict[str, Any]] = {
     "text_config": {
@@ -130,7 +107,8 @@ TINY_QWEN25_VL: dict[str, dict[str, Any]] = {
         "num_key_value_heads": 2,
         "rms_norm_eps": 1e-6,
         "max_position_embeddings": 4096,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]},
+        "rope_theta": 1000000.0,  # the rope settings spelled as the 7B's (one form for both)
+        "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
     },
     "vision_config": {
         "depth": 2,

@@ -26,6 +26,7 @@ from digenrl.models.flow_model import FlowModel
 from digenrl.models.text import TextEncoder
 from digenrl.rollout.noise import INITIAL_NOISE_STEP, sample_generator, sample_seed, step_noise
 from digenrl.rollout.sampler import Sampler
+from digenrl.runtime.batch_ledger import BatchLedger, sample_keys
 
 _TRAIN_STEP_PURPOSE = 1
 
@@ -59,6 +60,7 @@ class RolloutEngine:
         self.fast_window = fast_window
         self.samples_per_forward = samples_per_forward
         self.device = torch.device(device)
+        self.ledger: BatchLedger | None = None  # runtime.record_batches: the forwards' batches
 
     def uncond(self) -> TextCondition | None:
         """The empty-prompt condition for true CFG (cached by the encoder), else None. Every TSP stage
@@ -219,6 +221,11 @@ class RolloutEngine:
         sde_mask = sde_step_mask(t, batch.step_indices[0].cpu(), mode=self.timestep_selection) if b else None
         sigmas = self.sampler.sigmas.to(self.device)
         chunk = self.samples_per_forward or b
+        if self.ledger is not None and first < until_step:
+            keys = sample_keys(batch.prompt_ids.tolist(), batch.sample_ids.tolist())
+            for start in range(0, b, chunk):
+                rows = keys[start : start + chunk]
+                self.ledger.record("rollout", batch.iteration, "samples", rows, steps=[first, until_step])
         for i in range(first, until_step):
             noise = step_noise(seeds, i, self.latent_shape, device=self.device)
             nxt = torch.empty_like(x)

@@ -13,6 +13,7 @@ from digenrl.models.vae import LatentDecoder
 from digenrl.rewards.base import RewardFunction
 from digenrl.rewards.nonfinite import check_finite_rewards
 from digenrl.rewards.registry import CompositeReward
+from digenrl.runtime.batch_ledger import BatchLedger, sample_keys
 
 
 @dataclass
@@ -46,6 +47,7 @@ class Scorer:
         self.nonfinite_policy = nonfinite_policy
         self.decode_batch = decode_batch
         self.metadata = dict(metadata or {})
+        self.ledger: BatchLedger | None = None  # runtime.record_batches: the decode calls' batches
 
     @torch.no_grad()
     def __call__(self, batch: TrajectoryBatch) -> ScoreResult:
@@ -56,6 +58,11 @@ class Scorer:
         rewards = []
         for start in range(0, b, chunk):
             stop = min(start + chunk, b)
+            if self.ledger is not None:
+                keys = sample_keys(
+                    batch.prompt_ids[start:stop].tolist(), batch.sample_ids[start:stop].tolist()
+                )
+                self.ledger.record("decode", batch.iteration, "samples", keys)
             images = self.decoder.decode(batch.final_latents[start:stop])
             prompts = batch.prompts[start:stop]
             metadata = [self.metadata.get(p, {}) for p in prompts]

@@ -16,6 +16,8 @@ holds global ranks ``[n * nproc_per_node, (n + 1) * nproc_per_node)``).
 from __future__ import annotations
 
 import math
+import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,8 +159,12 @@ class HardwareProfile:
 # ----------------------------------------------------------------------------------------------- loading
 
 
+#: ``profile=auto``: the profile of the devices this node has (:func:`auto_profile`)
+AUTO = "auto"
+
+
 def available_profiles() -> list[str]:
-    """Names of the shipped profiles (:data:`PROFILE_DIR` file stems), sorted."""
+    """Names of the shipped profiles (:data:`PROFILE_DIR` file stems), sorted; ``auto`` is not a file."""
     if not PROFILE_DIR.is_dir():
         return []
     return sorted(path.stem for path in PROFILE_DIR.glob("*.yaml"))
@@ -171,7 +177,10 @@ def is_profile_path(name_or_path: str | Path) -> bool:
 
 
 def load_profile(name_or_path: str | Path) -> HardwareProfile:
-    """Load a profile by name (``<PROFILE_DIR>/<name>.yaml``) or from an explicit YAML path."""
+    """Load a profile by name (``<PROFILE_DIR>/<name>.yaml``), from an explicit YAML path, or ``auto``: the
+    devices this node has (:func:`auto_profile` of :func:`detect_node`)."""
+    if str(name_or_path) == AUTO:
+        return auto_profile(detect_node())
     path = Path(name_or_path)
     is_path = is_profile_path(name_or_path)
     if is_path:
@@ -287,3 +296,173 @@ def _positive_float(mapping: Mapping, key: str, where: str) -> float:
     if not is_number or not math.isfinite(value) or value <= 0:
         raise ValueError(f"{where}.{key} must be a positive number, got {value!r}")
     return float(value)
+
+
+# ------------------------------------------------------------------------------- the real devices
+#
+# A profile describes devices by type name (``h200``, ``h100``, ``cpu-worker``); a run checks at start-up that
+# each rank's real device is of its type (digenrl/validation.py ``check_profile_device``): an H100 run priced
+# with an H200's matmul ceiling and memory reports wrong bounds, memory checks and plans. Every computing
+# process reads its own device before any process group exists (:func:`detect_device`); torch is imported
+# only there, so planning with a named profile needs no torch.
+
+#: A GPU's family in its name: letters then digits (H100, H200, A100, H800, L40S, B200, RTX 4090)
+_FAMILY = re.compile(r"\b([A-Z]{1,3})[ -]?(\d{2,4})([A-Z]?)\b")
+#: Memory of the same family differs by board (H100 80 GB SXM / 94 GB NVL): more than this apart is another
+#: device than the profile describes
+MEMORY_TOLERANCE = 0.10
+
+
+@dataclass(frozen=True)
+class DetectedDevice:
+    """A real device: ``name`` as the driver reports it ("NVIDIA H100 80GB HBM3", "cpu"), its memory (GiB;
+    None on a CPU) and how many of them this node has (for ``profile=auto``: ranks on a CPU)."""
+
+    name: str
+    memory_gib: float | None = None
+    count: int = 1
+
+    @property
+    def family(self) -> str:
+        return device_family(self.name)
+
+
+def device_family(device_name: str) -> str:
+    """``h100`` for "NVIDIA H100 80GB HBM3", ``a100`` for "NVIDIA A100-SXM4-80GB", ``cpu`` for a CPU; else
+    the name in lower-case letters and digits."""
+    if device_name.lower().startswith("cpu"):
+        return "cpu"
+    match = _FAMILY.search(device_name.upper().replace("NVIDIA", " "))
+    if match:
+        return "".join(match.groups()).lower()
+    return re.sub(r"[^a-z0-9]", "", device_name.lower())
+
+
+def type_matches(type_name: str, family: str) -> bool:
+    """Whether a profile's device type (``h100``, ``h100-sxm``, ``cpu-worker``) is of device ``family``."""
+    name = type_name.lower()
+    if family == "cpu":
+        return name.startswith("cpu")
+    # the family as a word of the type name: h100-sxm and nvidia_h100 are h100s, h200 is not an h20
+    return re.search(rf"(?<![a-z0-9]){re.escape(family)}(?![0-9])", name) is not None
+
+
+def device_mismatch(profile: HardwareProfile, rank: int, device: DetectedDevice) -> str | None:
+    """Why ``device`` is not what ``profile`` says rank ``rank`` runs on (None: it is): another family, or
+    GPU memory more than :data:`MEMORY_TOLERANCE` away from the profile's."""
+    declared = profile.device_type(rank)
+    if not type_matches(declared.name, device.family):
+        what = "the CPU" if device.family == "cpu" else f"a {device.name}"
+        return (
+            f"profile={profile.name!r} says rank {rank} runs on a {declared.name} "
+            f"({declared.memory_gib:g} GiB), but it runs on {what}"
+        )
+    gpu_memory = device.memory_gib if device.family != "cpu" else None
+    tolerance = MEMORY_TOLERANCE * declared.memory_gib
+    if gpu_memory is not None and abs(gpu_memory - declared.memory_gib) > tolerance:
+        return (
+            f"profile={profile.name!r} says rank {rank} runs on a {declared.name} with "
+            f"{declared.memory_gib:g} GiB, but its {device.name} has {gpu_memory:.1f} GiB"
+        )
+    return None
+
+
+def matching_profiles(device: DetectedDevice, world_size: int) -> list[str]:
+    """The shipped profiles of ``world_size`` devices, all of ``device``'s family (a mismatch's fix)."""
+    out = []
+    for name in available_profiles():
+        profile = load_profile(name)
+        if profile.world_size == world_size and all(
+            type_matches(profile.device_type(r).name, device.family) for r in range(world_size)
+        ):
+            out.append(name)
+    return out
+
+
+def known_device_type(family: str) -> tuple[GpuType, Links, str] | None:
+    """The device type of ``family`` as a shipped profile describes it, with that profile's links and
+    name; one with a measured matmul ceiling first (what a run's fraction of bound needs), then one-node
+    profiles, then by name."""
+    found = []
+    for name in available_profiles():
+        profile = load_profile(name)
+        for gpu in profile.gpu_types.values():
+            if type_matches(gpu.name, family):
+                unmeasured = gpu.measured_bf16_tflops is None
+                # the link of this type's own nodes, where the profile gives its node group one
+                intra = [g.intra_node_gbps for g in profile.nodes if g.gpu == gpu.name and g.intra_node_gbps]
+                links = profile.links
+                if intra:
+                    links = Links(intra[0], links.inter_node_gbps, links.host_device_gbps)
+                found.append((unmeasured, profile.num_nodes, name, gpu, links))
+    if not found:
+        return None
+    _, _, name, gpu, links = min(found, key=lambda item: item[:3])
+    return gpu, links, name
+
+
+def auto_profile(device: DetectedDevice) -> HardwareProfile:
+    """``profile=auto``: one node of ``device.count`` devices of ``device``'s kind, their numbers (speed,
+    ceiling, links) from the shipped profile that describes that kind (:func:`known_device_type`) and the
+    memory as detected. Under torchrun the node must be the whole job: a multi-node or mixed cluster needs
+    an explicit profile."""
+    world, local = os.environ.get("WORLD_SIZE"), os.environ.get("LOCAL_WORLD_SIZE")
+    if world is not None and local is not None and world != local:
+        raise ValueError(
+            f"profile=auto describes one node, but this job has {world} ranks of which {local} on this "
+            "node; a multi-node job needs an explicit profile (digenrl/runtime/hardware_profiles/README.md)"
+        )
+    known = known_device_type(device.family)
+    if known is None:
+        raise ValueError(
+            f"profile=auto: no shipped profile describes a {device.name!r} (family {device.family!r}); "
+            "write one for it (digenrl/runtime/hardware_profiles/README.md) and pass profile=PATH"
+        )
+    gpu, links, source = known
+    cpu = device.family == "cpu"
+    if not cpu and device.memory_gib is not None:
+        gpu = GpuType(**{**gpu.__dict__, "memory_gib": round(device.memory_gib, 1)})
+    return HardwareProfile(
+        name=AUTO,
+        description=f"{device.count} x {device.name} (detected; numbers of profile {source})",
+        backend="gloo" if cpu else "nccl",
+        nodes=(NodeGroup(count=1, devices_per_node=device.count, gpu=gpu.name),),
+        gpu_types={gpu.name: gpu},
+        links=links,
+    )
+
+
+#: CPU ranks of ``profile=auto`` when torchrun does not say (WORLD_SIZE): a launcher sets it to the ranks
+#: it starts (digenrl/launch.py), so every process of the job builds the same profile
+AUTO_WORKERS_ENV = "DIGENRL_AUTO_WORKERS"
+
+
+def detect_device(device_type: str, index: int = 0) -> DetectedDevice:
+    """The device a process computes on: ``cuda`` device ``index``, or the CPU."""
+    if device_type != "cuda":
+        return DetectedDevice(name="cpu")
+    import torch
+
+    props = torch.cuda.get_device_properties(index)
+    return DetectedDevice(name=props.name, memory_gib=props.total_memory / 2**30)
+
+
+def detect_node() -> DetectedDevice:
+    """This node's devices for ``profile=auto``: its GPUs (all alike: a mixed node needs an explicit
+    profile), else CPU ranks — as many as the job runs (``WORLD_SIZE`` under torchrun, else
+    :data:`AUTO_WORKERS_ENV`, else 1)."""
+    import torch
+
+    ranks = os.environ.get("WORLD_SIZE") or os.environ.get(AUTO_WORKERS_ENV)
+    gpus = torch.cuda.device_count()
+    if gpus == 0:
+        return DetectedDevice(name="cpu", count=int(ranks or 1))
+    devices = [detect_device("cuda", i) for i in range(gpus)]
+    names = sorted({d.name for d in devices})
+    if len(names) > 1:
+        raise ValueError(
+            f"profile=auto needs one kind of GPU on the node, found {names}; write a profile for this node "
+            "(digenrl/runtime/hardware_profiles/README.md) and pass profile=PATH"
+        )
+    first = devices[0]
+    return DetectedDevice(name=first.name, memory_gib=first.memory_gib, count=int(ranks or gpus))

@@ -46,8 +46,11 @@ class StartedRun(Protocol):
 def start_banner(
     cfg: Config, world_size: int, pools: str, mechanisms: str = "", run: StartedRun | None = None
 ) -> str:
+    from digenrl.runtime.profiles import AUTO, load_profile
+
+    profile = f"auto ({load_profile(AUTO).description})" if cfg.profile == AUTO else cfg.profile
     lines = [
-        f"[digenrl] system {cfg.system} | model {cfg.model.name} | profile {cfg.profile} | "
+        f"[digenrl] system {cfg.system} | model {cfg.model.name} | profile {profile} | "
         f"{world_size} rank(s): {pools}",
         f"[digenrl] {cfg.iterations} iterations of {cfg.algo.prompts_per_iteration} prompts x "
         f"{cfg.algo.group_size} samples, reward {_reward(cfg)} | out_dir {cfg.out_dir}",
@@ -102,6 +105,9 @@ def closing_summary(records: list[dict[str, Any]], out_dir: str | Path) -> str:
     if busy:
         pools = ", ".join(f"{role} {100 * f:.0f}%" for role, f in busy.items())
         lines.append(f"[digenrl] busy fraction: {pools}")
+    mismatch = next((r["profile_mismatch"] for r in records if r.get("profile_mismatch")), None)
+    if mismatch:
+        lines.append(f"[digenrl] WARNING: {mismatch} (runtime.allow_profile_mismatch=true)")
     skipped = [r["iteration"] for r in records if r.get("nonfinite_skipped")]
     if skipped:
         lines.append(

@@ -9,8 +9,6 @@ the comparison with real runs are :mod:`digenrl.reports`. The runtime asks it on
 :mod:`digenrl.sim.predict` (TAG's budget).
 """
 
-from digenrl.sim.schedule_plan import SchedulePlan
 from digenrl.sim.simulator import SimResult, compute_seconds, simulate
-from digenrl.sim.workload import Workload
 
-__all__ = ["SchedulePlan", "SimResult", "Workload", "compute_seconds", "simulate"]
+__all__ = ["SimResult", "compute_seconds", "simulate"]

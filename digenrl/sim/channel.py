@@ -24,8 +24,6 @@ from digenrl.sim.des import Condition, Delay, Process, Signal, Simulation
 from digenrl.sim.network import Network
 from digenrl.sim.span_log import SpanLog
 
-TRANSPORTS = ("rendezvous", "buffered")
-
 
 class Machine(Protocol):
     """What a message needs of the simulated machine (:class:`~digenrl.sim.cluster.SimCluster` is one):

@@ -23,12 +23,12 @@ from typing import Any
 
 from digenrl.costs.cost_model import CostModel
 from digenrl.costs.device_costs import DeviceCosts
+from digenrl.plan.workload import Workload
 from digenrl.runtime.profiles import HardwareProfile
 from digenrl.sim.channel import Channel
 from digenrl.sim.des import Condition, Delay, Process, Signal, Simulation
 from digenrl.sim.network import Network
 from digenrl.sim.span_log import SpanLog
-from digenrl.sim.workload import Workload
 
 
 @dataclass

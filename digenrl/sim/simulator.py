@@ -1,10 +1,12 @@
 """Replay a schedule on a hardware profile from measured per-operation costs (docs/design.md §5).
 
     from digenrl.costs import CostModel
-    from digenrl.sim import SchedulePlan, Workload, simulate
+    from digenrl.plan import RunPlan
+    from digenrl.plan import Workload
+    from digenrl.sim import simulate
     costs = CostModel.load("experiments/results/costs/h200-sd3.5-medium.json")
     work = Workload(prompts_per_iteration=32, group_size=16, num_steps=10, train_steps=9, cfg=True)
-    plan = SchedulePlan("digenrl", trainers=2, generators=6, fragment_groups=4, tsp_stages=2)
+    plan = RunPlan("digenrl", trainers=2, generators=6, fragment_groups=4, tsp_stages=2)
     result = simulate("h200-8", costs, work, plan)
     print(result.describe()); result.write_events("runs/sim_digenrl")   # then summarize_events(...)
 
@@ -15,7 +17,7 @@ Throughput definition (docs/design.md §5: trained samples per second in steady 
 its optimizer step ends; ``iteration_s[k]`` is the time between the ends of k−1 and k (iteration 0 is
 measured from t = 0), so overlapping schedules (TCSS, async) are measured by the rate at which they
 commit steps. Steady state = iterations ``[w, n − c)`` (w warm-up, c cool-down, see
-:class:`~digenrl.sim.workload.Workload`): ``samples_per_s = B · (n − w − c) / (end[n−c−1] − end[w−1])``.
+:class:`~digenrl.plan.workload.Workload`): ``samples_per_s = B · (n − w − c) / (end[n−c−1] − end[w−1])``.
 Busy fractions and busy GPU-seconds cover the same window; phase seconds sum spans tagged with steady
 iterations.
 """
@@ -24,32 +26,29 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from digenrl.costs.cost_model import CostModel
 from digenrl.costs.device_costs import DeviceCosts
+from digenrl.plan import RunPlan
+from digenrl.plan.workload import Workload
+from digenrl.rules import search_tag_budget, tag_budget_limit
 from digenrl.runtime.event_records import is_work_phase
 from digenrl.runtime.event_summary import union_length
 from digenrl.runtime.profiles import HardwareProfile, load_profile
 from digenrl.sim.cluster import SimCluster
-from digenrl.sim.schedule_plan import SchedulePlan
 from digenrl.sim.schedules import SCHEDULES
 from digenrl.sim.span_log import SpanLog
-from digenrl.sim.workload import Workload
-
-#: TAG budgets beyond this many fragments per trainer rank per iteration are not searched.
-MAX_TAG_BUDGET = 16
-R = TypeVar("R")
 
 
 @dataclass
 class SimResult:
     """What a simulated run predicts. Times in seconds; ``spans`` are real-format span records."""
 
-    plan: SchedulePlan
+    plan: RunPlan
     workload: Workload
     iteration_end_s: list[float]
     iteration_s: list[float]
@@ -121,58 +120,50 @@ def simulate(
     profile: HardwareProfile | str,
     costs: CostModel | Mapping[str, CostModel] | DeviceCosts,
     workload: Workload,
-    plan: SchedulePlan,
+    plan: RunPlan,
 ) -> SimResult:
-    """Simulate ``plan`` for ``workload`` on ``profile`` (``tag`` with ``tag_budget=None`` searches the
-    budget: the best predicted throughput wins, ties go to the smaller budget, so TAG is inserted only
-    where the cost model predicts a shorter makespan)."""
+    """Simulate ``plan`` for ``workload`` on ``profile`` (``tag.policy=auto`` searches the budget, up to
+    ``tag_max_fragments`` when set: the best predicted throughput wins, ties go to the smaller budget, so
+    TAG is inserted only where the cost model predicts a shorter makespan).
+
+    Not modelled, so refused rather than priced as something else: ``asynchrony.max_inflight`` > 1. A
+    scorer pool (``pools.scorers``) is priced as scoring on the generators' last stage and a shared device
+    (``runtime.share_device``) as one device per rank, each noted in :attr:`SimResult.info`."""
     profile = load_profile(profile) if isinstance(profile, str) else profile
     device_costs = costs if isinstance(costs, DeviceCosts) else DeviceCosts(profile, costs)
     workload = plan.effective_workload(workload)
     plan.check(profile.world_size, workload, profile.relative_speeds)
-    if plan.system == "digenrl" and plan.tag and plan.tag_budget is None:
-        limit = tag_budget_limit(plan.num_fragments(workload), plan.trainers)
+    if plan.system == "separate-async" and plan.max_inflight != 1:
+        raise ValueError(
+            f"the simulator models separate-async with max_inflight 1 (UniRL's), not {plan.max_inflight}"
+        )
+    if plan.searches_tag_budget:
+        limit = tag_budget_limit(plan.num_fragments(workload), plan.trainers, plan.tag_max_fragments)
         best, _ = search_tag_budget(
-            limit, lambda b: _simulate_once(profile, device_costs, workload, plan.with_(tag_budget=b))
+            limit, lambda b: _simulate_once(profile, device_costs, workload, plan.with_tag_budget(b))
         )
         assert best is not None  # a simulation either runs or raises
-        best.info["tag_budget"] = f"searched from 0, chose {best.plan.tag_budget}"
-        return best
-    return _simulate_once(profile, device_costs, workload, plan)
+        best.info["tag_budget"] = (
+            f"searched from 0, chose {best.plan.tag_budget(plan.num_fragments(workload))}"
+        )
+        return _noted(best, plan)
+    return _noted(_simulate_once(profile, device_costs, workload, plan), plan)
 
 
-def tag_budget_limit(num_fragments: int, trainers: int, max_fragments: int = 0) -> int:
-    """The largest helper budget (fragments per trainer rank per iteration) TAG's search tries:
-    ``tag.max_fragments`` (0: a trainer's share of the fragments, ⌈fragments / trainers⌉), at most every
-    fragment and :data:`MAX_TAG_BUDGET`."""
-    share = max_fragments or math.ceil(num_fragments / trainers)
-    return min(share, num_fragments, MAX_TAG_BUDGET)
+def _noted(result: SimResult, plan: RunPlan) -> SimResult:
+    """``result`` with what the simulator priced differently from ``plan`` named in its ``info``."""
+    if plan.scorers:
+        result.info["scorers"] = (
+            f"pools.scorers={plan.scorers} not modelled: scoring priced on the generators' last stage"
+        )
+    if plan.share_device:
+        result.info["share_device"] = (
+            "runtime.share_device=true not modelled: the ranks share one GPU, priced as one device each"
+        )
+    return result
 
 
-def search_tag_budget(limit: int, run: Callable[[int], R | None]) -> tuple[R | None, dict[int, R | None]]:
-    """TAG's bubble-triggered budget search (docs/design.md §3 (TAG)), the one rule of the runtime's
-    ``tag.policy=auto`` (:mod:`digenrl.sim.predict`), the simulator and the planner: ``run(budget)``
-    (anything with ``samples_per_s``; None if that plan cannot run) at budgets 0, 1, 2, … ``limit``,
-    stopping after two in a row that do not improve; the best wins and ties go to the smaller budget, so TAG
-    is inserted only where the cost model predicts a shorter makespan. Returns the best (None if budget 0
-    cannot run) and every budget tried with its result."""
-    tried: dict[int, R | None] = {0: run(0)}
-    best = tried[0]
-    if best is None:
-        return None, tried
-    worse_in_a_row = 0
-    for budget in range(1, limit + 1):
-        trial = tried[budget] = run(budget)
-        if trial is not None and trial.samples_per_s > best.samples_per_s * (1 + 1e-12):
-            best, worse_in_a_row = trial, 0
-        else:
-            worse_in_a_row += 1
-            if worse_in_a_row == 2:
-                break
-    return best, tried
-
-
-def _roles(profile: HardwareProfile, plan: SchedulePlan) -> dict[int, str]:
+def _roles(profile: HardwareProfile, plan: RunPlan) -> dict[int, str]:
     world = profile.world_size
     if plan.colocated:
         return dict.fromkeys(range(world), "colocated")
@@ -182,7 +173,7 @@ def _roles(profile: HardwareProfile, plan: SchedulePlan) -> dict[int, str]:
 
 
 def _simulate_once(
-    profile: HardwareProfile, costs: DeviceCosts, workload: Workload, plan: SchedulePlan
+    profile: HardwareProfile, costs: DeviceCosts, workload: Workload, plan: RunPlan
 ) -> SimResult:
     cluster = SimCluster(profile, costs, workload, _roles(profile, plan))
     info = SCHEDULES[plan.system](cluster, plan) or {}

@@ -20,6 +20,7 @@ from typing import ClassVar
 import torch
 
 from digenrl.config import Config, config_yaml
+from digenrl.plan import RunPlan
 from digenrl.rollout.evaluate import EvalPhases, EvalResult, eval_schedule
 from digenrl.runtime.distributed import DistContext
 from digenrl.runtime.events import agree_clock_origin, merge_chrome_trace
@@ -27,6 +28,7 @@ from digenrl.runtime.fault_injection import inject_fault
 from digenrl.runtime.iteration_profile import profiled_iteration
 from digenrl.runtime.metrics import add_event_summary, read_metrics
 from digenrl.runtime.policy_version import PolicyVersion
+from digenrl.runtime.profiles import detect_device, device_mismatch, load_profile
 from digenrl.runtime.run_files import write_atomic
 from digenrl.runtime.run_report import closing_summary, start_banner
 from digenrl.runtime.sample_grid import grid_path, write_sample_grid
@@ -35,7 +37,7 @@ from digenrl.runtime.telemetry import GpuTelemetry
 from digenrl.systems.components import RankComponents
 from digenrl.trainer.checkpoint import load_checkpoint, save_checkpoint
 from digenrl.trainer.lora_export import checkpoint_lora_writer
-from digenrl.trainer.run_dir import RunStart
+from digenrl.trainer.run_dir import PLAN_FILE, RunStart
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +75,10 @@ class System:
         self.run_start = run  # agreed at startup (digenrl/trainer/run_dir.py agree_run_start)
         self.clock_origin = agree_clock_origin(ctx)
         self.version = PolicyVersion()  # the one owner of this rank's policy version
+        # the real device, and how it differs from the profile's (runtime.allow_profile_mismatch; else
+        # refused at startup: digenrl/validation.py check_profile_device)
+        self.device = detect_device(ctx.device.type, ctx.device.index or 0)
+        self.profile_mismatch = device_mismatch(load_profile(cfg.profile), ctx.rank, self.device)
         self.parts: RankComponents = self.setup()
 
     def setup(self) -> RankComponents:  # pragma: no cover - abstract
@@ -185,7 +191,6 @@ class System:
         """The iteration's model FLOPs by phase, the matmul ceiling and the loop's fraction of it
         (digenrl/costs/flops.py); without a measured ceiling, the reason instead of a fraction."""
         from digenrl.costs.flops import iteration_flops, loop_ceiling
-        from digenrl.runtime.profiles import load_profile
 
         cfg, ctx, parts = self.cfg, self.ctx, self.parts
         counts = self.model_counts()
@@ -196,8 +201,9 @@ class System:
             num_steps=parts.sampler.num_steps,
             true_cfg=parts.sampler.true_cfg,
             cfg_grad=cfg.algo.cfg_grad,
+            trainer_mode=cfg.trainer.mode,
         )
-        ceiling, source = loop_ceiling(load_profile(cfg.profile), ctx.device.type)
+        ceiling, source = loop_ceiling(load_profile(cfg.profile), ctx.device.type, self.device)
         out: dict = {"flops": flops}
         if ceiling is None:
             return out | {"bound_note": source}
@@ -223,10 +229,14 @@ class System:
             start = self.restore(payload)
         if ctx.rank == 0:
             write_atomic(f"{cfg.out_dir}/config.yaml", config_yaml(cfg, run_id=run.run_id))
+            # the schedule this run executes, as the simulator and the planner read it (docs/design.md §5)
+            RunPlan.from_config(cfg, load_profile(cfg.profile)).write(f"{cfg.out_dir}/{PLAN_FILE}")
             print(
                 start_banner(cfg, ctx.world_size, self.describe_pools(), self.describe_mechanisms(), run),
                 flush=True,
             )
+            if self.profile_mismatch:
+                print(f"[digenrl] WARNING (runtime.allow_profile_mismatch=true): {self.profile_mismatch}")
             if self.parts.evaluator is not None:  # rank 0 trains, so it evaluates when eval.every > 0
                 print(f"[digenrl] {self.parts.evaluator.describe()}", flush=True)
         if ctx.rank == 0:  # counted before iteration 0, so a model the counter cannot trace fails at startup
@@ -270,6 +280,8 @@ class System:
                 "wall_s": wall,
                 **{f"{phase}_s": s for phase, s in report.phase_s.items()},
             }
+            if self.profile_mismatch:  # allowed, and kept beside every number it affects
+                record["profile_mismatch"] = self.profile_mismatch
             if profiled:
                 record["profiled"] = True  # its wall time includes the profiler's overhead
             if ctx.rank == 0:  # metrics.jsonl is rank 0's

@@ -18,7 +18,7 @@ from contextlib import AbstractContextManager
 import torch
 
 from digenrl.config import Config, ConfigError
-from digenrl.data.rank_shares import RankShare, rank_shares
+from digenrl.data.rank_shares import RankShare, rank_shares, split_backend_conflict
 from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.rollout.scoring import ScoreResult
 from digenrl.runtime.distributed import global_sum
@@ -35,6 +35,7 @@ from digenrl.systems.residency import (
     module_transitions,
     optimizer_transitions,
 )
+from digenrl.trainer.parallel.base import resolve_backend
 
 
 def residency_span(events: EventLogger, record: TransitionRecord, iteration: int | None) -> None:
@@ -47,7 +48,11 @@ def residency_span(events: EventLogger, record: TransitionRecord, iteration: int
 def colocated_shares(cfg: Config, world_size: int) -> list[RankShare]:
     """Every rank's share of the iteration (``colocated.split``), or a ConfigError naming the keys."""
     split = cfg.colocated.split
-    if split == "speed":
+    backend = resolve_backend(cfg.trainer.backend, world_size=world_size, mode=cfg.trainer.mode)
+    conflict = split_backend_conflict(split, backend, cfg.trainer.deepspeed_stage)
+    if conflict:
+        raise ConfigError(conflict)
+    if split != "equal":
         profile = load_profile(cfg.profile)
         if world_size > profile.world_size:
             raise ConfigError(

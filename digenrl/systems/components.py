@@ -22,6 +22,7 @@ from digenrl.rollout.engine import RolloutEngine
 from digenrl.rollout.evaluate import Evaluator
 from digenrl.rollout.sampler import Sampler
 from digenrl.rollout.scoring import Scorer
+from digenrl.runtime.batch_ledger import BatchLedger
 from digenrl.runtime.distributed import DistContext
 from digenrl.runtime.events import EventLogger
 from digenrl.runtime.metrics import MetricsWriter, open_tensorboard, open_wandb
@@ -99,12 +100,14 @@ def build_rank_components(
     sampler = Sampler.from_config(cfg, bundle.spec, latent_tokens)
 
     trainer = None
+    compile_, autocast = cfg.model.optimised(ctx.device.type)
     if generate and not train:
         # a generator rank of a separate system: the trainer's adapter first, as PolicyTrainer applies it
         # before the model is optimised below, so both ranks build the same module in the same order
         prepare_generator_model(bundle.flow_model, cfg)
     if train:
         uncond = bundle.text_encoder.negative_condition(1) if sampler.true_cfg else None
+        # the trainer optimises the model once (attention backend, autocast in its compute dtype, compile)
         trainer = PolicyTrainer(
             cfg,
             bundle.flow_model,
@@ -113,14 +116,14 @@ def build_rank_components(
             device=ctx.device,
             process_group=process_group,
             world_size=torch.distributed.get_world_size(process_group) if ctx.is_distributed else 1,
+            compile=compile_,
         )
-    compile_, autocast = cfg.model.optimised(ctx.device.type)
-    if (compile_ or autocast or trainer is None) and (generate or train):
-        # model.attention_backend / model.compile (digenrl/models/optimize.py). needs_backward on every rank,
-        # generating ranks too: the rollout must run the kernels the trainer's forward runs, so its log-probs
-        # are the trainer's (on-policy ratio 1) and a generator rank generates what a colocated rank does. On
-        # one H200 a generator rank that kept cuDNN's SDPA forward (which the trainer's choice disables)
-        # gave ratio 0.999984 and other trajectories from iteration 0 (experiments/results/gpu/shared/).
+    elif generate:
+        # model.attention_backend / model.compile (digenrl/models/optimize.py). needs_backward on generating
+        # ranks too: the rollout must run the kernels the trainer's forward runs, so its log-probs are the
+        # trainer's (on-policy ratio 1) and a generator rank generates what a colocated rank does. On one
+        # H200 a generator rank that kept cuDNN's SDPA forward (which the trainer's choice disables) gave
+        # ratio 0.999984 and other trajectories from iteration 0 (experiments/results/gpu/shared/).
         optimize_flow_model(
             bundle.flow_model,
             compile=compile_,
@@ -139,8 +142,14 @@ def build_rank_components(
             device=ctx.device,
             remote=cfg.reward.remote_settings(),
         )
+        # decoded in the rollout's forward batches: two schedules that generate in the same batches then
+        # decode (and score) the same shapes too (docs/operations.md, "Reproducible runs")
         scorer = Scorer(
-            bundle.decoder, reward, cfg.reward.nonfinite_policy, metadata=metadata_lookup(prompt_sets)
+            bundle.decoder,
+            reward,
+            cfg.reward.nonfinite_policy,
+            decode_batch=cfg.sampler.samples_per_forward,
+            metadata=metadata_lookup(prompt_sets),
         )
     if generate:
         engine = RolloutEngine(
@@ -175,6 +184,11 @@ def build_rank_components(
         tensorboard=open_tensorboard(out, run.start_iteration) if writer else None,
         wandb=open_wandb(cfg.logger, out, run.run_id, cfg.to_dict()) if writer else None,
     )
+    if cfg.runtime.record_batches:  # which samples each batched computation ran on (batch_ledger.py)
+        ledger = BatchLedger(out, ctx.rank, append=run.resumed)
+        for part in (engine, scorer, trainer):
+            if part is not None:
+                part.ledger = ledger
     evaluator = None
     if evaluate:
         evaluator = Evaluator.build(

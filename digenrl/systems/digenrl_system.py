@@ -47,17 +47,19 @@ from __future__ import annotations
 import logging
 import time
 
-from digenrl.async_policy.tcss import StalenessBound, resolve_switch
+from digenrl.async_policy.tcss import StalenessBound
 from digenrl.config import Config
 from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.gap.consumer import FragmentConsumer, check_gap_config
 from digenrl.gap.fragments import FragmentPlan
+from digenrl.rules import resolve_switch
 from digenrl.systems.base import IterationReport
 from digenrl.systems.components import RankComponents
 from digenrl.systems.digenrl_generators import DigenRLGenerators
 from digenrl.systems.phases import Accumulation, train_logical_batch, units_per_sample
 from digenrl.systems.separate import check_trainer_pool_backend, separate_layout
 from digenrl.tag.component import Tag, check_tag_config, tag_wanted
+from digenrl.tag.policy import TagPredictor
 from digenrl.trainer.parallel import resolve_backend
 from digenrl.tsp.pipeline import TspLayout, check_boundaries
 
@@ -121,6 +123,15 @@ class DigenRL(DigenRLGenerators):
     def staleness_bound(self) -> StalenessBound:
         return StalenessBound.from_config(self.cfg, self.stream.num_fragments, self.run_start.start_iteration)
 
+    def tag_predictor(self) -> TagPredictor | None:
+        """What ``tag.policy=auto`` decides by: the simulator's prediction of this run's plan (imported only
+        then: a run that does not ask it never loads the simulator)."""
+        if not self.cfg.tag.enabled or self.cfg.tag.policy != "auto":
+            return None
+        from digenrl.sim.predict import SimPredictor
+
+        return SimPredictor.for_run(self.cfg, self.profile)
+
     def setup(self) -> RankComponents:
         parts = super().setup()
         cfg, ctx = self.cfg, self.ctx
@@ -143,6 +154,7 @@ class DigenRL(DigenRLGenerators):
                 group=self.groups.trainer_group,
                 bound=self.bound,
                 prompts=parts.prompts,
+                predictor=self.tag_predictor(),
             )
         if ctx.rank == 0:
             log.info("%s", self.stream.plan.describe(cfg.algo.group_size))

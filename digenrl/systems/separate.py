@@ -46,8 +46,9 @@ from digenrl.gap.fragments import FragmentPlan
 from digenrl.gap.stream import FragmentStream
 from digenrl.rollout.remote_scoring import ScorerPool, ScoringServer
 from digenrl.rollout.scoring import ScoreResult
+from digenrl.rules import separate_pools
 from digenrl.runtime.control_plane import ControlPlane
-from digenrl.runtime.distributed import global_sum
+from digenrl.runtime.distributed import global_sum, named_collective
 from digenrl.runtime.layout import Layout, build_layout, build_process_groups
 from digenrl.runtime.weight_sync import (
     POLICY_VERSION_NAME,
@@ -58,6 +59,7 @@ from digenrl.runtime.weight_sync import (
 from digenrl.systems.base import IterationReport, System
 from digenrl.systems.components import RankComponents, build_rank_components
 from digenrl.systems.phases import Accumulation, reward_summary
+from digenrl.trainer.parallel.base import broadcast_module
 
 log = logging.getLogger(__name__)
 
@@ -67,10 +69,11 @@ def separate_layout(cfg: Config, world_size: int) -> Layout:
     from digenrl.rewards.registry import reward_needs_weights
 
     reward_names = list(cfg.reward.weights) if cfg.reward.weights else [cfg.reward.name]
-    pools = cfg.pools
-    if pools.trainers == pools.generators == pools.scorers == 0 and world_size >= 2:
-        # No split given: half the ranks train, the rest generate (printed at startup by the system).
-        pools = dataclasses.replace(pools, trainers=world_size // 2, generators=world_size - world_size // 2)
+    # no split given: half the ranks train, the rest generate (printed at startup by the system)
+    trainers, generators, scorers = separate_pools(
+        cfg.pools.trainers, cfg.pools.generators, cfg.pools.scorers, world_size
+    )
+    pools = dataclasses.replace(cfg.pools, trainers=trainers, generators=generators, scorers=scorers)
     layout = build_layout(
         pools,
         world_size,
@@ -167,6 +170,13 @@ class SeparateSystem(System):
             run=self.run_start,
             process_group=self.groups.trainer_group,
         )
+        if scorers and cfg.model.pretrained_path is None:
+            # random weights: a scorer rank builds its VAE without building the transformer and the text
+            # encoder first, so its random draws (and its decoded images) would differ from the trainers';
+            # every rank takes rank 0's VAE, as a run without scorer ranks decodes (issue 33)
+            what = f"rank {ctx.rank}: rank 0's random VAE weights (all {ctx.world_size} ranks take them)"
+            with named_collective(what):
+                broadcast_module(parts.bundle.decoder, torch.distributed.group.WORLD)
         if self.role == "scorer":
             self.server = ScoringServer(
                 parts.scorer, self.plane, device=ctx.device, timeout_s=cfg.runtime.timeout_s

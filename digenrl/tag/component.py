@@ -40,7 +40,7 @@ from digenrl.runtime.events import EventLogger
 from digenrl.runtime.memory import free_device_bytes
 from digenrl.runtime.profiles import HardwareProfile
 from digenrl.tag.helper import TagHelper, gathered_weights_fit, tag_supported
-from digenrl.tag.policy import TagDecision, TagPolicy
+from digenrl.tag.policy import TagDecision, TagPolicy, TagPredictor
 from digenrl.trainer.parallel import ParallelBackend
 from digenrl.tsp.stage_worker import InFlight
 
@@ -134,8 +134,10 @@ class Tag:
         group: dist.ProcessGroup | None,
         bound: StalenessBound,
         prompts: PromptSource,
+        predictor: TagPredictor | None = None,
     ) -> Tag:
-        """A trainer rank's TAG (every trainer rank calls it: the memory check is a collective)."""
+        """A trainer rank's TAG (every trainer rank calls it: the memory check is a collective);
+        ``predictor``: what ``tag.policy=auto`` decides by (:class:`~digenrl.tag.policy.TagPolicy`)."""
         trainer_ranks, rank, device = stream.trainer_ranks, stream.plane.rank, backend.device
         if not gathered_weights_fit_pool(cfg, backend, device, group, announce=rank == trainer_ranks[0]):
             return cls()
@@ -150,6 +152,7 @@ class Tag:
             num_fragments=stream.num_fragments,
             fragment_samples=stream.plan.fragment_samples(cfg.algo.group_size),
             trainer_type=profile.device_type(rank).name,
+            predictor=predictor,
         )
         events.subscribe(policy.observe)
         return cls(

@@ -14,10 +14,11 @@ measured so far:
    per unit from the received fragments and per weight sync from the trainer's ``sync`` span;
 2. these become a :class:`~digenrl.costs.cost_model.CostModel` on the trainer's device type (a producer's time
    on another type is scaled by the hardware profile's ``relative_speed``, as TSP's stage balancing does);
-3. the discrete-event simulator (:mod:`digenrl.sim.predict`, all of the simulator the runtime imports) —
-   the same model the planner and the throughput tables use, with their budget search — predicts the
-   steady iteration time of this run's plan with budgets 0, 1, 2, … per trainer, stopping after two in a
-   row that do not improve; the smallest budget with the shortest prediction wins (0 = no TAG).
+3. a :class:`TagPredictor` the system hands over — the discrete-event simulator's
+   (:class:`digenrl.sim.predict.SimPredictor`, the same model the planner and the throughput tables use,
+   with their budget search; ``tag/`` never imports the simulator) — predicts the steady iteration time
+   of this run's plan with budgets 0, 1, 2, … per trainer, stopping after two in a row that do not
+   improve; the smallest budget with the shortest prediction wins (0 = no TAG).
 
 Iteration 0 has nothing measured yet, so ``auto`` does not help in it. The prediction for the chosen
 budget and for budget 0 go into ``metrics.jsonl`` next to the measured ``wall_s``
@@ -30,11 +31,12 @@ import logging
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from digenrl.config import Config
 from digenrl.costs.cost_model import CFG_KEYS, CostModel
+from digenrl.rules import TagPrediction
 from digenrl.runtime.profiles import HardwareProfile
-from digenrl.sim.predict import best_tag_budget, iteration_s, run_workload
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +86,22 @@ class TagObservations:
         return bool(self.producer_steps_s and self.score_s and self.train_units and self.optimizer_s)
 
 
+class TagPredictor(Protocol):
+    """What ``tag.policy=auto`` asks of a model of the run's schedule (:class:`digenrl.sim.predict.
+    SimPredictor` is the one the systems hand over): the workload's guidance and step count, and the
+    predicted steady iteration by helper budget."""
+
+    @property
+    def cfg_pass(self) -> bool: ...
+
+    @property
+    def num_steps(self) -> int: ...
+
+    def iteration_s(self, costs: CostModel, budget: int) -> float: ...
+
+    def best_budget(self, costs: CostModel, num_fragments: int) -> TagPrediction: ...
+
+
 @dataclass(frozen=True)
 class TagDecision:
     """The budget for one iteration and what the simulator predicted for it."""
@@ -107,8 +125,11 @@ class TagPolicy:
         num_fragments: int,
         fragment_samples: int,
         trainer_type: str,
+        predictor: TagPredictor | None = None,
     ) -> None:
+        """``predictor``: what ``tag.policy=auto`` decides by (None: ``auto`` never helps, and says so)."""
         self.cfg = cfg
+        self.predictor = predictor
         self.profile = profile
         self.trainers = len(trainer_ranks)
         self.generators = len(generator_ranks)
@@ -152,20 +173,15 @@ class TagPolicy:
         """The budget for ``iteration`` (see the module docstring)."""
         if self.cfg.tag.policy == "always":
             return TagDecision(self.cfg.tag.max_fragments or None, reason="tag.policy=always")
+        if self.predictor is None:
+            return TagDecision(0, reason="tag.policy=auto: no predictor was given (no helper work)")
         if not self.observed.ready:
             return TagDecision(0, reason="tag.policy=auto: measuring costs first (no helper work)")
         try:
             costs = self.cost_model()
         except ValueError as error:  # an observation the cost model rejects: say so, do not help
             return TagDecision(0, reason=f"tag.policy=auto: no usable cost model ({error})")
-        prediction = best_tag_budget(
-            self.cfg,
-            self.profile,
-            costs,
-            trainers=self.trainers,
-            generators=self.generators,
-            num_fragments=self.num_fragments,
-        )
+        prediction = self.predictor.best_budget(costs, self.num_fragments)
         predictions = prediction.iteration_s
         return TagDecision(
             prediction.budget,
@@ -188,9 +204,10 @@ class TagPolicy:
     def cost_model(self) -> CostModel:
         """The measured costs as a cost model on the trainer's device type."""
         o, cfg = self.observed, self.cfg
-        workload = run_workload(cfg)
-        flag = CFG_KEYS[workload.cfg]
-        num_steps = workload.num_steps
+        if self.predictor is None:
+            raise ValueError("TagPolicy.cost_model needs a predictor (the workload's guidance and steps)")
+        flag = CFG_KEYS[self.predictor.cfg_pass]
+        num_steps = self.predictor.num_steps
         steps_s = (
             statistics.median(o.helper_steps_s) if o.helper_steps_s else self._on_trainer(o.producer_steps_s)
         )
@@ -214,7 +231,7 @@ class TagPolicy:
             param_bytes=0,
             optimizer_bytes=0,
             # the measured switch, whatever it moved (with tag.park_grads the parking is in it, so the plan
-            # prices no bytes on top: digenrl.sim.predict.run_plan leaves park_grads False)
+            # prices no bytes on top: digenrl.sim.predict.SimPredictor.plan_with leaves park_grads False)
             switch_sync_s=statistics.median(o.switch_s) if o.switch_s else 0.0,
             source="measured",
             command="measured online by digenrl.tag.policy during the run",
@@ -222,6 +239,6 @@ class TagPolicy:
 
     def predict(self, costs: CostModel, budget: int) -> float:
         """Predicted steady iteration seconds with ``budget`` helper fragments per trainer."""
-        return iteration_s(
-            self.cfg, self.profile, costs, trainers=self.trainers, generators=self.generators, budget=budget
-        )
+        if self.predictor is None:
+            raise ValueError("TagPolicy.predict needs a predictor")
+        return self.predictor.iteration_s(costs, budget)

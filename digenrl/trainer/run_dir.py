@@ -1,6 +1,6 @@
 """What an ``out_dir`` holds and the rules for starting a run in it, so a run never loses or mixes data.
 
-A run directory holds one run: ``config.yaml``, ``metrics.jsonl``, ``events/``, ``trace.json``,
+A run directory holds one run: ``config.yaml``, ``plan.json``, ``metrics.jsonl``, ``events/``, ``trace.json``,
 ``checkpoints/``, ``tensorboard/``, ``samples/`` and ``wandb/`` (:data:`RUN_FILES`). Every run has an
 identity, a ``run_id`` (uuid4) that its checkpoints, ``config.yaml``, ``metrics.jsonl`` and event logs
 carry. At startup, before anything is written, rank 0 decides how this run uses ``out_dir``
@@ -65,9 +65,12 @@ if TYPE_CHECKING:
     from digenrl.runtime.distributed import DistContext
 
 CONFIG_FILE = "config.yaml"
+#: the schedule the run executes (:class:`digenrl.plan.RunPlan`, written by rank 0 next to config.yaml)
+PLAN_FILE = "plan.json"
 TRACE_FILE = "trace.json"
 RUN_FILES = (
     CONFIG_FILE,
+    PLAN_FILE,
     METRICS_FILE,
     TRACE_FILE,
     EVENTS_SUBDIR,
@@ -112,7 +115,7 @@ def existing_run(out_dir: str | Path) -> list[str]:
         found.append(f"{CHECKPOINT_DIR}/ (incomplete)")
     found += [
         name
-        for name in (CONFIG_FILE, TRACE_FILE, TENSORBOARD_DIR, SAMPLES_DIR, WANDB_DIR)
+        for name in (CONFIG_FILE, PLAN_FILE, TRACE_FILE, TENSORBOARD_DIR, SAMPLES_DIR, WANDB_DIR)
         if (out / name).exists()
     ]
     return found

@@ -39,6 +39,7 @@ from digenrl.config import Config
 from digenrl.data.micro_batches import plan_micro_batches
 from digenrl.models.fp8 import apply_fp8
 from digenrl.models.optimize import optimize_flow_model
+from digenrl.runtime.batch_ledger import BatchLedger
 from digenrl.trainer.checkpoint import TRAINER_FILE, load_sharded
 from digenrl.trainer.checkpoint_files import CheckpointError
 from digenrl.trainer.ema import TrainerEMA
@@ -99,6 +100,13 @@ def _gather_units(batch: TrajectoryBatch, units: list[tuple[int, int]], device: 
     )
 
 
+def _unit_keys(batch: TrajectoryBatch, units: list[tuple[int, int]]) -> list[list[int]]:
+    """``[group id, index in group, step index]`` of each unit (the batch ledger's key of a unit)."""
+    return [
+        [int(batch.prompt_ids[b]), int(batch.sample_ids[b]), int(batch.step_indices[b, k])] for b, k in units
+    ]
+
+
 class PolicyTrainer:
     """Owns the trainable policy (LoRA or full), its data-parallel wrapper and the optimizer.
 
@@ -112,6 +120,8 @@ class PolicyTrainer:
     """
 
     micro_batch_size: int | None = None
+    #: runtime.record_batches: the micro-batches, in the order their gradients accumulate
+    ledger: BatchLedger | None = None
 
     def __init__(
         self,
@@ -124,7 +134,11 @@ class PolicyTrainer:
         process_group: Any = None,
         world_size: int = 1,
         exact_backend: bool = False,
+        compile: bool = False,
     ) -> None:
+        """``compile``: ``torch.compile`` the transformer too (a run's resolved ``model.compile``), in the
+        one :func:`optimize_flow_model` call a training rank makes (attention backend, autocast in the
+        compute dtype, compile), after the parallel wrapper."""
         self.cfg = cfg
         self.flow_model = flow_model
         self.sampler = sampler
@@ -158,7 +172,7 @@ class PolicyTrainer:
         # reason; may turn cuDNN SDPA off): digenrl/models/attention_safety.py
         self.optimizations = optimize_flow_model(
             flow_model,
-            compile=False,
+            compile=compile,
             attention_backend=cfg.model.attention_backend,
             needs_backward=True,
             autocast=cfg.model.optimised(torch.device(device).type)[1],
@@ -231,6 +245,8 @@ class PolicyTrainer:
         for i in range(rounds):
             if i < len(plan):
                 mb, weight = _gather_units(batch, plan[i], self.device), unit_weight
+                if self.ledger is not None:
+                    self.ledger.record("train", batch.iteration, "units", _unit_keys(batch, plan[i]))
                 self._template = mb.first()
             elif self._template is not None:
                 mb, weight = self._template, 0.0

@@ -29,6 +29,14 @@
 #   benchmarks skip what their --time-budget-s leaves no time for, and costs-<group> falls back to the
 #   committed generator benchmark when this call timed no generator step.
 #
+#   device (~40 s): `measure.py device` (matmul ceiling, memory, pinned copies) and a one-GPU profile of this
+#       machine (--profile-out $OUT/<kind>-1.yaml); put first, a group's loop then runs under profile=auto
+#       with this call's numbers (the profile is copied into the checkout's hardware_profiles/ for the call)
+#
+#   On another kind (DEVICE=h100, device kind nvidia-h100-x1) the same steps make that kind's cost files; the
+#   committed H200 benchmarks are then neither merged into the trainer points nor a generator fallback, and
+#   validate-<group>-committed runs only where a committed cost file of that kind exists.
+#
 #   device run (kind nvidia-h200, carry [".whl"], timeout 600), one call per group:
 #     bash experiments/gpu/h200_refresh_costs.sh                 # = ONLY=flux
 #     ONLY=sd35 bash experiments/gpu/h200_refresh_costs.sh
@@ -92,7 +100,7 @@ EOF
 else
     gpu_setup
     PY=python3
-    SD35_MODEL=sd3.5-medium FLUX_MODEL=flux.1-dev QWEN_MODEL=qwen-image DEVICE=h200
+    SD35_MODEL=sd3.5-medium FLUX_MODEL=flux.1-dev QWEN_MODEL=qwen-image DEVICE=${DEVICE:-h200}
     SD35="--config experiments/configs/sd35-medium-lora.yaml"
     FLUX="--config experiments/configs/flux-dev-lora.yaml"
     SD35_ITER=iterations=4 FLUX_ITER=iterations=3
@@ -112,8 +120,12 @@ loop() {
 # cut by its step budget (which then lacks the byte counts it writes last) still emits
 emit() {
     local group=$1 model=$2 generator=$WORK/generator-$2.json committed_trainer=()
-    [[ $DRY != 1 && -f ${4:-} ]] && committed_trainer=(--trainer "$4")
+    [[ $DRY != 1 && $DEVICE == h200 && -f ${4:-} ]] && committed_trainer=(--trainer "$4")
     wanted "costs-$group" || return 0
+    if ! grep -q '"ms_per_step"' "$generator" 2>/dev/null && [[ $DEVICE != h200 ]]; then
+        echo "## SKIP costs-$group: no generator step timed in this call (the committed one is an H200's)"
+        return 0
+    fi
     if ! grep -q '"ms_per_step"' "$generator" 2>/dev/null; then
         echo "## costs-$group: no generator step timed in this call; the committed $3"
         generator=$3
@@ -141,13 +153,20 @@ check() {
     else
         echo "## validate-$group: no refreshed cost file ($refreshed)"
     fi
-    if [[ $DRY != 1 ]]; then
+    if [[ $DRY != 1 && -f $C/$DEVICE-$model.json ]]; then
         step "validate-$group-committed" 25 $PY experiments/simulate.py validate "${runs[@]}" \
             --costs "$C/$DEVICE-$model.json" --warmup 1 --name "$DEVICE-$group-committed" --out "$WORK"
     fi
     cp "$WORK/$DEVICE-$group".{md,json} "$WORK/$DEVICE-$group-committed".{md,json} "$OUT/validation/" 2>/dev/null
     pack
 }
+
+# ---------------------------------------------------------------- this machine's device and its profile
+if wanted device; then
+    step device 90 $PY experiments/measure.py device --out "$WORK" --profile-out "$OUT/$DEVICE-1.yaml"
+    # profile=auto in this call's loops reads the measured numbers (the checkout on the device is a copy)
+    [[ $DRY != 1 && -f $OUT/$DEVICE-1.yaml ]] && cp "$OUT/$DEVICE-1.yaml" digenrl/runtime/hardware_profiles/
+fi
 
 # ---------------------------------------------------------------- FLUX.1-dev (flux-dev-lora.yaml, micro-batch 8)
 # 1. the loop first: a cold compile cache costs ~90 s of its first iteration (then ~21 s an iteration); the

@@ -8,8 +8,9 @@ import dataclasses
 import pytest
 import torch
 
-from digenrl.async_policy.tcss import StalenessBound, StalenessError, resolve_switch
+from digenrl.async_policy.tcss import StalenessBound, StalenessError
 from digenrl.config import ConfigError, load_config
+from digenrl.rules import resolve_switch
 from tests.gap.test_gap_unit_sharding import _synthetic
 
 

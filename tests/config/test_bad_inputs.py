@@ -167,10 +167,10 @@ def test_enumerations_are_the_tuples_the_runtime_checks():
     """One declaration: the modules acting on a value use the tuple the config field declares."""
     from digenrl.algo import STD_MODES, TRAIN_STEP_MODES
     from digenrl.gap.fragments import ASSIGNMENTS
+    from digenrl.plan import run_plan
     from digenrl.rewards import NONFINITE_POLICIES
     from digenrl.rollout.sampler import CFG_GRAD_MODES
     from digenrl.runtime.distributed import RUNTIME_BACKENDS
-    from digenrl.sim import schedule_plan
     from digenrl.trainer import BACKENDS
 
     declared = dict(ENUMS)
@@ -181,10 +181,10 @@ def test_enumerations_are_the_tuples_the_runtime_checks():
     assert declared["algo.cfg_grad"] is CFG_GRAD_MODES
     assert declared["runtime.backend"] is RUNTIME_BACKENDS
     assert declared["trainer.backend"] is BACKENDS
-    # the simulator's plans take the same values (digenrl/sim/schedule_plan.py)
-    assert declared["system"] is schedule_plan.SYSTEMS
-    assert declared["gap.assignment"] is schedule_plan.GAP_ASSIGNMENTS
-    assert declared["gap.train_order"] is schedule_plan.TRAIN_ORDERS
+    # the run's and the simulator's plans take the same values (digenrl/plan/run_plan.py)
+    assert declared["system"] is run_plan.SYSTEMS
+    assert declared["gap.assignment"] is run_plan.GAP_ASSIGNMENTS
+    assert declared["gap.train_order"] is run_plan.TRAIN_ORDERS
 
 
 # ------------------------------------------------------------------------------------- the audit's cases

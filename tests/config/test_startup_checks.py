@@ -159,7 +159,8 @@ def test_real_size_model_on_cpu_is_refused_with_its_memory_estimate():
     validate_devices(
         load_config(SD35, ["runtime.allow_large_cpu_model=true"]), 1, distributed=False, cuda_devices=0
     )
-    validate_devices(cfg, 1, distributed=False, cuda_devices=1)  # a GPU: fine
+    # a GPU: fine (profile=auto would read this CPU machine's devices: the GPU machine's profile is named)
+    validate_devices(load_config(SD35, ["profile=h200-1"]), 1, distributed=False, cuda_devices=1)
     validate_devices(load_config(TINY), 2, distributed=True, cuda_devices=0)  # tiny-* always allowed
 
 

@@ -219,7 +219,7 @@ def test_the_audit_flags_what_does_not_match_what_runs():
     """A file is stale for a workload when it timed another path, stops short of the workload's
     micro-batch, timed another CFG gradient, has no memory peaks, or was derived."""
     from digenrl.costs.audit import GPU_PATH, audit
-    from digenrl.sim.workload import Workload
+    from digenrl.plan.workload import Workload
 
     work = Workload(
         prompts_per_iteration=4, group_size=2, num_steps=4, train_steps=2, cfg=True, micro_batch_size=4

@@ -39,18 +39,33 @@ def test_every_family_counts_its_forward_and_its_own_vae_decode(model, frames):
 
 
 @pytest.mark.parametrize(
-    ("true_cfg", "cfg_grad", "unit_forwards"), [(False, "cond", 3), (True, "cond", 4), (True, "both", 6)]
+    ("mode", "true_cfg", "cfg_grad", "unit_forwards"),
+    [
+        ("full", False, "cond", 3),
+        ("full", True, "cond", 4),
+        ("full", True, "both", 6),
+        # a LoRA backward: activation gradients only (one forward of matmul work), issue 33
+        ("lora", False, "cond", 2),
+        ("lora", True, "cond", 3),
+        ("lora", True, "both", 4),
+    ],
 )
 def test_an_iteration_counts_rollout_score_and_train_by_the_model_flops_convention(
-    true_cfg, cfg_grad, unit_forwards
+    mode, true_cfg, cfg_grad, unit_forwards
 ):
     counts = {"forward": 10, "vae_decode": 7}
     flops = iteration_flops(
-        counts, samples=8, train_units=40, num_steps=6, true_cfg=true_cfg, cfg_grad=cfg_grad
+        counts,
+        samples=8,
+        train_units=40,
+        num_steps=6,
+        true_cfg=true_cfg,
+        cfg_grad=cfg_grad,
+        trainer_mode=mode,
     )
     assert flops["rollout"] == 8 * 6 * 10 * (2 if true_cfg else 1)
     assert flops["score"] == 8 * 7
-    assert flops["train"] == 40 * unit_forwards * 10  # a backward is two forwards
+    assert flops["train"] == 40 * unit_forwards * 10
     assert flops["optimizer"] == flops["sync"] == 0
     assert flops["total"] == flops["rollout"] + flops["score"] + flops["train"]
 

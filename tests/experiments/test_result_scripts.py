@@ -158,10 +158,11 @@ def test_validate_compares_a_run_with_its_simulation_per_phase(tmp_path):
     phase; the committed eager H200 run against the compiled cost file is flagged as a path mismatch."""
     from digenrl.config import apply_overrides, save_config
     from digenrl.costs.cost_model import CostModel
-    from digenrl.reports.validation import compare_run, plan_from_config
+    from digenrl.plan import RunPlan
+    from digenrl.plan.workload import Workload
+    from digenrl.reports.validation import compare_run
     from digenrl.runtime.profiles import load_profile
     from digenrl.sim.simulator import simulate as run_simulation
-    from digenrl.sim.workload import Workload
 
     system = random.choice(["colocated-sync", "separate-sync", "digenrl"])
     overrides = {
@@ -181,7 +182,9 @@ def test_validate_compares_a_run_with_its_simulation_per_phase(tmp_path):
     save_config(cfg, run / "config.yaml")
     costs = CostModel.load(QUICK_COST_FILE)
     workload = Workload.from_config(cfg, iterations=4, warmup_iterations=1, cooldown_iterations=0)
-    run_simulation(load_profile("cpu-2"), costs, workload, plan_from_config(cfg, 2)).write_events(run)
+    plan = RunPlan.from_config(cfg, load_profile("cpu-2"))
+    plan.write(run / "plan.json")  # as every run writes it
+    run_simulation(load_profile("cpu-2"), costs, workload, plan).write_events(run)
     row = compare_run(run, cost_file=QUICK_COST_FILE)
     assert row["relative_error"] == pytest.approx(0.0, abs=1e-9) and row["path_mismatch"] == ""
     errors = [v["relative_error"] for by in row["phases"].values() for v in by.values()]

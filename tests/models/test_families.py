@@ -154,6 +154,16 @@ def test_start_up_validation_reads_the_registered_family(toy):
         check_model(cfg)
 
 
+def test_the_planner_reads_a_registered_familys_rollout_defaults(toy):
+    """A family registered at run time is planned and simulated too (digenrl/plan/rollout_defaults.py)."""
+    from digenrl.config import load_config
+    from digenrl.plan import Workload
+
+    spec = get_model_spec("tiny-toy")
+    workload = Workload.from_config(load_config(None, ["model.name=tiny-toy"]))
+    assert workload.num_steps == spec.default_num_steps
+
+
 def test_registration_refuses_clashes_and_mismatched_specs(toy):
     family = _toy_family(Counter())
     with pytest.raises(ValueError, match="'toy' is already registered"):

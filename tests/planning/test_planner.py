@@ -9,6 +9,8 @@ from dataclasses import replace
 import pytest
 
 from digenrl.costs.device_costs import DeviceCosts
+from digenrl.plan import RunPlan
+from digenrl.plan.workload import Workload
 from digenrl.planning.memory import check_plan, fit_plan
 from digenrl.planning.planner import (
     Planner,
@@ -19,8 +21,6 @@ from digenrl.planning.planner import (
     throughput_bound,
 )
 from digenrl.runtime.profiles import load_profile
-from digenrl.sim.schedule_plan import SchedulePlan
-from digenrl.sim.workload import Workload
 from tests.sim.toy_costs import toy_costs
 
 GIB = 2**30
@@ -88,6 +88,10 @@ def test_digenrl_plan_space_contains_every_baseline_of_equal_staleness():
         assert stale.best.samples_per_s >= on.best.samples_per_s * (1 - 1e-12)
         # and the search really considered the colocated point (0 dedicated generators)
         assert any(s.plan.colocated for s in on.evaluated)
+        # every plan it ranks is one run_train.py can run, and its config runs exactly that plan (issue 33)
+        for score in stale.evaluated:
+            plan = score.plan.resolved(workload, profile)
+            assert plan.runnable and RunPlan.from_config(plan.to_config(), profile) == plan, plan.describe()
 
 
 def test_baselines_are_tuned_and_ranked_and_heterogeneous_profiles_get_a_speed_split():
@@ -137,7 +141,7 @@ def test_memory_lowers_the_micro_batch_or_rejects_the_plan_with_its_reason():
         _with_memory(base, weights_gib=40, train_gib_per_unit=5, gen_gib_per_sample=0.5),
         reference_type="h100",
     )
-    plan = SchedulePlan("separate-sync", trainers=8, generators=8)
+    plan = RunPlan("separate-sync", trainers=8, generators=8)
     assert not all(m.fits for m in check_plan(profile, costs, w, plan))
     fit = fit_plan(profile, costs, w, plan)
     assert fit.feasible and fit.plan.micro_batch_size in (4, 2, 1)
@@ -174,13 +178,13 @@ def test_a_colocated_rank_parks_the_reward_model_when_it_must():
     )
     costs = replace(costs, reward_param_bytes=95 * GIB)
     costs = DeviceCosts(profile, costs)
-    fit = fit_plan(profile, costs, w, SchedulePlan("colocated-sync"))
+    fit = fit_plan(profile, costs, w, RunPlan("colocated-sync"))
     assert fit.feasible and not fit.plan.reward_resident
     planner = Planner(profile, costs, w, planning_iterations=4)
-    score = planner.score(SchedulePlan("colocated-sync"))
+    score = planner.score(RunPlan("colocated-sync"))
     assert "reward model parked" in score.notes
     # the separate baseline keeps the reward on its generators: nothing is swapped there
-    separate = fit_plan(profile, costs, w, SchedulePlan("separate-sync", trainers=4, generators=4))
+    separate = fit_plan(profile, costs, w, RunPlan("separate-sync", trainers=4, generators=4))
     assert separate.feasible and separate.plan.reward_resident
 
 
@@ -197,7 +201,7 @@ def test_the_bound_holds_when_memory_lets_a_plan_train_at_a_larger_micro_batch()
     direct = []
     for trainers in (1, 2, 3):
         for f in (1, 2, 4):
-            plan = SchedulePlan("digenrl", trainers=trainers, generators=4 - trainers, fragment_groups=f)
+            plan = RunPlan("digenrl", trainers=trainers, generators=4 - trainers, fragment_groups=f)
             score = planner.score(plan)  # scored directly: no pruning in the way
             if score is None:
                 continue
@@ -231,21 +235,21 @@ def test_the_memory_fit_keeps_a_colocated_overlap_sub_batch_and_lowers_it_only_w
         profile, _with_memory(costs, weights_gib=20, train_gib_per_unit=1, gen_gib_per_sample=1)
     )
     for spf in (4, 8, 16):  # G, 2G, 4G: kept, though the fit's estimate prefers the largest batch
-        fit = fit_plan(profile, roomy, w, SchedulePlan("colocated-overlap", samples_per_forward=spf))
+        fit = fit_plan(profile, roomy, w, RunPlan("colocated-overlap", samples_per_forward=spf))
         assert fit.plan.samples_per_forward == spf and not any("forward" in n for n in fit.notes)
     # unset: the runtime's rule, one group per sub-batch, is not grown to the whole share
-    fit = fit_plan(profile, roomy, w, SchedulePlan("colocated-overlap"))
+    fit = fit_plan(profile, roomy, w, RunPlan("colocated-overlap"))
     assert fit.plan.samples_per_forward is None
     # colocated-sync has no sub-batches: its fit still picks the cheapest generator batch, the whole share
     # (unset), over any explicit one
-    sync = fit_plan(profile, roomy, w, SchedulePlan("colocated-sync", samples_per_forward=8))
+    sync = fit_plan(profile, roomy, w, RunPlan("colocated-sync", samples_per_forward=8))
     assert sync.plan.samples_per_forward == 8  # the plan's cap is not grown either
-    assert fit_plan(profile, roomy, w, SchedulePlan("colocated-sync")).plan.samples_per_forward is None
+    assert fit_plan(profile, roomy, w, RunPlan("colocated-sync")).plan.samples_per_forward is None
     # 20 GiB of weights + 15 GiB per sample: a forward of 8 samples cannot fit in 128.6 GiB, 4 can
     tight = DeviceCosts(
         profile, _with_memory(costs, weights_gib=20, train_gib_per_unit=1, gen_gib_per_sample=15)
     )
-    fit = fit_plan(profile, tight, w, SchedulePlan("colocated-overlap", samples_per_forward=16))
+    fit = fit_plan(profile, tight, w, RunPlan("colocated-overlap", samples_per_forward=16))
     assert fit.plan.samples_per_forward == 4 and "4 samples per generator forward" in fit.notes
     assert all(m.fits for m in check_plan(profile, tight, w, fit.plan))
 

@@ -306,3 +306,13 @@ def test_vision_attention_modes_score_alike(judge: VLMJudge, monkeypatch: pytest
     assert packed.model.model.visual.config._attn_implementation == "sdpa"
     with pytest.raises(ValueError, match="vision_attention"):
         build_reward("tiny-vlm-judge", vision_attention="fast")
+
+
+def test_the_qwen25_vl_7b_configuration_is_declared_once() -> None:
+    """The judge and Qwen-Image's text encoder build the same Qwen2.5-VL-7B (issue 33: two copies had
+    different rope settings)."""
+    from digenrl.models.families.qwen_image import QWEN25_VL_7B_CONFIG
+    from digenrl.rewards.vlm_judge import TINY_QWEN25_VL
+
+    assert QWEN25_VL_7B is QWEN25_VL_7B_CONFIG
+    assert TINY_QWEN25_VL["text_config"].keys() <= QWEN25_VL_7B["text_config"].keys()

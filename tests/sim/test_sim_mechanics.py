@@ -12,13 +12,13 @@ import pytest
 
 from digenrl.costs.device_costs import DeviceCosts
 from digenrl.gap.unit_packer import UnitPacker
+from digenrl.plan import RunPlan
+from digenrl.plan.workload import Workload
 from digenrl.planning.memory import RankLoad, rank_memory
 from digenrl.runtime.profiles import load_profile
 from digenrl.sim.cluster import SimCluster
-from digenrl.sim.schedule_plan import SchedulePlan
 from digenrl.sim.simulator import simulate
 from digenrl.sim.training import SimPacker, fsdp_gather_s, micro_batch_s
-from digenrl.sim.workload import Workload
 from tests.gap.test_gap_unit_sharding import _synthetic
 from tests.sim.toy_costs import toy_costs
 
@@ -77,7 +77,7 @@ def test_gap_keeps_the_micro_batch_full_across_fragments():
         micro_batch_size=4,
         iterations=3,
     )
-    result = simulate(H200_8, costs, w, SchedulePlan("digenrl", trainers=4, generators=2, fragment_groups=1))
+    result = simulate(H200_8, costs, w, RunPlan("digenrl", trainers=4, generators=2, fragment_groups=1))
     per_rank = defaultdict(float)
     for s in result.spans:
         if s["phase"] == "train" and s["iteration"] == 1:
@@ -108,7 +108,7 @@ def test_a_tag_switch_moves_nothing_unless_gradients_are_parked_and_pending():
         micro_batch_size=2,
         iterations=4,
     )
-    plan = SchedulePlan("digenrl", trainers=2, generators=2, tag=True, tag_budget=3)
+    plan = RunPlan("digenrl", trainers=2, generators=2, tag=True, tag_policy="always", tag_max_fragments=3)
     plain = simulate(H200_8, costs, w, plan)
     assert _switches(plain) and all(
         s["extra"]["bytes"] == 0 and s["t_end"] - s["t_start"] == pytest.approx(sync)
@@ -126,9 +126,9 @@ def test_a_tag_switch_moves_nothing_unless_gradients_are_parked_and_pending():
 def test_colocated_phases_move_nothing_with_the_runtime_defaults():
     costs = toy_costs(step=0.05, unit=0.01, optimizer_bytes=10**10)
     w = Workload(prompts_per_iteration=4, group_size=2, num_steps=4, train_steps=2, cfg=False, iterations=3)
-    resident = simulate("cpu-2", costs, w, SchedulePlan("colocated-sync"))
+    resident = simulate("cpu-2", costs, w, RunPlan("colocated-sync"))
     assert not [s for s in resident.spans if s["phase"] == "residency"]
-    parked = simulate("cpu-2", costs, w, SchedulePlan("colocated-sync", train_resident=False))
+    parked = simulate("cpu-2", costs, w, RunPlan("colocated-sync", train_resident=False))
     moves = [s for s in parked.spans if s["phase"] == "residency"]  # as the runtime logs them
     assert {(s["extra"]["role"], s["extra"]["kind"]) for s in moves} == {
         ("train", "offload"),

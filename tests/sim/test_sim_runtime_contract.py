@@ -11,10 +11,11 @@ from digenrl.config import SYSTEMS
 from digenrl.costs.device_costs import DeviceCosts
 from digenrl.gap.fragments import FragmentPlan
 from digenrl.gap.unit_sharding import shard_units
+from digenrl.plan import RunPlan, Workload
 from digenrl.runtime.profiles import load_profile
-from digenrl.sim import SchedulePlan, Workload, simulate
+from digenrl.sim import simulate
 from digenrl.sim.cluster import SimCluster
-from digenrl.sim.schedules.disaggregated import stage_plan_for, unit_shares
+from digenrl.sim.schedules.disaggregated import handoff_bytes, stage_plan_for, unit_shares
 from digenrl.systems import available_systems
 from digenrl.tsp.pipeline import TspLayout, plan_tsp
 from tests.gap.test_gap_unit_sharding import _synthetic
@@ -45,7 +46,7 @@ def test_both_map_fragments_to_the_same_pipelines_and_stages():
             cfg=False,
             iterations=3,
         )
-        plan = SchedulePlan(
+        plan = RunPlan(
             "digenrl",
             trainers=trainers,
             generators=generators,
@@ -119,7 +120,7 @@ def test_both_balance_stages_alike_and_cut_the_same_unit_shards():
 
 def test_a_helper_fragment_is_a_generate_span_marked_helper_in_both():
     w = Workload(prompts_per_iteration=8, group_size=2, num_steps=6, train_steps=4, cfg=False, iterations=4)
-    plan = SchedulePlan("digenrl", trainers=2, generators=2, tag=True, tag_budget=1)
+    plan = RunPlan("digenrl", trainers=2, generators=2, tag=True, tag_policy="always", tag_max_fragments=1)
     result = simulate(H200_8, toy_costs(step=0.1, unit=0.01), w, plan)
     helpers = [s for s in result.spans if s["phase"] == "generate" and s["extra"].get("helper")]
     assert helpers and {result.log.roles[s["rank"]] for s in helpers} == {"trainer"}
@@ -136,7 +137,7 @@ def test_both_share_a_colocated_batch_alike():
     for profile, split, world in (("cpu-4", "equal", 4), ("cpu-2-hetero", "speed", 2), ("cpu-2", "equal", 2)):
         overrides = [f"profile={profile}", "system=colocated-sync", "algo.prompts_per_iteration=1"]
         cfg = load_config(TINY, [*overrides, f"colocated.split={split}"])
-        plan = SchedulePlan("colocated-sync", work_split=split)
+        plan = RunPlan("colocated-sync", work_split=split)
         sim = plan.colocated_shares(Workload.from_config(cfg), load_profile(profile).relative_speeds)
         assert colocated_shares(cfg, world) == sim
         costs = toy_costs(step=0.1, unit=0.01)
@@ -151,7 +152,7 @@ def test_a_colocated_plan_runs_where_groups_are_fewer_than_ranks():
     """16 prompt groups of 8 on 32 GPUs (the h800-32 video rows): half a group per rank."""
     w = Workload(prompts_per_iteration=16, group_size=8, num_steps=4, train_steps=2, cfg=False)
     for system in ("colocated-sync", "colocated-overlap"):
-        result = simulate("h800-32", toy_costs(step=0.1, unit=0.01), w, SchedulePlan(system))
+        result = simulate("h800-32", toy_costs(step=0.1, unit=0.01), w, RunPlan(system))
         assert result.samples_per_s > 0
 
 
@@ -159,7 +160,7 @@ def test_split_groups_need_the_runtimes_buffered_sends():
     """A trainer holding a split group's fragment waits for the rest of its rewards; with rendezvous sends
     the producer would wait for that trainer to receive the next fragment first."""
     w = Workload(prompts_per_iteration=2, group_size=4, num_steps=4, train_steps=3, cfg=False)
-    plan = SchedulePlan("digenrl", trainers=2, generators=1, fragment_samples=2)
+    plan = RunPlan("digenrl", trainers=2, generators=1, fragment_samples=2)
     plan.check(3, w)
     with pytest.raises(ValueError, match="split a group need buffered sends"):
         plan.with_(transport="rendezvous").check(3, w)
@@ -171,3 +172,27 @@ def test_split_groups_need_the_runtimes_buffered_sends():
     )
     with pytest.raises(ValueError, match="fewer than 3 sharded"):
         plan.with_(trainers=3).check(4, full)
+
+
+def test_a_tsp_hand_off_is_priced_at_the_bytes_the_runtime_ships():
+    """A stage hands on the current latent and the whole preallocated record (RolloutEngine.start), at
+    every stage; the simulator prices it so (issue 33: it counted only the steps done)."""
+    from dataclasses import replace
+
+    from digenrl.perf.measure_costs import wire_bytes
+    from digenrl.runtime.transfer import batch_to_tensors
+    from tests.tsp.fixtures import PROMPTS, make_config, make_engine
+
+    engine = make_engine(make_config("sampler.num_steps=4", "algo.group_size=2"))
+    wire = wire_bytes(engine.generate(PROMPTS[:1], [0], iteration=0, policy_version=0))
+    cost = replace(
+        toy_costs(step=0.1),
+        fragment_bytes_per_sample=wire["per_sample"],
+        latent_bytes_per_sample=wire["latent"],
+        cond_bytes_per_sample=wire["cond"],
+    )
+    started = engine.start(PROMPTS[:1], [0], iteration=0, policy_version=0)
+    for steps in (1, 3):  # early and late in the trajectory: the same bytes
+        in_flight = engine.advance(started, steps)
+        shipped = sum(t.numel() * t.element_size() for t in batch_to_tensors(in_flight)[1])
+        assert handoff_bytes(cost, in_flight.batch_size) == pytest.approx(shipped, rel=0.02), steps

@@ -9,12 +9,12 @@ from collections import defaultdict
 
 import pytest
 
+from digenrl.plan import RunPlan
+from digenrl.plan.workload import Workload
 from digenrl.reports.validation import simulation_error
 from digenrl.runtime.events import merge_chrome_trace, summarize_events
 from digenrl.runtime.profiles import load_profile
-from digenrl.sim.schedule_plan import SchedulePlan
 from digenrl.sim.simulator import compute_seconds, simulate
-from digenrl.sim.workload import Workload
 from tests.sim.toy_costs import toy_costs
 
 H200_8 = load_profile("h200-8")
@@ -53,7 +53,7 @@ def test_separate_sync_iteration_is_generate_plus_score_plus_train_exactly():
             w.num_steps * step * samples + (decode + reward) * samples + unit * units_of_slowest_trainer + opt
         )
         result = simulate(
-            H200_8, costs, w, SchedulePlan("separate-sync", trainers=trainers, generators=generators)
+            H200_8, costs, w, RunPlan("separate-sync", trainers=trainers, generators=generators)
         )
         assert result.iteration_s == [expected] * w.iterations
 
@@ -87,8 +87,8 @@ def test_gap_strictly_shortens_the_iteration_and_gap_off_equals_the_barrier():
         transports = ["buffered"] + (["rendezvous"] if fragment_bytes == 0 else [])
         for transport in transports:
             pools = {"trainers": trainers, "generators": generators, "transport": transport}
-            sync = simulate(H200_8, costs, w, SchedulePlan("separate-sync", **pools))
-            plan = SchedulePlan("digenrl", fragment_groups=fragment_groups, **pools)
+            sync = simulate(H200_8, costs, w, RunPlan("separate-sync", **pools))
+            plan = RunPlan("digenrl", fragment_groups=fragment_groups, **pools)
             gap = simulate(H200_8, costs, w, plan)
             assert gap.steady_iteration_s < sync.steady_iteration_s, plan.describe()
             if fragment_bytes == 0:  # the same work at the same times without fragment traffic
@@ -106,7 +106,7 @@ def test_tsp_fill_and_drain_cost_s_minus_one_stage_slots():
         stages, steps_per_stage, fragments = rng.randint(2, 4), rng.randint(1, 3), rng.randint(1, 6)
         step = _dyadic(rng)
         w = _workload(prompts_per_iteration=fragments, num_steps=stages * steps_per_stage, train_steps=1)
-        plan = SchedulePlan("digenrl", trainers=1, generators=stages, fragment_groups=1, tsp_stages=stages)
+        plan = RunPlan("digenrl", trainers=1, generators=stages, fragment_groups=1, tsp_stages=stages)
         result = simulate(H200_8, toy_costs(step=step), w, plan)
         slot = steps_per_stage * step * w.group_size  # one fragment on one stage
         first = [s for s in result.spans if s["iteration"] == 0 and s["phase"] == "generate"]
@@ -125,9 +125,7 @@ def test_tcss_keeps_every_trajectory_at_most_one_version_stale():
             step=0.05, unit=rng.uniform(0.05, 0.2), optimizer=0.3, decode=0.05, sync_bytes=10**8
         )
         w = _workload(prompts_per_iteration=8, num_steps=4, train_steps=3, iterations=6)
-        plan = SchedulePlan(
-            "digenrl", trainers=2, generators=2 * stages, fragment_groups=1, tsp_stages=stages
-        )
+        plan = RunPlan("digenrl", trainers=2, generators=2 * stages, fragment_groups=1, tsp_stages=stages)
         for tcss in (False, True):
             result = simulate(H200_8, costs, w, plan.with_(tcss=tcss))
             generated = [s for s in result.spans if s["phase"] == "generate"]
@@ -155,11 +153,11 @@ def test_tcss_planned_switch_binds_each_fragment_to_the_runtimes_version_and_wai
         # a long optimizer step: the trainer's tail outlasts the fragments before the switch
         costs = toy_costs(step=0.05, unit=rng.uniform(0.01, 0.05), optimizer=1.0, decode=0.05)
         w = _workload(prompts_per_iteration=8, num_steps=4, train_steps=3, iterations=6)
-        plan = SchedulePlan(
+        plan = RunPlan(
             "digenrl", trainers=2, generators=2 * stages, fragment_groups=1, tsp_stages=stages, tcss=True
         )
         switch = 2 * stages  # one fragment per generator rank
-        plan = plan.with_(tag=tag, tag_budget=2 if tag else None, tcss_switch=str(switch))
+        plan = (plan.with_tag_budget(2) if tag else plan).with_(tcss_switch=str(switch))
         planned = simulate(H200_8, costs, w, plan)
         generated = [s for s in planned.spans if s["phase"] == "generate"]
         for s in generated:
@@ -209,10 +207,10 @@ def test_tag_fills_the_trainer_head_bubble_and_never_lowers_throughput():
     rng = random.Random(2031)
     costs = toy_costs(step=0.1, decode=0.02, unit=0.01, optimizer=0.01, switch=rng.uniform(0, 0.05))
     w = _workload(prompts_per_iteration=12, num_steps=6, train_steps=4, iterations=5)
-    plan = SchedulePlan("digenrl", trainers=2, generators=2, fragment_groups=1)
+    plan = RunPlan("digenrl", trainers=2, generators=2, fragment_groups=1)
     off = simulate(H200_8, costs, w, plan)
     on = simulate(H200_8, costs, w, plan.with_(tag=True))
-    assert on.plan.tag_budget is not None and on.plan.tag_budget > 0
+    assert on.plan.tag_budget(on.plan.num_fragments(w)) > 0
     assert on.samples_per_s > off.samples_per_s
     assert _trainer_head_idle(on) < _trainer_head_idle(off)
     helpers = [s for s in on.spans if s["phase"] == "generate" and s["extra"].get("helper")]
@@ -220,19 +218,27 @@ def test_tag_fills_the_trainer_head_bubble_and_never_lowers_throughput():
     assert helpers and all(s["policy_version"] == s["iteration"] for s in helpers)  # bound to θ_k
     # when training is the bottleneck the budget search inserts no TAG at all
     busy_trainer = toy_costs(step=0.01, unit=0.5)
-    assert simulate(H200_8, busy_trainer, w, plan.with_(tag=True)).plan.tag_budget == 0
+    assert not simulate(H200_8, busy_trainer, w, plan.with_(tag=True)).plan.tag
 
 
-def _all_plans(world: int) -> list[SchedulePlan]:
+def _all_plans(world: int) -> list[RunPlan]:
     half = world // 2
     return [
-        SchedulePlan("colocated-sync"),
-        SchedulePlan("colocated-overlap", overlap_sub_batches=2),
-        SchedulePlan("separate-sync", trainers=half, generators=world - half),
-        SchedulePlan("separate-async", trainers=half, generators=world - half, max_staleness=4),
-        SchedulePlan("digenrl", trainers=half, generators=world - half, fragment_groups=1),
-        SchedulePlan("digenrl", trainers=half, generators=world - half, fragment_groups=1, tsp_stages=2),
-        SchedulePlan("digenrl", trainers=half, generators=world - half, tag=True, tag_budget=1, tcss=True),
+        RunPlan("colocated-sync"),
+        RunPlan("colocated-overlap", overlap_sub_batches=2),
+        RunPlan("separate-sync", trainers=half, generators=world - half),
+        RunPlan("separate-async", trainers=half, generators=world - half, max_staleness=4),
+        RunPlan("digenrl", trainers=half, generators=world - half, fragment_groups=1),
+        RunPlan("digenrl", trainers=half, generators=world - half, fragment_groups=1, tsp_stages=2),
+        RunPlan(
+            "digenrl",
+            trainers=half,
+            generators=world - half,
+            tag=True,
+            tag_policy="always",
+            tag_max_fragments=1,
+            tcss=True,
+        ),
     ]
 
 
@@ -318,8 +324,8 @@ def test_colocated_overlap_hides_scoring_behind_generation():
     rng = random.Random(2033)
     costs = toy_costs(step=rng.uniform(0.05, 0.1), decode=rng.uniform(0.01, 0.05), reward=0.02, unit=0.01)
     w = _workload(prompts_per_iteration=8, iterations=3)
-    sync = simulate("cpu-2", costs, w, SchedulePlan("colocated-sync"))
-    overlap = simulate("cpu-2", costs, w, SchedulePlan("colocated-overlap", overlap_sub_batches=4))
+    sync = simulate("cpu-2", costs, w, RunPlan("colocated-sync"))
+    overlap = simulate("cpu-2", costs, w, RunPlan("colocated-overlap", overlap_sub_batches=4))
     hidden = 3 * (costs.score_s(w.group_size))  # 4 sub-batches of one group each: 3 of 4 scores overlap
     assert overlap.steady_iteration_s == pytest.approx(sync.steady_iteration_s - hidden, rel=1e-9)
 
@@ -329,7 +335,7 @@ def test_separate_async_reap_before_launch_and_staleness_budget():
     w = _workload(prompts_per_iteration=8, iterations=10)
     # UniRL's recipe (docs/references.md [000]): sync every 4 steps; launching before reaping stalls the
     # transfer
-    plan = SchedulePlan("separate-async", trainers=2, generators=2, max_staleness=1, weight_sync_interval=4)
+    plan = RunPlan("separate-async", trainers=2, generators=2, max_staleness=1, weight_sync_interval=4)
     reap_first = simulate("cpu-4", costs, w, plan)
     launch_first = simulate("cpu-4", costs, w, plan.with_(reap_before_launch=False))
     assert reap_first.samples_per_s > launch_first.samples_per_s
@@ -354,7 +360,7 @@ def test_heterogeneous_pipeline_gives_the_faster_gpu_more_steps():
 
     costs = DeviceCosts(profile, toy_costs(step=0.1, unit=0.01, device="h100"), reference_type="h100")
     w = _workload(prompts_per_iteration=6, group_size=8, num_steps=12, train_steps=4, iterations=3)
-    plan = SchedulePlan("digenrl", trainers=7, generators=9, tsp_stages=3)
+    plan = RunPlan("digenrl", trainers=7, generators=9, tsp_stages=3)
     result = simulate(profile, costs, w, plan)
     steps = {}
     for s in result.spans:
@@ -368,11 +374,11 @@ def test_heterogeneous_pipeline_gives_the_faster_gpu_more_steps():
 def test_plan_validation_names_the_problem():
     w = _workload()
     with pytest.raises(ValueError, match="tsp_stages"):
-        simulate(H200_8, toy_costs(), w, SchedulePlan("digenrl", trainers=2, generators=3, tsp_stages=2))
+        simulate(H200_8, toy_costs(), w, RunPlan("digenrl", trainers=2, generators=3, tsp_stages=2))
     with pytest.raises(ValueError, match="exceeds"):
-        simulate(H200_8, toy_costs(), w, SchedulePlan("separate-sync", trainers=4, generators=5))
+        simulate(H200_8, toy_costs(), w, RunPlan("separate-sync", trainers=4, generators=5))
     with pytest.raises(ValueError, match="system"):
-        SchedulePlan("pipedream")
+        RunPlan("pipedream")
 
 
 def test_simulation_error_reads_real_format_logs(tmp_path):
@@ -380,7 +386,7 @@ def test_simulation_error_reads_real_format_logs(tmp_path):
     "measured" run) gives simulated/measured − 1 = +10% on throughput and −1/11 on every phase."""
     costs = toy_costs(step=0.05, decode=0.02, unit=0.03, optimizer=0.02, unit_bytes=10**6)
     w = _workload(prompts_per_iteration=8, iterations=5)
-    result = simulate("cpu-4", costs, w, SchedulePlan("digenrl", trainers=2, generators=2))
+    result = simulate("cpu-4", costs, w, RunPlan("digenrl", trainers=2, generators=2))
     result.write_events(tmp_path / "same")
     same = simulation_error(result, tmp_path / "same")
     assert same["relative_error"] == pytest.approx(0.0, abs=1e-12)

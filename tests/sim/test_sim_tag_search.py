@@ -1,6 +1,7 @@
-"""TAG's budget search is one rule (digenrl/sim/simulator.py search_tag_budget): the runtime's
-``tag.policy=auto`` (digenrl/sim/predict.py, what digenrl/tag/policy.py asks), the simulator and the planner
-all stop after two budgets in a row that do not improve, ties going to the smaller budget."""
+"""TAG's budget search is one rule (digenrl/rules/schedule.py search_tag_budget): the runtime's
+``tag.policy=auto`` (digenrl/sim/predict.py SimPredictor, what digenrl/tag/policy.py is handed), the
+simulator and the planner all stop after two budgets in a row that do not improve, ties going to the
+smaller budget."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from dataclasses import dataclass
 
 from digenrl.config import load_config
 from digenrl.costs import DeviceCosts
+from digenrl.rules import MAX_TAG_BUDGET, search_tag_budget, tag_budget_limit
 from digenrl.runtime.profiles import load_profile
-from digenrl.sim.predict import best_tag_budget, run_plan, run_workload
-from digenrl.sim.simulator import MAX_TAG_BUDGET, search_tag_budget, simulate, tag_budget_limit
+from digenrl.sim.predict import SimPredictor
+from digenrl.sim.simulator import simulate
 from tests.sim.toy_costs import toy_costs
 from tests.systems.launcher import TINY
 
@@ -46,13 +48,13 @@ def test_the_runtime_and_the_simulator_choose_the_same_budget():
     unit = random.choice([0.002, 0.01, 0.05])
     costs = toy_costs(step=0.1, unit=unit, optimizer=0.05, device=profile.device_type(0).name)
     cfg = load_config(TINY, ["system=digenrl", "profile=cpu-4", "pools.trainers=2", "pools.generators=2"])
-    plan = run_plan(cfg, trainers=2, generators=2, tag_budget=0)
-    workload = run_workload(cfg)
-    runtime = best_tag_budget(
-        cfg, profile, costs, trainers=2, generators=2, num_fragments=plan.num_fragments(workload)
-    )
-    searched = simulate(profile, DeviceCosts(profile, costs), workload, plan.with_(tag=True, tag_budget=None))
-    assert searched.plan.tag_budget == runtime.budget
+    predictor = SimPredictor.for_run(cfg, profile)
+    plan, workload = predictor.plan, predictor.workload
+    assert plan.tag and plan.tag_policy == "auto"  # the config's TAG (on by default)
+    fragments = plan.num_fragments(workload)
+    runtime = predictor.best_budget(costs, fragments)
+    searched = simulate(profile, DeviceCosts(profile, costs), workload, plan)
+    assert searched.plan.tag_budget(fragments) == runtime.budget
     assert runtime.iteration_s[runtime.budget] == searched.steady_iteration_s
 
 
@@ -61,12 +63,12 @@ def test_tag_leaves_the_generators_their_share_in_every_iteration():
     k+1 at once; before the rule they claimed every fragment while the generators waited for θ_{k+1}. Now a
     helper claims nothing before the generators hold θ_k, and only what they cannot finish sooner, so every
     generator makes fragments in every iteration (the runtime's rule, digenrl/gap/helper_share.py)."""
-    from digenrl.sim import SchedulePlan, Workload
+    from digenrl.plan import RunPlan, Workload
 
     profile = load_profile("h200-8")
     costs = toy_costs(step=0.05, unit=0.01, optimizer=0.05, sync_bytes=20 << 30)
     w = Workload(prompts_per_iteration=8, group_size=2, num_steps=8, train_steps=4, cfg=False, iterations=4)
-    plan = SchedulePlan("digenrl", trainers=4, generators=4, tag=True, tag_budget=4)
+    plan = RunPlan("digenrl", trainers=4, generators=4, tag=True, tag_policy="always", tag_max_fragments=4)
     result = simulate(profile, DeviceCosts(profile, costs), w, plan)
     made = {(s["rank"], s["iteration"]) for s in result.spans if s["phase"] == "generate"}
     assert {(g, k) for g in range(4, 8) for k in range(4)} <= made

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from digenrl.config import load_config
+from digenrl.plan.workload import Workload, fragment_sizes, split_evenly
 from digenrl.sim.schedules.disaggregated import unit_shares
-from digenrl.sim.workload import Workload, fragment_sizes, split_evenly
 from tests.sim.toy_costs import toy_costs
 
 TINY = Path(__file__).resolve().parents[2] / "experiments" / "configs" / "tiny.yaml"

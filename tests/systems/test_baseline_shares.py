@@ -27,8 +27,13 @@ VARIANTS = {
     "whole-group": (["system=colocated-sync", "profile=cpu-1"], 0),
     "split-group": (["system=colocated-sync", "profile=cpu-2"], 2),
     "split-group-overlap": (["system=colocated-overlap", "profile=cpu-2"], 2),
-    # cpu-2-hetero declares rank 0 twice as fast as rank 1: 3 samples at micro-batch 3 against 1 at 1
+    # cpu-2-hetero declares rank 0 twice as fast as rank 1: 3 samples against 1, both at the full micro-batch
     "speed": (["system=colocated-sync", "profile=cpu-2-hetero", "colocated.split=speed"], 2),
+    # the lockstep rule: 3 samples at micro-batch 3 against 1 at 1, the same number of steps
+    "speed-lockstep": (
+        ["system=colocated-sync", "profile=cpu-2-hetero", "colocated.split=speed-lockstep"],
+        2,
+    ),
     # 2 generators make half a group each; advantages over the rewards gathered on the generator pool
     "split-group-separate": (
         ["system=separate-sync", "profile=cpu-4", "pools.trainers=2", "pools.generators=2"],
@@ -55,7 +60,9 @@ def _train_samples(out_dir, rank: int) -> list[int]:
     return _spans(out_dir, rank, "train")
 
 
-@pytest.mark.parametrize("variant", ["split-group", "split-group-overlap", "speed", "split-group-separate"])
+@pytest.mark.parametrize(
+    "variant", ["split-group", "split-group-overlap", "speed", "speed-lockstep", "split-group-separate"]
+)
 def test_same_update_as_the_whole_group_run(runs, variant):
     assert_same_update(
         runs["whole-group"], runs[variant], rel=1e-5, samples=4, ratio_abs=1e-5, equal=("train_units",)
@@ -75,8 +82,9 @@ def test_each_rank_trains_its_share(runs):
     for generator in (2, 3):
         assert _spans(separate, generator, "generate") == [2, 2]  # half a group each iteration
     assert _train_samples(runs["split-group"], 0) == _train_samples(runs["split-group"], 1) == [2, 2]
-    assert _train_samples(runs["speed"], 0) == [3, 3]  # the declared-faster rank
-    assert _train_samples(runs["speed"], 1) == [1, 1]
+    for variant in ("speed", "speed-lockstep"):
+        assert _train_samples(runs[variant], 0) == [3, 3]  # the declared-faster rank
+        assert _train_samples(runs[variant], 1) == [1, 1]
 
 
 @pytest.mark.parametrize(
@@ -98,6 +106,19 @@ def test_each_rank_trains_its_share(runs):
             "colocated.split",
         ),
         (["system=colocated-sync", "colocated.split=fastest"], 1, "colocated.split"),
+        # the fair split's uneven micro-batch counts under FSDP2's lockstep collectives
+        (["system=colocated-sync", "colocated.split=speed", "trainer.mode=full"], 2, "speed-lockstep"),
+        # a rank that would get no sample, hence no micro-batch
+        (
+            [
+                "system=colocated-sync",
+                "colocated.split=speed",
+                "algo.group_size=2",
+                "algo.prompts_per_iteration=1",
+            ],
+            4,
+            "at least one sample",
+        ),
     ],
 )
 def test_a_batch_that_cannot_be_shared_fails_at_startup_naming_the_key(overrides, world, needle):

@@ -26,6 +26,7 @@ COMMON = [
     "profile=cpu-4",
     "pools.trainers=2",
     "pools.generators=2",
+    "runtime.record_batches=true",  # first_rewards_exact checks the batches (tests/systems/equivalence.py)
 ]
 VARIANTS = {
     "separate-sync": ["system=separate-sync", "sampler.samples_per_forward=4"],

@@ -2,12 +2,20 @@
 micro-batches in the same order (docs/operations.md, "Reproducible runs").
 
 Both generate in batches of one prompt group (``sampler.samples_per_forward=4``, one-group GAP fragments),
-so the trajectories are the same whoever generates them (a generator rank or the TAG trainer); both train
+and decode in the rollout's forward batches (``digenrl/systems/components.py``), so the trajectories and
+their rewards are the same whoever generates them (a generator rank or the TAG trainer); both train
 micro-batches of one group at one timestep (``trainer.micro_batch_size=4``) and, since the plan runs chunk by
 chunk as flow_grpo's loop does (:func:`digenrl.data.micro_batches.plan_micro_batches`), in the same order:
 fragment by fragment (``gap.train_order=index``), each fragment's timesteps in turn. The gradient sums
 therefore round alike and every iteration — rollout, loss, update, weights — is equal, not just close; the
 same configuration on an H200 with ``runtime.deterministic=true`` is experiments/gpu/h200_equivalence.sh.
+
+Bit equality of two code paths holds on a given CPU only when they compute the same operations on the same
+shapes in the same order; whether different shapes happen to round alike depends on the CPU's kernels (a
+VAE decode of 16 samples at once against 4 at a time matched on one machine and not on another). So the
+pair also records its batch ledgers (``runtime.record_batches``) and
+:func:`test_both_systems_compute_on_the_same_batches` checks the shapes themselves, which fails on every
+machine when a schedule changes a batch.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ import torch
 
 from digenrl.runtime.metrics import read_metrics
 from digenrl.trainer.checkpoint import full_trainer_state, load_latest_checkpoint
-from tests.systems.equivalence import assert_same_update
+from tests.systems.equivalence import assert_same_batches, assert_same_update, ledger_batches
 from tests.systems.launcher import run_train
 
 COMMON = [
@@ -26,6 +34,7 @@ COMMON = [
     "seed=3",
     "sampler.samples_per_forward=4",
     "trainer.micro_batch_size=4",
+    "runtime.record_batches=true",
 ]
 #: bit for bit: the trajectories (reward mean), the update and its inputs
 EXACT = ("samples", "reward_mean", "ratio_mean", "update_norm", "grad_norm")
@@ -62,3 +71,16 @@ def test_the_gpu_script_summary_reads_the_pair_as_exact(pair):
     exact = equivalence(colocated, digenrl, 2, exact=True)
     assert exact["holds"] and exact["lora_max_abs_diff"] == 0.0 and exact["lora_tensors_compared"] > 0
     assert equivalence(colocated, digenrl, 2)["holds"]
+
+
+def test_both_systems_compute_on_the_same_batches(pair):
+    """What makes the pair equal bit for bit, checked as shapes: every transformer forward, VAE decode and
+    micro-batch holds the same samples in both runs, and the micro-batches accumulate in the same order on
+    the one training rank of each."""
+    assert_same_batches(*pair, ops=("rollout", "decode", "train"))
+    colocated = ledger_batches(pair[0])
+    assert len(colocated["train"]) == 1 and len(ledger_batches(pair[1])["train"]) == 1
+    # the configuration's shapes: forwards and decodes of one group (4 samples), micro-batches of 4 units
+    assert {len(samples) for _, _, samples in colocated["rollout"]} == {4}
+    assert {len(samples) for _, samples in colocated["decode"]} == {4}
+    assert {len(units) for units_ in colocated["train"].values() for _, units in units_} == {4}

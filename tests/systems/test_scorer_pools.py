@@ -38,6 +38,12 @@ def runs(tmp_path_factory):
     variants = {
         "digenrl": ["system=digenrl", "tsp_stages=2", "tag=false"],
         "separate-sync": ["system=separate-sync", "sampler.samples_per_forward=4"],
+        # the same run scoring on its generators: a scorer rank decodes with the same (random) VAE
+        "separate-sync-no-scorer": [
+            "system=separate-sync",
+            "sampler.samples_per_forward=4",
+            "pools.scorers=0",
+        ],
         # a regression shows as a timeout after a minute, not as a hang of the whole test
         "separate-async": ["system=separate-async", "asynchrony.max_staleness=1", "runtime.timeout_s=60"],
     }
@@ -45,7 +51,8 @@ def runs(tmp_path_factory):
         with pytest.MonkeyPatch.context() as patch:
             if name in DELAYS:
                 patch.setenv("DIGENRL_INJECT_DELAY", DELAYS[name])
-            run_train([*POOLS, *reward, *overrides, f"out_dir={root / name}"], nproc=4)
+            nproc = 3 if "pools.scorers=0" in overrides else 4
+            run_train([*POOLS, *reward, *overrides, f"out_dir={root / name}"], nproc=nproc)
     return {name: root / name for name in variants}
 
 
@@ -56,6 +63,12 @@ def _spans(out_dir, rank: int) -> list[dict]:
 
 def _first(spans: list[dict], phase: str, **fields) -> dict:
     return next(s for s in spans if s["phase"] == phase and all(s[k] == v for k, v in fields.items()))
+
+
+def test_a_scorer_rank_scores_what_the_generators_would(runs):
+    """Issue 33: with random weights a scorer rank built another VAE than the other ranks, so the same
+    trajectories got other rewards than without scorer ranks."""
+    assert_same_update(runs["separate-sync-no-scorer"], runs["separate-sync"], rel=1e-6)
 
 
 def test_digenrl_and_separate_sync_score_on_the_scorer_rank_and_agree(runs):

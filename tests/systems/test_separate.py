@@ -20,7 +20,15 @@ from digenrl.validation import validate_config
 from tests.systems.equivalence import assert_same_update
 from tests.systems.launcher import RESUME_KEYS, TINY, assert_resumed_exactly, resume_from_copy, run_train
 
-COMMON = ["iterations=2", "seed=5", "checkpoint_every=1"]
+# forwards and decodes of one group in every system: the first iteration is then the same computation, bit
+# for bit (its batches are checked: tests/systems/equivalence.py, first_rewards_exact)
+COMMON = [
+    "iterations=2",
+    "seed=5",
+    "checkpoint_every=1",
+    "sampler.samples_per_forward=4",
+    "runtime.record_batches=true",
+]
 SEPARATE = ["profile=cpu-4", "pools.trainers=2", "pools.generators=2"]
 
 

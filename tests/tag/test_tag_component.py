@@ -19,6 +19,7 @@ from digenrl.runtime.control_plane import ControlPlane
 from digenrl.runtime.errors import DistributedTimeoutError
 from digenrl.runtime.events import EventLogger, load_events
 from digenrl.runtime.profiles import load_profile
+from digenrl.sim.predict import SimPredictor
 from digenrl.tag.component import Tag, check_tag_config, tag_wanted
 from digenrl.tag.policy import TagPolicy
 from digenrl.trainer import PolicyTrainer
@@ -42,6 +43,7 @@ def _policy(cfg, trainers=(0,)) -> TagPolicy:
         num_fragments=4,
         fragment_samples=2,
         trainer_type=profile.device_type(0).name,
+        predictor=SimPredictor.for_run(cfg, profile),
     )
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from digenrl.config import load_config
 from digenrl.runtime.profiles import load_profile
-from digenrl.sim.predict import run_plan
+from digenrl.sim.predict import SimPredictor
 from digenrl.tag.policy import TagPolicy
 from tests.sim.toy_costs import toy_costs
 from tests.systems.launcher import TINY
@@ -34,8 +34,9 @@ def test_the_prediction_follows_the_runs_tcss_switch():
             num_fragments=4,
             fragment_samples=4,
             trainer_type=trainer,
+            predictor=SimPredictor.for_run(cfg, profile),
         )
-        assert run_plan(cfg, trainers=2, generators=2, tag_budget=2).tcss_switch == switch
+        assert policy.predictor.plan.tcss_switch == switch
         predicted[switch] = [policy.predict(costs, budget) for budget in (0, 2)]
     assert predicted["2"][1] < predicted["auto"][1] < predicted["auto"][0]
 
@@ -70,6 +71,7 @@ def _policy(*overrides: str) -> TagPolicy:
         num_fragments=4,
         fragment_samples=4,
         trainer_type=profile.device_type(0).name,
+        predictor=SimPredictor.for_run(cfg, profile),
     )
 
 

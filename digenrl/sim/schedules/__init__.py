@@ -5,14 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from digenrl.plan import RunPlan
 from digenrl.sim.cluster import SimCluster
-from digenrl.sim.schedule_plan import SchedulePlan
 from digenrl.sim.schedules.colocated import run_colocated
 from digenrl.sim.schedules.disaggregated import run_digenrl
 from digenrl.sim.schedules.separate_async import run_separate_async
 from digenrl.sim.schedules.separate_sync import run_separate_sync
 
-ScheduleFn = Callable[[SimCluster, SchedulePlan], Any]
+ScheduleFn = Callable[[SimCluster, RunPlan], Any]
 
 SCHEDULES: dict[str, ScheduleFn] = {
     "colocated-sync": run_colocated,

@@ -22,8 +22,8 @@ forward). Full fine-tuning shards the model over every rank (FSDP2): each genera
 weights, each micro-batch gathers them twice and reduce-scatters the gradients
 (:mod:`digenrl.sim.training`). Each rank's share — its samples, which may cut a prompt group, and its
 micro-batch size — is the runtime's (``colocated.split``, :func:`digenrl.data.rank_shares.rank_shares`):
-``work_split="speed"`` gives faster devices more samples and larger micro-batches, the same number of
-micro-batch steps everywhere.
+``work_split="speed"`` gives faster devices more samples at the full micro-batch size (more micro-batches),
+``"speed-lockstep"`` more samples and larger micro-batches, the same number of micro-batch steps everywhere.
 """
 
 from __future__ import annotations
@@ -31,15 +31,15 @@ from __future__ import annotations
 from typing import Any
 
 from digenrl.data.rank_shares import RankShare
+from digenrl.plan import RunPlan
+from digenrl.plan.workload import Workload, split_evenly
 from digenrl.sim.cluster import SimCluster
 from digenrl.sim.des import Process, Signal
 from digenrl.sim.residency import colocated_moves, move_s
-from digenrl.sim.schedule_plan import SchedulePlan
 from digenrl.sim.training import generation_s, optimizer_s, sharded, units_s
-from digenrl.sim.workload import Workload, split_evenly
 
 
-def run_colocated(cluster: SimCluster, plan: SchedulePlan) -> None:
+def run_colocated(cluster: SimCluster, plan: RunPlan) -> None:
     """Spawn one process per rank of the profile."""
     ranks = tuple(range(cluster.profile.world_size))
     shares = plan.colocated_shares(cluster.workload, cluster.profile.relative_speeds)
@@ -48,7 +48,7 @@ def run_colocated(cluster: SimCluster, plan: SchedulePlan) -> None:
 
 
 def _colocated_rank(
-    cluster: SimCluster, plan: SchedulePlan, rank: int, ranks: tuple[int, ...], share: RankShare
+    cluster: SimCluster, plan: RunPlan, rank: int, ranks: tuple[int, ...], share: RankShare
 ) -> Process:
     w, cost, net = cluster.workload, cluster.cost(rank), cluster.net
     samples = share.samples
@@ -78,7 +78,7 @@ def _colocated_rank(
         cluster.finish_iteration(k)
 
 
-def _move(cluster: SimCluster, plan: SchedulePlan, rank: int, phase: str, tags: dict) -> Process:
+def _move(cluster: SimCluster, plan: RunPlan, rank: int, phase: str, tags: dict) -> Process:
     """The residency transitions the runtime issues before ``phase`` (:mod:`digenrl.sim.residency`), each a
     ``residency`` span with the runtime's ``extra`` (role ``train`` / ``reward``, kind ``offload`` /
     ``onload``, bytes); nothing when nothing moves."""
@@ -90,7 +90,7 @@ def _move(cluster: SimCluster, plan: SchedulePlan, rank: int, phase: str, tags: 
         yield from cluster.work(rank, "residency", seconds, extra=extra, **tags)
 
 
-def overlap_sub_batches(workload: Workload, plan: SchedulePlan, samples: int) -> list[int]:
+def overlap_sub_batches(workload: Workload, plan: RunPlan, samples: int) -> list[int]:
     """Samples per sub-batch of a ``colocated-overlap`` rank's share of ``samples``: the runtime's rule
     (``samples_per_forward`` rounded down to whole groups, at least one group's worth;
     systems/colocated_overlap.py) or ``overlap_sub_batches`` equal parts."""
@@ -101,9 +101,7 @@ def overlap_sub_batches(workload: Workload, plan: SchedulePlan, samples: int) ->
     return [n for n in split_evenly(samples, plan.overlap_sub_batches) if n > 0]
 
 
-def _generate_overlapped(
-    cluster: SimCluster, plan: SchedulePlan, rank: int, samples: int, tags: dict
-) -> Process:
+def _generate_overlapped(cluster: SimCluster, plan: RunPlan, rank: int, samples: int, tags: dict) -> Process:
     """Generate sub-batch j+1 while a background worker scores sub-batch j."""
     last_scored = None
     for j, part in enumerate(overlap_sub_batches(cluster.workload, plan, samples)):

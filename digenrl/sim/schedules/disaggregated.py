@@ -4,7 +4,7 @@ Mirrors ``digenrl/systems/digenrl_system.py`` by default, with knobs for the var
 and shares the runtime's plans: the fragments and their assignment are the runtime's
 :class:`~digenrl.gap.fragments.FragmentPlan`, the pipelines' ranks its :class:`~digenrl.tsp.pipeline.
 TspLayout`, the stage boundaries its :func:`~digenrl.tsp.stage_plan.plan_stages`, the unit shards its
-:func:`~digenrl.gap.unit_sharding.shard_sizes`.
+:func:`~digenrl.rules.shard_sizes`.
 
 Fragments — F whole prompt groups, or S samples (``fragment_samples``; smaller than a group, a group's
 samples lie in several fragments). Which pipeline produces fragment f: ``dynamic`` (the runtime default:
@@ -13,12 +13,12 @@ pools) or ``round-robin`` (f mod D). Each pipeline works through its queue in or
 
 Generators — D pipelines × S stages (TSP; S = 1 is data parallelism), boundaries balanced over the
 per-step cost of a fragment on each stage's device plus the last stage's decode + score. Shards and
-hand-offs are buffered sends by default, as in the runtime (``SchedulePlan.transport_mode``). Per
+hand-offs are buffered sends by default, as in the runtime (``RunPlan.transport_mode``). Per
 fragment, stage s::
 
     (s = 0: take the next fragment of the queue)  or  (s > 0: receive the in-flight trajectory)
     run steps [b_s, b_{s+1})
-    s < S−1: hand the in-flight trajectory (current latent + records of steps so far) to stage s+1
+    s < S−1: hand the in-flight trajectory (latent + whole record, :func:`handoff_bytes`) to stage s+1
     s = S−1: decode + score, then send each trainer rank its unit shard, in trainer rank order
 
 A pipeline admits a fragment of iteration k with the version the runtime's
@@ -47,8 +47,9 @@ with θ_k, paying a switch into and back out of generating priced by what it mov
 (:mod:`digenrl.sim.residency`: a device synchronisation; the pending gradients only with ``park_grads``).
 A ready fragment always wins at the next decision point (fragments are not pre-empted mid-way). The
 shards of a helper-made fragment are sent buffered (two helpers sending to each other with rendezvous
-sends would deadlock). Each trainer rank takes at most ``tag_budget`` fragments per iteration; the
-simulator picks the budget (0 included) with the best predicted throughput when it is None.
+sends would deadlock). Each trainer rank takes at most :meth:`~digenrl.plan.RunPlan.tag_budget`
+fragments per iteration; with ``tag.policy=auto`` the simulator picks the budget (0 included) with the best
+predicted throughput.
 """
 
 from __future__ import annotations
@@ -59,17 +60,18 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from digenrl.async_policy.tcss import StalenessBound
+from digenrl.costs.cost_model import CostModel
 from digenrl.gap.helper_share import helper_may_claim
-from digenrl.gap.unit_sharding import shard_sizes
+from digenrl.plan import RunPlan
+from digenrl.plan.workload import Workload
+from digenrl.rules import shard_sizes
 from digenrl.sim.channel import Channel
 from digenrl.sim.cluster import SimCluster
 from digenrl.sim.des import Mailbox, Process
 from digenrl.sim.generator_weights import GeneratorWeights
 from digenrl.sim.residency import move_s, tag_switch_moves
-from digenrl.sim.schedule_plan import SchedulePlan
 from digenrl.sim.training import SimPacker, optimizer_s, sharded
-from digenrl.sim.workload import Workload
-from digenrl.tsp.pipeline import TspLayout
+from digenrl.tsp.pipeline import TspLayout, check_boundaries
 from digenrl.tsp.stage_plan import StagePlan, plan_stages
 
 _STOP = None
@@ -88,7 +90,7 @@ class _Fragment:
 
 def unit_shares(sizes: list[int], workload: Workload, trainers: int) -> list[list[int]]:
     """Units of each fragment per trainer rank, as the runtime cuts them
-    (:func:`digenrl.gap.unit_sharding.shard_sizes`): balanced to ±1 per fragment, the larger shares
+    (:func:`digenrl.rules.shard_sizes`): balanced to ±1 per fragment, the larger shares
     rotating over the ranks from fragment to fragment, so every rank trains its 1/trainers of the batch."""
     shares, offset = [], 0
     for samples in sizes:
@@ -98,19 +100,33 @@ def unit_shares(sizes: list[int], workload: Workload, trainers: int) -> list[lis
     return shares
 
 
-def stage_plan_for(cluster: SimCluster, ranks: tuple[int, ...], fragment_samples: int) -> StagePlan:
-    """Balance the T steps over the stages on ``ranks`` for a fragment of ``fragment_samples`` with the
-    runtime's planner (:func:`digenrl.tsp.stage_plan.plan_stages`), from each stage's own step costs."""
+def stage_plan_for(
+    cluster: SimCluster,
+    ranks: tuple[int, ...],
+    fragment_samples: int,
+    boundaries: tuple[int, ...] | None = None,
+) -> StagePlan:
+    """The stage boundaries of the pipeline on ``ranks`` for a fragment of ``fragment_samples``: the run's
+    fixed ``tsp.boundaries`` when given (checked as the runtime checks them), else balanced over the T
+    steps with the runtime's planner (:func:`digenrl.tsp.stage_plan.plan_stages`), from each stage's own
+    step costs."""
     w = cluster.workload
     per_step = [w.step_s(cluster.cost(r), fragment_samples) for r in ranks]
     extra = cluster.cost(ranks[-1]).score_s(fragment_samples)
-    return plan_stages(w.num_steps, len(ranks), per_step, last_stage_extra_s=extra)
+    if boundaries is None:
+        return plan_stages(w.num_steps, len(ranks), per_step, last_stage_extra_s=extra)
+    fixed = check_boundaries(boundaries, len(ranks), w.num_steps)
+    times = tuple(
+        per_step[s] * (fixed[s + 1] - fixed[s]) + (extra if s == len(ranks) - 1 else 0.0)
+        for s in range(len(ranks))
+    )
+    return StagePlan(boundaries=fixed, stage_times=times, last_stage_extra_s=extra)
 
 
 class _Run:
     """State shared by every process of one digenrl simulation."""
 
-    def __init__(self, cluster: SimCluster, plan: SchedulePlan) -> None:
+    def __init__(self, cluster: SimCluster, plan: RunPlan) -> None:
         w = cluster.workload
         world = cluster.profile.world_size
         self.cluster = cluster
@@ -205,7 +221,7 @@ class _Run:
             yield from channel.send(nbytes, frag, rendezvous=rendezvous, **frag.tags())
 
 
-def run_digenrl(cluster: SimCluster, plan: SchedulePlan) -> dict[str, object]:
+def run_digenrl(cluster: SimCluster, plan: RunPlan) -> dict[str, object]:
     """Spawn the pipelines and the trainers; returns the stage plans used (for the result's report)."""
     run = _Run(cluster, plan)
     w, stages = cluster.workload, plan.tsp_stages
@@ -223,6 +239,14 @@ def run_digenrl(cluster: SimCluster, plan: SchedulePlan) -> dict[str, object]:
     return {"stage_plans": [f"{count} pipeline(s): {text}" for text, count in distinct.items()]}
 
 
+def handoff_bytes(cost: CostModel, samples: int) -> int:
+    """Bytes of one TSP hand-off of ``samples`` in-flight samples, as ``tsp/stage_worker.StageWorker.hand_on``
+    ships them: the current latent and the whole trajectory record, condition included, whatever the stage
+    — ``RolloutEngine.start`` allocates the record buffers of every trained step up front and they travel
+    zero-filled until their step runs (an earlier version priced only the steps done, under-counting)."""
+    return samples * (cost.latent_bytes_per_sample + cost.fragment_bytes_per_sample)
+
+
 class _Pipeline:
     """One TSP pipeline: its stage ranks and boundaries, hand-over queues, fragments in flight."""
 
@@ -231,21 +255,16 @@ class _Pipeline:
         self.run = run
         self.index = index
         self.ranks = ranks
-        self.plan = stage_plan_for(cluster, ranks, fragment_samples)
+        self.plan = stage_plan_for(cluster, ranks, fragment_samples, run.plan.tsp_boundaries)
         self.handovers = [Mailbox(cluster.sim, f"pipeline {index} stage {s}") for s in range(len(ranks))]
         self.inflight = 0
         self.changed = cluster.condition(f"pipeline {index}")
 
     def hand_over(self, stage: int, frag: _Fragment) -> Process:
-        """Send the in-flight trajectory to ``stage + 1``: the current latent, the condition, and the
-        records of the steps done so far (their share of a sample's record)."""
-        cluster, w = self.run.cluster, self.run.cluster.workload
+        """Send the in-flight trajectory to ``stage + 1`` (:func:`handoff_bytes`)."""
+        cluster = self.run.cluster
         src, dst = self.ranks[stage], self.ranks[stage + 1]
-        cost = cluster.cost(src)
-        done = self.plan.boundaries[stage + 1] / w.num_steps
-        records = cost.fragment_bytes_per_sample - cost.cond_bytes_per_sample
-        per_sample = cost.latent_bytes_per_sample + cost.cond_bytes_per_sample + done * records
-        nbytes = frag.samples * per_sample
+        nbytes = handoff_bytes(cluster.cost(src), frag.samples)
         channel = cluster.channel(("stage", frag.iteration, frag.index, stage + 1), src, dst)
         self.handovers[stage + 1].put(channel)
         yield from channel.send(
@@ -319,7 +338,7 @@ def _trainer(run: _Run, rank: int) -> Process:
     cluster, w, plan = run.cluster, run.cluster.workload, run.plan
     cost = cluster.cost(rank)
     position = run.trainers.index(rank)
-    budget = (plan.tag_budget or 0) if plan.tag else 0
+    budget = plan.tag_budget(len(run.sizes))
     packer = SimPacker(cluster, rank, run.trainers)
     for k in range(w.iterations):
         tags = {"iteration": k, "policy_version": k}

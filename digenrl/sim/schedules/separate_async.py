@@ -22,13 +22,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from digenrl.plan import RunPlan
+from digenrl.plan.workload import split_evenly
 from digenrl.sim.cluster import SimCluster
 from digenrl.sim.des import Mailbox, Process, Signal
 from digenrl.sim.generator_weights import GeneratorWeights
-from digenrl.sim.schedule_plan import SchedulePlan
 from digenrl.sim.schedules.separate_sync import trainer_units
 from digenrl.sim.training import optimizer_s, sharded, units_s
-from digenrl.sim.workload import split_evenly
 
 
 @dataclass
@@ -53,7 +53,7 @@ class _Batch:
 class _AsyncRun:
     """The pools of one separate-async simulation and the messages between them."""
 
-    def __init__(self, cluster: SimCluster, plan: SchedulePlan) -> None:
+    def __init__(self, cluster: SimCluster, plan: RunPlan) -> None:
         world = cluster.profile.world_size
         self.cluster = cluster
         self.plan = plan
@@ -87,7 +87,7 @@ def _all_of(signals: list[Signal]) -> Process:
     yield from signals
 
 
-def run_separate_async(cluster: SimCluster, plan: SchedulePlan) -> None:
+def run_separate_async(cluster: SimCluster, plan: RunPlan) -> None:
     run = _AsyncRun(cluster, plan)
     for rank in run.generators:
         cluster.spawn(_generator(run, rank), f"generator {rank}")

@@ -14,15 +14,15 @@ costs an iteration takes exactly generate + score + train + all-reduce + optimiz
 
 from __future__ import annotations
 
+from digenrl.plan import RunPlan
+from digenrl.plan.workload import split_evenly
 from digenrl.sim.cluster import SimCluster
 from digenrl.sim.des import Process
 from digenrl.sim.generator_weights import GeneratorWeights
-from digenrl.sim.schedule_plan import SchedulePlan
 from digenrl.sim.training import optimizer_s, sharded, units_s
-from digenrl.sim.workload import split_evenly
 
 
-def run_separate_sync(cluster: SimCluster, plan: SchedulePlan) -> None:
+def run_separate_sync(cluster: SimCluster, plan: RunPlan) -> None:
     world = cluster.profile.world_size
     trainers, generators = plan.trainer_ranks(world), plan.generator_ranks(world)
     weights = GeneratorWeights(cluster, trainers[0], generators, trainers)

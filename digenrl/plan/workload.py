@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from digenrl.config import TRAINER_MODES
 from digenrl.costs.cost_model import CostModel
+from digenrl.plan.rollout_defaults import rollout_defaults
 
 if TYPE_CHECKING:
     from digenrl.config import Config
@@ -117,13 +118,9 @@ class Workload:
     ) -> Workload:
         """The workload a run of ``cfg`` executes (steps, guidance and trained-step count resolved like
         :meth:`digenrl.rollout.sampler.Sampler.from_config` and ``digenrl.algo.timesteps``)."""
-        from digenrl.models.specs import get_model_spec  # imports torch: keep it out of module import
-
-        spec = get_model_spec(cfg.model.name)
-        steps = cfg.sampler.num_steps or spec.default_num_steps
-        guidance = (
-            spec.default_guidance_scale if cfg.sampler.guidance_scale is None else cfg.sampler.guidance_scale
-        )
+        spec = rollout_defaults(cfg.model.name)  # the model spec's, torch-free
+        steps = cfg.sampler.num_steps or spec.num_steps
+        guidance = spec.guidance_scale if cfg.sampler.guidance_scale is None else cfg.sampler.guidance_scale
         if cfg.algo.timestep_selection == "fast-window":
             trained = cfg.algo.fast_window
         else:  # 'first' / 'shuffled': K = max(1, floor(T * timestep_fraction)) (algo/timesteps.py)
