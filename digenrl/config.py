@@ -268,10 +268,17 @@ class RewardConfig:
     timeout_s: float = field(default=60.0, metadata=within(0.0, 86_400.0, low_open=True))
     # further attempts after a connection error, a timeout or a 5xx answer
     retries: int = field(default=2, metadata=within(0, 100))
+    # a file holding the server's bearer token (python -m digenrl.rewards.serve --token-file)
+    token_file: str | None = None
 
     def remote_settings(self) -> dict[str, object]:
         """Constructor settings of the ``remote`` reward (``digenrl/rewards/remote.py``)."""
-        return {"url": self.url, "timeout_s": self.timeout_s, "retries": self.retries}
+        return {
+            "url": self.url,
+            "timeout_s": self.timeout_s,
+            "retries": self.retries,
+            "token_file": self.token_file,
+        }
 
 
 @dataclass
@@ -744,11 +751,22 @@ def load_config(
                         "keep one"
                     )
                 set_here[leaf] = str(spelled)
-        if not _is_resolved_config(path):
+        if not (_is_resolved_config(path) and _lists_every_key(data)):  # a forged header is not enough
             _record(cfg, list(set_here), str(path))
     if overrides:
         apply_overrides(cfg, overrides)
     return cfg
+
+
+def _lists_every_key(data: dict[str, Any]) -> bool:
+    """Whether ``data`` sets every declared key, as a run's resolved ``config.yaml`` does."""
+    for name, _, _ in declared_fields(Config()):
+        node: Any = data
+        for part in name.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return False
+            node = node[part]
+    return True
 
 
 def _is_resolved_config(path: str | Path) -> bool:
@@ -822,19 +840,21 @@ def read_yaml(path: str | Path, what: str, key: str) -> Any:
 RUN_ID_HEADER = "# run_id: "
 
 
-def config_yaml(cfg: Config) -> str:
-    """``cfg`` as the YAML a run saves (every key, in declaration order): ``run_train.py --print-config``."""
-    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
-
-
 def save_config(cfg: Config, path: str | Path, *, run_id: str | None = None) -> None:
     """Write ``cfg`` as YAML (atomically: a crash leaves the old file or the new one). ``run_id`` goes into
     a leading comment, so the file still loads as a config (``--config out_dir/config.yaml``)."""
     path = Path(path)
-    header = f"{RUN_ID_HEADER}{run_id}\n" if run_id else ""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(header + config_yaml(cfg))
+    tmp.write_text(config_yaml(cfg, run_id=run_id))
     tmp.replace(path)
+
+
+def config_yaml(cfg: Config, *, run_id: str | None = None) -> str:
+    """``cfg`` as the YAML text :func:`save_config` writes, every key in declaration order (a run's own
+    ``config.yaml`` is written from it without following links, digenrl/runtime/run_files.py; also what
+    ``run_train.py --print-config`` prints)."""
+    header = f"{RUN_ID_HEADER}{run_id}\n" if run_id else ""
+    return header + yaml.safe_dump(cfg.to_dict(), sort_keys=False)
 
 
 # --------------------------------------------------------------------------- run identity

@@ -194,12 +194,17 @@ def main(argv: list[str]) -> int:
 
     from digenrl.runtime.distributed import configured_backend, init_distributed, shutdown_distributed
     from digenrl.runtime.fault_injection import inject_delay
+    from digenrl.runtime.job import exit_with_launcher
     from digenrl.runtime.profiles import load_profile
-    from digenrl.runtime.run_lock import release_run_locks
+    from digenrl.runtime.run_lock import TOKEN_ENV, register_worker, release_run_locks
+    from digenrl.runtime.stop_request import STOP
     from digenrl.runtime.watchdog import end_process, start_watchdog
     from digenrl.systems import get_system
     from digenrl.trainer.run_dir import agree_run_start
 
+    if os.environ.get(TOKEN_ENV):  # a worker of this launcher: live only while it lives, and say so
+        exit_with_launcher()
+        register_worker(cfg.out_dir)
     # the hardware profile says what the devices are: a CPU profile runs gloo on CPUs even where CUDA exists
     if cfg.runtime.deterministic:  # before any CUDA work: cuBLAS reads its workspace setting once
         from digenrl.runtime.determinism import use_deterministic_kernels
@@ -221,6 +226,7 @@ def main(argv: list[str]) -> int:
         system = get_system(cfg.system)(cfg, ctx, run)
         if watchdog is not None:
             watchdog.follow(system.parts.events)
+        STOP.install()  # SIGTERM: a checkpoint at the end of the iteration, then the end (stop_request.py)
         system.run()
         inject_delay(ctx.rank, "exit")  # robustness tests only: a rank that finishes last
     except BaseException as exc:
@@ -239,7 +245,8 @@ def main(argv: list[str]) -> int:
         watchdog.stop()  # before the process group goes: a finished rank is not a hung one
     shutdown_distributed()
     release_run_locks()  # a clean end (also at interpreter exit; explicit for processes that os._exit)
-    return 0
+    STOP.uninstall()
+    return 0 if STOP.signum is None else 128 + STOP.signum
 
 
 def _node_suffix() -> str:
@@ -272,6 +279,8 @@ def _require_shared_out_dir(out_dir: str, ctx: DistContext, timeout_s: float) ->
 
     import torch.distributed as dist
 
+    from digenrl.runtime.run_files import ensure_dir, open_new
+
     store = dist.distributed_c10d._get_default_store()
     # One key per torchrun attempt: an elastic restart reuses the store and must not read an old token.
     key = f"digenrl/shared-out-dir-token/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
@@ -279,8 +288,9 @@ def _require_shared_out_dir(out_dir: str, ctx: DistContext, timeout_s: float) ->
     marker = Path(out_dir) / f".shared-check-{token}"
     try:
         if ctx.rank == 0:
-            Path(out_dir).mkdir(parents=True, exist_ok=True)
-            marker.write_text(token)
+            ensure_dir(out_dir)
+            with open_new(marker) as stream:
+                stream.write(token.encode())
             store.set(key, token)
         else:
             marker = Path(out_dir) / f".shared-check-{store.get(key).decode()}"

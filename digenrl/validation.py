@@ -45,6 +45,7 @@ from digenrl.config import COMMAND_LINE, Config, ConfigError, Range, declared_fi
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
+    from digenrl.models.spec_types import ModelSpec
     from digenrl.runtime.profiles import HardwareProfile
 
 #: Sections (and keys) that only some systems read; everything else is shared by every system.
@@ -250,7 +251,7 @@ KNOB_RULES: tuple[KnobRule, ...] = (
         lambda cfg: not cfg.reward.weights or cfg.reward.name in cfg.reward.weights,
     ),
     KnobRule(
-        ("reward.url", "reward.timeout_s", "reward.retries"),
+        ("reward.url", "reward.timeout_s", "reward.retries", "reward.token_file"),
         "with reward=remote (reward.name or one of reward.weights)",
         ("reward.name", "reward.weights"),
         lambda cfg: "remote" in reward_names(cfg),
@@ -506,6 +507,11 @@ def check_reward(cfg: Config) -> None:
     names = reward_names(cfg)
     for name in names:
         one_of("reward.weights key" if cfg.reward.weights else "reward.name", name, rewards)
+    if cfg.reward.weights and not any(cfg.reward.weights.values()):
+        raise ConfigError(
+            f"reward.weights={cfg.reward.weights}: every weight is 0, so every sample's reward is 0 and "
+            "nothing is learned; give at least one reward a non-zero weight"
+        )
     path = cfg.reward.weights_path
     if path is not None and not Path(path).is_dir():
         raise ConfigError(
@@ -559,6 +565,8 @@ def check_remote_reward(cfg: Config) -> None:
     (:data:`KNOB_RULES`), their ranges are declared in :class:`~digenrl.config.RewardConfig`."""
     from urllib.parse import urlsplit
 
+    from digenrl.rewards.remote import read_token_file, url_credentials_problem
+
     if "remote" not in reward_names(cfg):
         return
     url = cfg.reward.url
@@ -572,8 +580,18 @@ def check_remote_reward(cfg: Config) -> None:
         port = parts.port
     except ValueError as exc:
         raise ConfigError(f"reward.url={url!r} is not a valid URL ({exc})") from None
+    problem = url_credentials_problem(url)
+    if problem:
+        raise ConfigError(f"reward.url {problem}")  # the URL itself is not repeated: it holds a secret
     if parts.scheme not in ("http", "https") or not parts.hostname or port is None:
         raise ConfigError(f"reward.url={url!r} must look like http://HOST:PORT (scheme, host and port)")
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"reward.url={url!r}: port {port} is not a TCP port (1-65535)")
+    if cfg.reward.token_file is not None:
+        try:
+            read_token_file(cfg.reward.token_file)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 # ------------------------------------------------------------------------------------- model and files
@@ -589,11 +607,13 @@ def check_model(cfg: Config) -> None:
     spec = get_model_spec(cfg.model.name)
     height, width = cfg.model.height or spec.default_height, cfg.model.width or spec.default_width
     try:
-        latent_shape_for(spec, height, width, cfg.model.frames, key_prefix="model.")
+        latent = latent_shape_for(spec, height, width, cfg.model.frames, key_prefix="model.")
         if cfg.model.pretrained_path is not None:
             check_pretrained_dir(spec, cfg.model.pretrained_path)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    check_position_table(spec, height, width, latent)
+    check_iteration_memory(cfg, spec, latent)
     if cfg.model.attention_backend != "native":  # diffusers' default always exists: skip importing diffusers
         from digenrl.models.flow_model import available_attention_backends
 
@@ -609,6 +629,44 @@ def check_model(cfg: Config) -> None:
             check_lora_targets(meta_transformer(spec, cfg.model.pretrained_path), list(targets), each=True)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+
+
+def check_position_table(spec: ModelSpec, height: int, width: int, latent: tuple[int, ...]) -> None:
+    """A transformer with a fixed table of positions (SD3's ``pos_embed_max_size``, in patches per side,
+    diffusers ``PatchEmbed``) cannot take a larger image: refuse it here, not at the first forward."""
+    limit = spec.transformer_config.get("pos_embed_max_size")
+    if not limit:
+        return
+    from digenrl.models.specs import get_family
+
+    patch = get_family(spec.family).patch_size(spec.transformer_config)[1]
+    for key, pixels, cells in (("model.height", height, latent[-2]), ("model.width", width, latent[-1])):
+        if cells // patch > limit:
+            largest = pixels * limit // (cells // patch)
+            raise ConfigError(
+                f"{key}={pixels} is larger than {spec.name} can take: its position table covers {limit} "
+                f"patches per side ({largest} pixels); use at most {largest}"
+            )
+
+
+def check_iteration_memory(cfg: Config, spec: ModelSpec, latent: tuple[int, ...]) -> None:
+    """An iteration keeps every sample's trajectory (the latent of each of ``num_steps + 1`` points, fp32)
+    until it is trained on; refuse ``algo.prompts_per_iteration`` x ``algo.group_size`` whose trajectories
+    alone exceed this machine's memory (they would fail late, or swap the machine to a halt)."""
+    samples = cfg.algo.prompts_per_iteration * cfg.algo.group_size
+    steps = cfg.sampler.num_steps or spec.default_num_steps
+    need = samples * (steps + 1) * math.prod(latent) * 4
+    try:
+        have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+        return
+    if need > have:
+        raise ConfigError(
+            f"algo.prompts_per_iteration={cfg.algo.prompts_per_iteration} x algo.group_size="
+            f"{cfg.algo.group_size} = {samples} samples per iteration: their trajectories alone ({steps + 1} "
+            f"latents of {math.prod(latent)} values each) need {need / 2**30:.1f} GiB, more than this "
+            f"machine's {have / 2**30:.1f} GiB; use fewer prompts or a smaller group"
+        )
 
 
 def check_fp8(cfg: Config) -> None:
@@ -657,7 +715,90 @@ def check_files(cfg: Config) -> None:
                 )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    check_out_dir(cfg.out_dir)
     check_writable_dir("out_dir", cfg.out_dir)
+
+
+def check_out_dir(out_dir: str) -> None:
+    """``out_dir`` is a folder of its own: not a literal ``~`` path (quoted, so the shell did not expand
+    it: the run would create a folder named ``~``), not the file system root, and not inside another run's
+    folder (one holding a run's ``config.yaml``, or the run lock beside a run file: an ``overwrite`` or a
+    checkpoint clean-up of that run would delete this one)."""
+    if out_dir.startswith("~"):
+        raise ConfigError(
+            f"out_dir={out_dir!r} starts with a literal '~', which is not expanded here (the run would "
+            f"create a folder named '~'); write the full path, e.g. out_dir={os.path.expanduser(out_dir)!r}"
+        )
+    too_long = _path_too_long(out_dir)
+    if too_long:
+        raise ConfigError(
+            f"out_dir=…{out_dir[-60:]!r} ({len(out_dir)} characters): {too_long}; choose a shorter path"
+        )
+    try:
+        resolved = Path(out_dir).resolve()
+    except (OSError, RuntimeError) as exc:  # a loop of links, a component that is not a folder
+        raise ConfigError(f"out_dir={out_dir!r} cannot be resolved ({exc}); choose another folder") from None
+    if resolved == Path(resolved.anchor):
+        raise ConfigError(
+            f"out_dir={out_dir!r} is the file system root; a run writes and may delete its files there. "
+            "Choose a folder of its own, e.g. out_dir=runs/my-run"
+        )
+    for ancestor in resolved.parents:
+        evidence = _run_folder_evidence(ancestor)
+        if evidence:
+            raise ConfigError(
+                f"out_dir={out_dir!r} lies inside the folder of another run, {ancestor} (it holds "
+                f"{evidence}); that run's overwrite or checkpoint clean-up could delete this one. Choose an "
+                "out_dir outside it"
+            )
+
+
+def _path_too_long(path: str) -> str:
+    """Why the file system cannot hold ``path`` ("" if it can): a name longer than the file system's
+    NAME_MAX or a whole path longer than PATH_MAX (pathconf(3); 255 and 4096 where they cannot be read)."""
+    probe = Path(path).absolute()
+    while probe != probe.parent:
+        try:
+            if probe.exists():
+                break
+        except OSError:  # ENAMETOOLONG: not a folder there either
+            pass
+        probe = probe.parent
+    try:
+        name_max, path_max = os.pathconf(probe, "PC_NAME_MAX"), os.pathconf(probe, "PC_PATH_MAX")
+    except (OSError, ValueError):
+        name_max, path_max = 255, 4096
+    longest = max((len(part.encode()) for part in Path(path).parts), default=0)
+    if longest > name_max:
+        return f"a folder name of {longest} bytes, longer than the file system's limit of {name_max}"
+    if len(str(Path(path).absolute()).encode()) >= path_max:
+        return f"longer than the file system's path limit of {path_max} bytes"
+    return ""
+
+
+def _run_folder_evidence(folder: Path) -> str:
+    """What marks ``folder`` as a run's folder ("" if nothing): its lock or a run's resolved
+    ``config.yaml`` (first line names the run) beside what a run logs (``metrics.jsonl``, ``events/``,
+    ``checkpoints/``). One marker alone is not enough: other tools keep ``.lock`` files, and a resolved
+    config is often copied elsewhere to start a new run from."""
+    from digenrl.config import RUN_ID_HEADER
+    from digenrl.runtime.run_lock import LOCK_FILE
+    from digenrl.trainer.run_dir import CHECKPOINT_DIR, CONFIG_FILE, EVENTS_SUBDIR, METRICS_FILE
+
+    try:
+        logged = [name for name in (METRICS_FILE, EVENTS_SUBDIR, CHECKPOINT_DIR) if (folder / name).exists()]
+        if not logged:
+            return ""
+        if (folder / LOCK_FILE).is_file():
+            return f"{LOCK_FILE} and {logged[0]}"
+        config = folder / CONFIG_FILE
+        if config.is_file():
+            with config.open("rb") as stream:
+                if stream.readline().startswith(RUN_ID_HEADER.encode()):
+                    return f"a run's {CONFIG_FILE} and {logged[0]}"
+    except OSError:
+        return ""
+    return ""
 
 
 def check_evaluation(cfg: Config) -> None:

@@ -96,6 +96,11 @@ BUILTIN_SETS: dict[str, tuple[str, ...]] = {
 PROMPT_FIELD = "prompt"
 
 
+#: The longest prompt accepted, in characters: far beyond what any text encoder reads (T5's 512 tokens
+#: are ~2,000 characters); a longer "prompt" is a wrong file, and would be tokenised whole every iteration.
+MAX_PROMPT_CHARS = 20_000
+
+
 @dataclass(frozen=True)
 class PromptSet:
     """Prompts and, parallel to them, each prompt's metadata (empty mappings for a text file)."""
@@ -125,6 +130,13 @@ class PromptSet:
             )
             raise ValueError(f"{key}={source!r}: the file has no {what}")
         _check_consistent(rows, key, source)
+        for line, prompt, _ in rows:
+            if len(prompt) > MAX_PROMPT_CHARS:
+                raise ValueError(
+                    f"{key}={source!r}, line {line}: a prompt of {len(prompt)} characters; text encoders "
+                    f"read at most a few hundred tokens (T5: 512), so keep prompts under {MAX_PROMPT_CHARS} "
+                    "characters"
+                )
         return cls(tuple(r[1] for r in rows), tuple(r[2] for r in rows), source)
 
     def __len__(self) -> int:

@@ -112,7 +112,7 @@ def load_trained(run_dir: str | Path, step: int | None = None, *, ema: bool = Fa
         weights = state["ema"]["weights"]
     else:
         weights = state["model"]
-    return TrainedPolicy(
+    policy = TrainedPolicy(
         cfg=cfg,
         checkpoint=path,
         step=int(checkpoint["step"]),
@@ -120,3 +120,38 @@ def load_trained(run_dir: str | Path, step: int | None = None, *, ema: bool = Fa
         weights=weights,
         ema=ema,
     )
+    if policy.lora:  # a full fine-tune's weights go through the trainer's loader, which checks them
+        check_adapter_shapes(policy)
+    return policy
+
+
+def check_adapter_shapes(policy: TrainedPolicy) -> None:
+    """Every tensor of a LoRA run's adapter has the name and shape of the adapter the run's config puts on
+    its model (built on the ``meta`` device: no memory), so an export never writes an adapter that fails,
+    or silently misbehaves, where it is loaded. A ConfigError names the checkpoint file and the tensor."""
+    from digenrl.models.bundle import meta_transformer
+    from digenrl.trainer.lora import ADAPTER_NAME
+    from digenrl.trainer.lora_export import run_lora_config
+
+    transformer = meta_transformer(policy.spec, policy.cfg.model.pretrained_path)
+    transformer.add_adapter(run_lora_config(policy.cfg), adapter_name=ADAPTER_NAME)
+    expected = {name: tuple(p.shape) for name, p in transformer.named_parameters() if "lora_" in name}
+    where = f"{policy.checkpoint / 'trainer.pt'} ({'trainer.ema.weights' if policy.ema else 'trainer.model'})"
+    missing, unknown = (
+        sorted(set(expected) - set(policy.weights)),
+        sorted(set(policy.weights) - set(expected)),
+    )
+    if missing or unknown:
+        raise ConfigError(
+            f"{where} does not match the adapter of the run's model ({policy.cfg.model.name}, "
+            f"trainer.lora_rank={policy.cfg.trainer.lora_rank}): missing {missing[:4]}, "
+            f"unexpected {unknown[:4]}"
+        )
+    for name, shape in expected.items():
+        tensor = policy.weights[name]
+        got = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+        if got != shape:
+            raise ConfigError(
+                f"{where}: {name!r} has shape {got}, the run's model takes {shape} "
+                f"({policy.cfg.model.name}, trainer.lora_rank={policy.cfg.trainer.lora_rank})"
+            )

@@ -376,11 +376,11 @@ class RunPlan:
         return cls(**{k: v for k, v in data.items() if k in names})
 
     def write(self, path: str | Path) -> None:
-        """Write :meth:`to_json` to ``path`` (atomically: a crash leaves the old file or the new one)."""
-        path = Path(path)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=2) + "\n")
-        tmp.replace(path)
+        """Write :meth:`to_json` to ``path`` (atomically: a crash leaves the old file or the new one; never
+        through a link, digenrl/runtime/run_files.py)."""
+        from digenrl.runtime.run_files import write_atomic
+
+        write_atomic(path, json.dumps(self.to_json(), indent=2) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> RunPlan:

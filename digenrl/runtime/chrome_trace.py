@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from digenrl.runtime.event_records import EVENTS_SUBDIR, ITERATION_PHASE, is_idle_phase, load_events
+from digenrl.runtime.run_files import write_atomic
 
 #: Track order inside each rank. Categories a span names explicitly get the next free track ids.
 CATEGORY_TRACKS = {"iteration": 0, "compute": 1, "communication": 2, "wait": 3}
@@ -139,9 +140,7 @@ def merge_chrome_trace(out_dir: str | Path, path: str | Path | None = None) -> P
             "time_unit_note": "ts/dur are microseconds since the shared clock origin",
         },
     }
-    tmp = target.with_name(f".{target.name}.tmp")  # atomic: a reader never sees half a trace
-    tmp.write_text(json.dumps(trace))
-    tmp.replace(target)
+    write_atomic(target, json.dumps(trace))  # atomic: a reader never sees half a trace
     return target
 
 

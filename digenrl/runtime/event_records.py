@@ -23,10 +23,11 @@ with the crash: it is *superseded*, left out by default and marked ``superseded:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from digenrl.runtime.json_lines import read_json_lines
 
 EVENTS_SUBDIR = "events"
 ITERATION_PHASE = "iteration"
@@ -92,9 +93,8 @@ def load_events(out_dir: str | Path, *, superseded: bool = False) -> list[dict[s
     """All records of all ranks under ``out_dir/events``, ordered by (rank, file order), on one clock.
 
     Times are seconds since the run's first clock origin (see the module docstring); spans superseded by
-    a resume are left out unless ``superseded`` (then they carry ``superseded: true``). A malformed *last*
-    line is dropped (a rank killed mid-write); a malformed line anywhere else is an error, since it means
-    the file is not an event log.
+    a resume are left out unless ``superseded`` (then they carry ``superseded: true``). A damaged line
+    (torn by a kill, not JSON, not an event record) is skipped with a warning naming its line number.
     """
     events_dir = Path(out_dir) / EVENTS_SUBDIR
     paths = sorted(events_dir.glob("rank*.jsonl"), key=_rank_of_path)
@@ -123,27 +123,36 @@ def load_events(out_dir: str | Path, *, superseded: bool = False) -> list[dict[s
 
 
 def _read_segments(path: Path) -> list[tuple[dict[str, Any] | None, list[dict[str, Any]]]]:
-    """The file's records split at each ``meta`` record: [(meta or None before the first, records)]."""
-    lines = path.read_text().splitlines()
+    """The file's records split at each ``meta`` record: [(meta or None before the first, records)]. A
+    damaged line is skipped with a warning naming its number (:mod:`digenrl.runtime.json_lines`)."""
     segments: list[tuple[dict[str, Any] | None, list[dict[str, Any]]]] = [(None, [])]
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            if number == len(lines):
-                break
-            raise ValueError(f"{path}:{number} is not valid JSON: {error}") from error
-        if record.get("type") not in RECORD_TYPES:
-            raise ValueError(
-                f"{path}:{number} has type {record.get('type')!r}; allowed: {list(RECORD_TYPES)}"
-            )
+    for record in read_json_lines(path, event_problem):
         if record["type"] == "meta":
             segments.append((record, []))
         else:
             segments[-1][1].append(record)
     return segments if segments[0][1] else segments[1:]
+
+
+#: The fields each record type must carry as numbers (readers do arithmetic on them).
+_NUMBER_FIELDS = {"meta": ("clock_origin",), "span": ("t_start", "t_end"), "counter": ("t",), "note": ("t",)}
+
+
+def event_problem(record: Any) -> str:
+    """Why ``record`` is not an event record ("" if it is one): a mapping with a known ``type`` and that
+    type's numeric fields (``span`` also a phase name)."""
+    if not isinstance(record, dict):
+        return f"a {type(record).__name__}, not a record"
+    kind = record.get("type")
+    if kind not in RECORD_TYPES:
+        return f"type {kind!r} is not one of {list(RECORD_TYPES)}"
+    for key in _NUMBER_FIELDS[kind]:
+        value = record.get(key)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return f"{kind} record with {key}={value!r}, not a number"
+    if kind == "span" and not (isinstance(record.get("phase"), str) and record["phase"]):
+        return f"span record with phase={record.get('phase')!r}"
+    return ""
 
 
 def _at_or_after(span: dict[str, Any], iteration: int) -> bool:

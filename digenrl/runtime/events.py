@@ -41,6 +41,7 @@ from digenrl.runtime.event_records import load_events, rank_log_path, span_recor
 from digenrl.runtime.event_summary import summarize_events
 from digenrl.runtime.fault_injection import inject_fault
 from digenrl.runtime.iteration_profile import RANGE_PREFIX as PROFILER_RANGE_PREFIX
+from digenrl.runtime.run_files import ensure_dir, open_append, open_regular
 
 __all__ = ["EventLogger", "agree_clock_origin", "load_events", "merge_chrome_trace", "summarize_events"]
 
@@ -95,11 +96,11 @@ class EventLogger:
         self.role = role
         self.clock_origin = float(clock_origin)
         self.path = rank_log_path(out_dir, rank)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        ensure_dir(self.path.parent)
         self._lock = threading.Lock()
         if append:
             _drop_torn_tail(self.path)
-        self._file = self.path.open("a" if append else "w")
+        self._file = open_append(self.path, truncate=not append)
         self._open_spans: dict[int, tuple[str, int | None]] = {}  # span id -> (phase, iteration)
         self._span_ids = itertools.count()
         self._last_closed: str | None = None
@@ -271,7 +272,7 @@ class EventLogger:
         with self._lock:
             if self._file.closed:
                 raise ValueError(f"EventLogger for rank {self.rank} is closed; cannot write {record['type']}")
-            self._file.write(line + "\n")
+            self._file.write((line + "\n").encode())
             self._file.flush()  # to the OS now: the record survives the process (module docstring)
 
 
@@ -279,7 +280,7 @@ def _drop_torn_tail(path: Path) -> None:
     """Cut a partial last line (a process killed mid-write) so appended records start on their own line."""
     if not path.is_file():
         return
-    with path.open("rb+") as f:
+    with os.fdopen(open_regular(path, os.O_RDWR), "rb+") as f:
         end = f.seek(0, os.SEEK_END)
         if end == 0:
             return

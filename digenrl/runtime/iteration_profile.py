@@ -35,6 +35,8 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from digenrl.runtime.run_files import ensure_dir, open_new, publish, temporary_name, write_atomic
+
 #: the prefix of the profiler ranges the event log opens (digenrl/runtime/events.py, ``EventLogger.span``)
 RANGE_PREFIX = "digenrl/"
 
@@ -235,8 +237,7 @@ def profiled_iteration(
     if on_gpu:
         activities.append(ProfilerActivity.CUDA)
         torch.cuda.synchronize(device)
-    folder = Path(out_dir) / "profile"
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = ensure_dir(Path(out_dir) / "profile")
     with profile(activities=activities) as prof:
         t0 = time.perf_counter()
         yield
@@ -244,13 +245,16 @@ def profiled_iteration(
             torch.cuda.synchronize(device)
         wall_s = time.perf_counter() - t0
     trace_path = folder / f"rank{rank}.trace.json"
-    prof.export_chrome_trace(str(trace_path))
+    tmp = temporary_name(trace_path)
+    open_new(tmp).close()  # a fresh regular file: the exporter's open cannot write through a link
+    prof.export_chrome_trace(str(tmp))
+    publish(tmp, trace_path)
     # Free the profiler's state now, while the process is whole: left to the interpreter's last garbage
     # collection it crashed a 2-rank gloo run at exit (SIGSEGV, torch 2.13 CPU)
     del prof
     gc.collect()
     summary = summarise_trace(json.loads(trace_path.read_text()), wall_s=wall_s)
     summary |= {"rank": rank, "iteration": iteration, "device": str(device)}
-    (folder / f"rank{rank}.json").write_text(json.dumps(summary, indent=1) + "\n")
+    write_atomic(folder / f"rank{rank}.json", json.dumps(summary, indent=1) + "\n")
     title = f"Iteration {iteration} on rank {rank} ({device})"
-    (folder / f"rank{rank}.md").write_text(format_summary(summary, title))
+    write_atomic(folder / f"rank{rank}.md", format_summary(summary, title))

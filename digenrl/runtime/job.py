@@ -15,7 +15,13 @@ when the launcher gets SIGTERM, SIGINT or SIGHUP, or leaves with an error (a tim
 Descendants are found in ``/proc`` (Linux) when the stop begins and identified by pid *and* start time, so
 a pid the kernel reused for an unrelated process in between is never signalled. A signal becomes
 :class:`LaunchInterrupted` in the launcher's main thread once the job is stopped; ``launch.main`` exits
-with ``128 + signal`` as a shell would. A SIGKILL of the launcher itself cannot be forwarded.
+with ``128 + signal`` as a shell would.
+
+A SIGKILL of the launcher itself cannot be forwarded, so the job ends itself (issue 35, item 3): each agent
+is started with a parent-death signal (``prctl(PR_SET_PDEATHSIG, SIGTERM)``, Linux, prctl(2)), and each
+worker watches the launcher named in :data:`LAUNCHER_ENV` (pid and start time, so a reused pid does not
+count as alive) and SIGKILLs itself within :data:`LAUNCHER_POLL_S` of its end
+(:func:`exit_with_launcher`). Nothing of the run outlives its launcher by more than a second or so.
 """
 
 from __future__ import annotations
@@ -32,8 +38,14 @@ from typing import Any
 
 #: Signals the launcher forwards to the job it started.
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-#: Seconds the job's processes get to exit after the forwarded signal before SIGKILL.
-STOP_GRACE_S = 10.0
+#: Seconds the job's processes get to exit after the forwarded signal before SIGKILL: room for a SIGTERM's
+#: final checkpoint (digenrl/runtime/stop_request.py ends a rank that takes longer than 25 s itself).
+STOP_GRACE_S = 30.0
+#: The environment variable naming the launcher (``<pid>:<start time>``) to the workers it starts.
+LAUNCHER_ENV = "DIGENRL_LAUNCHER"
+#: Seconds between a worker's looks at whether its launcher is still alive.
+LAUNCHER_POLL_S = 0.5
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 #: Seconds ``Job.stop`` waits for SIGKILLed processes to be gone (the kernel needs a moment to tear one down).
 _KILL_WAIT_S = 5.0
 
@@ -61,7 +73,11 @@ class Job:
         self._saved: dict[int, Any] = {}
 
     def start(self, cmd: list[str], **popen_kwargs: Any) -> subprocess.Popen:
-        proc = subprocess.Popen(cmd, start_new_session=True, **popen_kwargs)
+        env = dict(popen_kwargs.pop("env", None) or os.environ)
+        env[LAUNCHER_ENV] = launcher_id(os.getpid())
+        proc = subprocess.Popen(
+            cmd, start_new_session=True, env=env, preexec_fn=_die_with_parent(), **popen_kwargs
+        )
         self.procs.append(proc)
         return proc
 
@@ -157,3 +173,59 @@ def _signal(pid: int, started: int, signum: int) -> None:
     if _alive(pid, started):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signum)
+
+
+def launcher_id(pid: int) -> str:
+    """``<pid>:<start time>`` of a live process (start time from /proc; 0 where there is none)."""
+    stat = _stat(pid)
+    return f"{pid}:{stat[1] if stat is not None else 0}"
+
+
+def _die_with_parent() -> Any:
+    """A ``preexec_fn`` that makes the child get SIGTERM when the launcher (the thread that started it)
+    ends, via ``prctl(PR_SET_PDEATHSIG)``; None where there is no prctl (not Linux)."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return None
+    try:  # the process's own symbols hold libc's (no library search: that would start processes)
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def preexec() -> None:  # resolved before the fork: the child only makes the system call
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+
+    return preexec
+
+
+def exit_with_launcher() -> threading.Thread | None:
+    """In a worker started by a launcher (:data:`LAUNCHER_ENV` set): a daemon thread that SIGKILLs this
+    process once the launcher is gone (killed with SIGKILL, say), so no worker trains on without it and
+    the run's lock is free only when no process of the run is alive. None outside such a launch."""
+    value = os.environ.get(LAUNCHER_ENV, "")
+    pid_text, _, started_text = value.partition(":")
+    if not (pid_text.isdigit() and started_text.isdigit()):
+        return None
+    pid, started = int(pid_text), int(started_text)
+
+    def watch() -> None:
+        while _alive(pid, started) if started else _exists(pid):
+            time.sleep(LAUNCHER_POLL_S)
+        print(f"[digenrl] worker pid {os.getpid()}: launcher pid {pid} is gone; exiting with it", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    thread = threading.Thread(target=watch, name="digenrl-launcher-watch", daemon=True)
+    thread.start()
+    return thread
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 from digenrl.config import LoggerConfig
+from digenrl.runtime.json_lines import read_json_lines
+from digenrl.runtime.run_files import ensure_dir, open_append, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +122,7 @@ class MetricsWriter:
         self.tensorboard = tensorboard if is_writer else None
         self.wandb = wandb if is_writer else None
         if is_writer:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            ensure_dir(self.path.parent)
             kept = (
                 [r for r in read_metrics(out_dir) if r["iteration"] < start_iteration]
                 if start_iteration
@@ -138,8 +140,8 @@ class MetricsWriter:
             raise KeyError(f"metrics record lacks {missing}")
         record = {**record, "run_id": self.run_id} if self.run_id is not None else record
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
-        with self.path.open("a") as f:
-            f.write(json.dumps(clean) + "\n")
+        with open_append(self.path) as f:
+            f.write((json.dumps(clean) + "\n").encode())
         numbers = {
             k: v
             for k, v in clean.items()
@@ -209,28 +211,27 @@ def eval_text(r: dict[str, Any]) -> str:
 
 
 def read_metrics(out_dir: str | Path) -> list[dict[str, Any]]:
-    """The records of ``out_dir/metrics.jsonl`` ([] when there is none). A malformed *last* line (the
-    writer killed mid-line) is dropped; a malformed line anywhere else is an error."""
+    """The records of ``out_dir/metrics.jsonl`` ([] when there is none). A damaged line (torn, not JSON,
+    not a record with an integer ``iteration``) is skipped with a warning naming its line number
+    (:mod:`digenrl.runtime.json_lines`), so a resume, an ``overwrite`` and the closing summary still work."""
     path = Path(out_dir) / METRICS_FILE
     if not path.is_file():
         return []
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
-    records = []
-    for number, line in enumerate(lines, start=1):
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as error:
-            if number == len(lines):
-                break
-            raise ValueError(f"{path}:{number} is not valid JSON: {error}") from error
-    return records
+    return read_json_lines(path, _metrics_problem)
+
+
+def _metrics_problem(record: Any) -> str:
+    if not isinstance(record, dict):
+        return f"a {type(record).__name__}, not a record"
+    iteration = record.get("iteration")
+    if isinstance(iteration, bool) or not isinstance(iteration, int):
+        return f"iteration={iteration!r} is not an integer"
+    return ""
 
 
 def _replace(path: Path, records: list[dict[str, Any]]) -> None:
     """Write ``records`` as the whole file, atomically."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
-    tmp.replace(path)
+    write_atomic(path, "".join(json.dumps(r) + "\n" for r in records))
 
 
 def add_event_summary(out_dir: str | Path) -> None:

@@ -19,14 +19,19 @@ import fcntl
 import json
 import os
 import socket
+import struct
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
 from digenrl.config import ConfigError
+from digenrl.runtime.run_files import ensure_dir, open_regular
 
 LOCK_FILE = ".lock"
+#: Every worker a launcher starts holds a shared POSIX record lock on this file while it lives (a file of
+#: its own: on NFS, flock is emulated with record locks, which would conflict with the launcher's flock).
+WORKERS_FILE = ".lock-workers"
 #: The environment variable that hands the launcher's lock token to the workers it starts.
 TOKEN_ENV = "DIGENRL_RUN_LOCK"
 
@@ -45,7 +50,7 @@ class RunLock:
         if self.fd is not None:
             _write(self.fd, self.info)
         else:  # the launcher holds the lock and waits for us; its record gets the id
-            fd = os.open(self.path, os.O_WRONLY)
+            fd = open_regular(self.path, os.O_WRONLY)
             try:
                 _write(fd, self.info)
             finally:
@@ -74,8 +79,14 @@ def _write(fd: int, info: dict) -> None:
 
 def _read(path: Path) -> dict:
     try:
-        info = json.loads(path.read_text() or "{}")
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        fd = open_regular(path, os.O_RDONLY)
+    except (OSError, ConfigError):
+        return {}
+    with os.fdopen(fd, "rb") as stream:
+        raw = stream.read(1 << 16)
+    try:
+        info = json.loads(raw.decode() or "{}")
+    except (UnicodeDecodeError, json.JSONDecodeError):
         return {}
     return info if isinstance(info, dict) else {}
 
@@ -94,8 +105,8 @@ def acquire_run_lock(out_dir: str | Path) -> tuple[RunLock, str]:
     path = Path(out_dir).resolve() / LOCK_FILE
     if path in _HELD:
         return _HELD[path], ""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    ensure_dir(path.parent)
+    fd = open_regular(path, os.O_RDWR | os.O_CREAT)  # a link, FIFO or folder there is refused
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -110,6 +121,14 @@ def acquire_run_lock(out_dir: str | Path) -> tuple[RunLock, str]:
             "Two runs in one folder would mix their logs and checkpoints; wait for it to end, or choose "
             "another out_dir"
         ) from None
+    worker = live_worker(path.parent)
+    if worker is not None:
+        os.close(fd)
+        raise ConfigError(
+            f"out_dir={str(out_dir)!r}: worker pid {worker} of an earlier job of this run is still alive "
+            f"(it holds {path.parent / WORKERS_FILE}; its launcher ended without stopping it). A new job "
+            f"would race it: wait a few seconds for it to exit, or end it (kill {worker}), then start again"
+        )
     stale = _read(path)
     info = {
         "host": socket.gethostname(),
@@ -129,6 +148,36 @@ def acquire_run_lock(out_dir: str | Path) -> tuple[RunLock, str]:
             "(it ended without releasing it: killed or crashed)"
         )
     return lock, note
+
+
+_WORKER_FDS: list[int] = []
+
+
+def register_worker(out_dir: str | Path) -> None:
+    """Mark this process as a live worker of the run in ``out_dir`` until it exits: a shared record lock
+    on :data:`WORKERS_FILE` (the kernel drops it when the process dies, however it dies)."""
+    fd = open_regular(ensure_dir(out_dir) / WORKERS_FILE, os.O_RDWR | os.O_CREAT)
+    fcntl.lockf(fd, fcntl.LOCK_SH)
+    _WORKER_FDS.append(fd)  # kept open: closing any descriptor of the file would drop the lock
+
+
+#: ``struct flock`` (fcntl(2)): l_type, l_whence, l_start, l_len, l_pid, natively aligned and padded.
+_FLOCK = "hhqqi4x"
+
+
+def live_worker(out_dir: str | Path) -> int | None:
+    """The pid of a live worker registered in ``out_dir`` (:func:`register_worker`), None if none: the
+    holder of a record lock that an exclusive one would conflict with (``F_GETLK``)."""
+    path = Path(out_dir) / WORKERS_FILE
+    if not path.is_file():
+        return None
+    fd = open_regular(path, os.O_RDWR)
+    try:
+        query = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
+        kind, _, _, _, pid = struct.unpack(_FLOCK, fcntl.fcntl(fd, fcntl.F_GETLK, query))
+    finally:
+        os.close(fd)
+    return None if kind == fcntl.F_UNLCK else pid
 
 
 def holds_run_lock(out_dir: str | Path) -> bool:

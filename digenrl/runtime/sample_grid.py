@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from digenrl.runtime.run_files import ensure_dir, open_new, publish, temporary_name
+
 SAMPLES_DIR = "samples"
 #: longest side of one picture in the grid (larger samples are scaled down, smaller ones up)
 CELL_PIXELS = 192
@@ -64,10 +66,11 @@ def write_sample_grid(
         for n, line in enumerate(lines):
             draw.text((x, y + cell_h + 2 + n * _LINE_HEIGHT), line, fill="black")
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    canvas.save(tmp, format="PNG")
-    tmp.replace(path)
+    ensure_dir(path.parent)
+    tmp = temporary_name(path)
+    with open_new(tmp) as stream:
+        canvas.save(stream, format="PNG")
+    publish(tmp, path)
     return path
 
 

@@ -19,7 +19,7 @@ from typing import ClassVar
 
 import torch
 
-from digenrl.config import Config, save_config
+from digenrl.config import Config, config_yaml
 from digenrl.plan import RunPlan
 from digenrl.rollout.evaluate import EvalPhases, EvalResult, eval_schedule
 from digenrl.runtime.distributed import DistContext
@@ -29,8 +29,10 @@ from digenrl.runtime.iteration_profile import profiled_iteration
 from digenrl.runtime.metrics import add_event_summary, read_metrics
 from digenrl.runtime.policy_version import PolicyVersion
 from digenrl.runtime.profiles import detect_device, device_mismatch, load_profile
+from digenrl.runtime.run_files import write_atomic
 from digenrl.runtime.run_report import closing_summary, start_banner
 from digenrl.runtime.sample_grid import grid_path, write_sample_grid
+from digenrl.runtime.stop_request import STOP
 from digenrl.runtime.telemetry import GpuTelemetry
 from digenrl.systems.components import RankComponents
 from digenrl.trainer.checkpoint import load_checkpoint, save_checkpoint
@@ -144,6 +146,17 @@ class System:
             self.parts.trainer.load_state_dict(payload["trainer"], checkpoint_dir=payload["path"])
         return int(payload["next_iteration"])
 
+    def obey_stop_request(self, iteration: int) -> None:
+        """At the end of ``iteration``: once a rank got SIGTERM, end the run after the iteration all ranks
+        agreed on (digenrl/runtime/stop_request.py) by lowering ``cfg.iterations`` to it, so every system
+        ends as at a planned last iteration. The lead covers how far a rank may run ahead of another:
+        a generator starts iteration k+1 before the trainer ends k, plus the asynchrony's versions."""
+        cfg = self.cfg
+        lead = 2 + cfg.asynchrony.max_staleness + cfg.asynchrony.max_inflight
+        end = STOP.last_iteration(self.ctx, iteration, lead)
+        if end is not None and end + 1 < cfg.iterations:
+            cfg.iterations = max(end, iteration) + 1
+
     def checkpoint_ranks(self) -> tuple[bool, object]:
         """(does this rank take part in saving, over which process group). Default: every rank."""
         return True, None
@@ -215,7 +228,7 @@ class System:
                 )
             start = self.restore(payload)
         if ctx.rank == 0:
-            save_config(cfg, f"{cfg.out_dir}/config.yaml", run_id=run.run_id)
+            write_atomic(f"{cfg.out_dir}/config.yaml", config_yaml(cfg, run_id=run.run_id))
             # the schedule this run executes, as the simulator and the planner read it (docs/design.md §5)
             RunPlan.from_config(cfg, load_profile(cfg.profile)).write(f"{cfg.out_dir}/{PLAN_FILE}")
             print(
@@ -233,7 +246,10 @@ class System:
         if telemetry is not None:
             telemetry.start()
         records = []
-        for iteration in range(start, cfg.iterations):
+        planned = cfg.iterations
+        iteration = start - 1
+        while iteration + 1 < cfg.iterations:  # a stop request may lower cfg.iterations (stop_request.py)
+            iteration += 1
             inject_fault(ctx.rank, iteration)
             if ctx.device.type == "cuda":  # peak_mem_gib: this iteration's peak on this rank's GPU
                 torch.cuda.reset_peak_memory_stats(ctx.device)
@@ -287,9 +303,18 @@ class System:
                 )
             self.parts.metrics.log(record, image=image)
             records.append(record)
+            self.obey_stop_request(iteration)
             last = iteration + 1 == cfg.iterations
             if last or (cfg.checkpoint_every and (iteration + 1) % cfg.checkpoint_every == 0):
                 self._save(iteration + 1)
+        if cfg.iterations < planned:  # stopped on SIGTERM: the checkpoint is written, end without hanging
+            STOP.finishing()
+            if ctx.rank == 0:
+                print(
+                    f"[digenrl] stopped on SIGTERM after iteration {cfg.iterations - 1}: checkpoint at step "
+                    f"{cfg.iterations} written; continue with resume=true",
+                    flush=True,
+                )
         self.after_run()
         if telemetry is not None:
             telemetry.stop()

@@ -66,6 +66,7 @@ import torch.distributed as dist
 import yaml
 
 from digenrl.runtime.errors import DistributedTimeoutError
+from digenrl.runtime.run_files import remove_tree, write_atomic
 from digenrl.trainer.checkpoint_files import RNG_GLOBALS, CheckpointError, inside, load_tensors, read_json
 
 CHECKPOINT_DIR = "checkpoints"
@@ -89,7 +90,58 @@ def capture_rng_state() -> dict[str, Any]:
     return state
 
 
+def rng_state_problem(state: Any) -> str:
+    """Why ``state`` is not an RNG state :func:`capture_rng_state` wrote ("" if it is one): the field and
+    what it holds. Python's ``random.getstate()`` is (3, 625 ints, None | float); numpy's legacy
+    ``get_state()`` ('MT19937', 624 uint32, pos, has_gauss, cached_gaussian); torch's a uint8 tensor of
+    ``torch.get_rng_state()``'s length; CUDA's (optional) a list of uint8 tensors."""
+    if not isinstance(state, dict):
+        return f"holds a {type(state).__name__}, not a dict of RNG states"
+    missing = [key for key in ("python", "numpy", "torch") if key not in state]
+    if missing:
+        return f"lacks {', '.join(missing)}"
+    py = state["python"]
+    if not (
+        isinstance(py, tuple)
+        and len(py) == 3
+        and isinstance(py[1], tuple)
+        and len(py[1]) == 625
+        and all(isinstance(x, int) for x in py[1])
+        and (py[2] is None or isinstance(py[2], float))
+    ):
+        return "'python' is not random.getstate()'s (version, 625 ints, gauss)"
+    npy = state["numpy"]
+    if not (
+        isinstance(npy, tuple)
+        and len(npy) == 5
+        and npy[0] == "MT19937"
+        and isinstance(npy[1], np.ndarray)
+        and npy[1].dtype == np.uint32
+        and npy[1].shape == (624,)
+        and isinstance(npy[2], int)
+        and 0 <= npy[2] <= 624
+    ):
+        return "'numpy' is not numpy.random.get_state()'s ('MT19937', 624 uint32 words, pos ≤ 624, …)"
+    expected = torch.get_rng_state().shape
+    cpu = state["torch"]
+    if not (isinstance(cpu, torch.Tensor) and cpu.dtype == torch.uint8 and cpu.shape == expected):
+        shown = (cpu.dtype, tuple(cpu.shape)) if isinstance(cpu, torch.Tensor) else type(cpu).__name__
+        return f"'torch' is {shown}, expected a uint8 tensor of shape {tuple(expected)}"
+    cuda = state.get("cuda", [])
+    if not (
+        isinstance(cuda, list | tuple)
+        and all(isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.dim() == 1 for t in cuda)
+    ):
+        return "'cuda' is not a list of uint8 tensors (torch.cuda.get_rng_state_all())"
+    return ""
+
+
 def restore_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`capture_rng_state` captured; a malformed state is a CheckpointError first
+    (nothing restored)."""
+    problem = rng_state_problem(state)
+    if problem:
+        raise CheckpointError(f"RNG state {problem}")
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
@@ -215,8 +267,7 @@ def save_checkpoint(
     tmp = root / f".{step_dir_name(step)}.tmp"
     if is_writer:
         root.mkdir(parents=True, exist_ok=True)
-        if tmp.exists():
-            shutil.rmtree(tmp)  # a previous save of this step that crashed
+        remove_tree(tmp)  # a previous save of this step that crashed (a link there goes, its target stays)
         (tmp / "rng").mkdir(parents=True)
     _barrier(group, f"{tmp.name} created", timeout_s)
     _torch_save_synced(capture_rng_state(), tmp / "rng" / f"rank_{rank}.pt")
@@ -342,8 +393,7 @@ def _publish(
     _fsync_dir(tmp)
     if final.exists():  # re-saving a step (e.g. after a resume): move the old one aside first
         old = root / f".{final.name}.old"
-        if old.exists():
-            shutil.rmtree(old)
+        remove_tree(old)
         os.replace(final, old)
         os.replace(tmp, final)
         shutil.rmtree(old)
@@ -356,10 +406,7 @@ def _publish(
 def point_latest(out_dir: str | Path, step: int) -> None:
     """Make ``latest`` name ``step_<step>`` (atomically: a crash leaves the old pointer or the new one)."""
     root = Path(out_dir) / CHECKPOINT_DIR
-    pointer = root / f".{LATEST}.tmp"
-    pointer.write_text(step_dir_name(step) + "\n")
-    _fsync_file(pointer)
-    os.replace(pointer, root / LATEST)
+    write_atomic(root / LATEST, step_dir_name(step) + "\n", sync=True)
     _fsync_dir(root)
 
 
@@ -485,8 +532,10 @@ def verify_checkpoint(path: str | Path) -> dict[str, Any]:
             f"({', '.join(rng_files)}); without them a resumed run would not continue the run it resumes"
         )
     for name in rng_files:
-        load_tensors(inside(run, rng / name), allow=RNG_GLOBALS)
-    load_tensors(inside(run, path / TRAINER_FILE), mmap=True)
+        problem = rng_state_problem(load_tensors(inside(run, rng / name), allow=RNG_GLOBALS))
+        if problem:
+            raise CheckpointError(f"{rng / name}: the RNG state {problem}")
+    check_payload(load_tensors(inside(run, path / TRAINER_FILE), mmap=True), path, step)
     if fmt == "sharded":
         from digenrl.trainer.safe_dcp import read_dcp_metadata
 
@@ -499,6 +548,30 @@ def verify_checkpoint(path: str | Path) -> dict[str, Any]:
             if not inside(run, directory / name).is_file():
                 raise CheckpointError(f"{directory / name} is missing (a shard of the sharded trainer state)")
     return meta
+
+
+def check_payload(payload: Any, path: Path, step: int) -> None:
+    """``trainer.pt`` of checkpoint ``path`` (step ``step`` in ``meta.json``) agrees with its meta: a dict
+    whose ``next_iteration`` (when recorded) is the step, and whose trainer state's ``steps`` (when
+    recorded) is a non-negative integer. A CheckpointError names the file and field."""
+    where = path / TRAINER_FILE
+    if not isinstance(payload, dict):
+        raise CheckpointError(f"{where} holds a {type(payload).__name__}, not a payload dict")
+    if "next_iteration" in payload and payload["next_iteration"] != step:
+        raise CheckpointError(
+            f"{where}: 'next_iteration' is {payload['next_iteration']!r} but {path / META_FILE} says step "
+            f"{step}; the files come from different checkpoints, so resuming would mix two states"
+        )
+    trainer = payload.get("trainer")
+    steps = trainer.get("steps") if isinstance(trainer, dict) else None
+    if (
+        isinstance(trainer, dict)
+        and "steps" in trainer
+        and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 0)
+    ):
+        raise CheckpointError(
+            f"{where}: 'trainer.steps' is {steps!r}, expected the optimizer step count (≥ 0)"
+        )
 
 
 def load_latest_checkpoint(
@@ -521,11 +594,13 @@ def load_checkpoint(
     run = path.parent.parent
     meta = read_meta(path)
     payload = load_tensors(inside(run, path / TRAINER_FILE), map_location=map_location)
-    if not isinstance(payload, dict):
-        raise CheckpointError(f"{path / TRAINER_FILE} holds a {type(payload).__name__}, not a payload dict")
+    check_payload(payload, path, int(meta["step"]))
     name = f"rank_{rank}.pt"
     rng = None
     if name in meta.get("rng_files", [name]):
         rng = load_tensors(inside(run, path / RNG_DIR / name), allow=RNG_GLOBALS)
+        problem = rng_state_problem(rng)
+        if problem:
+            raise CheckpointError(f"{path / RNG_DIR / name}: the RNG state {problem}")
     fmt = meta.get("trainer_format", "full")  # checkpoints from before the sharded format are full
     return {**payload, "step": int(meta["step"]), "path": str(path), "format": fmt, "rng": rng}

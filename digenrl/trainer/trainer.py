@@ -45,7 +45,8 @@ from digenrl.models.fp8 import apply_fp8
 from digenrl.models.optimize import optimize_flow_model
 from digenrl.rollout.noise import step_noise
 from digenrl.runtime.batch_ledger import BatchLedger
-from digenrl.trainer.checkpoint import load_sharded
+from digenrl.trainer.checkpoint import TRAINER_FILE, load_sharded
+from digenrl.trainer.checkpoint_files import CheckpointError
 from digenrl.trainer.ema import TrainerEMA
 from digenrl.trainer.lora import apply_lora, enable_full_finetune, reference_policy
 from digenrl.trainer.optim import build_optimizer
@@ -538,11 +539,57 @@ class PolicyTrainer:
         if state.get("format", "full") == "sharded":
             self._load_sharded(checkpoint_dir)  # fills the EMA's shards in place too
         else:
-            self.backend.load_full_state(state["model"])
-            self.backend.load_optimizer_state(self.optimizer, state["optimizer"])
+            where = (
+                f"{Path(checkpoint_dir) / TRAINER_FILE}" if checkpoint_dir is not None else "trainer state"
+            )
+            self._check_optimizer_state(state, where)
+            try:
+                self.backend.load_full_state(state["model"])
+                self.backend.load_optimizer_state(self.optimizer, state["optimizer"])
+            except CheckpointError:
+                raise
+            except (ValueError, KeyError, TypeError) as error:
+                raise CheckpointError(f"{where}: {error}") from None
         if self.ema is not None:
             self.ema.load_state(state["ema"])
         self.steps = int(state["steps"])
+
+    def _check_optimizer_state(self, state: dict[str, Any], where: str) -> None:
+        """The full-format optimizer state fits this trainer before anything is loaded: an entry per trained
+        parameter once the optimizer has stepped (an empty state would restart Adam's moments at zero and
+        silently leave the run it resumes), each moment shaped like its parameter, no unknown names. A
+        CheckpointError names the file and the field."""
+        optimizer, steps = state.get("optimizer"), state.get("steps", 0)
+        if not (
+            isinstance(optimizer, dict)
+            and isinstance(optimizer.get("state"), dict)
+            and isinstance(optimizer.get("param_groups"), list)
+        ):
+            raise CheckpointError(
+                f"{where}: 'trainer.optimizer' is not an optimizer state (state, param_groups)"
+            )
+        shapes = {name: self.backend.full_shape(p) for name, p in self.backend.named_trainable()}
+        entries = optimizer["state"]
+        missing = sorted(set(shapes) - set(entries))
+        if missing and isinstance(steps, int) and steps > 0:
+            raise CheckpointError(
+                f"{where}: 'trainer.optimizer.state' has no entry for {len(missing)} of the {len(shapes)} "
+                f"trained parameters (first: {missing[0]!r}) although 'trainer.steps' is {steps}; resuming "
+                "would restart the optimizer's moments at zero and diverge from the run it continues"
+            )
+        for name, entry in entries.items():
+            if name not in shapes:
+                raise CheckpointError(
+                    f"{where}: 'trainer.optimizer.state' holds {name!r}, which this trainer does not train"
+                )
+            if not isinstance(entry, dict):
+                raise CheckpointError(f"{where}: 'trainer.optimizer.state[{name!r}]' is not a dict")
+            for key, value in entry.items():
+                if isinstance(value, torch.Tensor) and value.dim() and tuple(value.shape) != shapes[name]:
+                    raise CheckpointError(
+                        f"{where}: 'trainer.optimizer.state[{name!r}].{key}' has shape {tuple(value.shape)}, "
+                        f"the parameter {shapes[name]}"
+                    )
 
     def _load_sharded(self, checkpoint_dir: str | Path | None) -> None:
         from torch.distributed.checkpoint.state_dict import set_state_dict

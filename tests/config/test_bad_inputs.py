@@ -68,6 +68,7 @@ FREE_FORM = {
     "reward.name",
     "reward.weights_path",
     "reward.url",
+    "reward.token_file",
     "data.prompts",
     "data.eval_prompts",
     "runtime.costs_dir",

@@ -255,6 +255,28 @@ def test_a_damaged_checkpoint_and_a_used_output_folder_are_refused(lora_run, tmp
     _refused(capsys, [str(copy), "--format", "peft", "--out", str(tmp_path / "o")], "trainer.pt", "step_3")
 
 
+def test_a_wrong_shaped_or_unknown_adapter_tensor_is_refused_naming_it(lora_run, tmp_path, capsys):
+    """Issue 35, item 5: the exporter checks every tensor against the run's model before it writes."""
+    import shutil
+
+    run = lora_run[0]
+    for name, damage in (
+        ("shape", lambda model, key: model.update({key: torch.zeros(3, 3)})),
+        ("unknown", lambda model, key: model.update({"bogus.lora_A.default.weight": torch.zeros(1)})),
+    ):
+        copy = tmp_path / name
+        shutil.copytree(run, copy)
+        trainer_pt = copy / "checkpoints" / "step_3" / "trainer.pt"
+        payload = torch.load(trainer_pt, weights_only=True)
+        key = sorted(payload["trainer"]["model"])[0]
+        damage(payload["trainer"]["model"], key)
+        torch.save(payload, trainer_pt)
+        needles = (f"{key!r} has shape (3, 3)",) if name == "shape" else ("unexpected ['bogus.lora_A",)
+        out = str(tmp_path / f"o-{name}")
+        _refused(capsys, [str(copy), "--format", "diffusers", "--out", out], "trainer.pt", *needles)
+        assert not (tmp_path / f"o-{name}").exists()
+
+
 def test_a_random_base_is_rebuilt_only_on_the_device_it_was_built_on(lora_run, tmp_path, capsys):
     run = lora_run[0]
     _refused(

@@ -6,11 +6,9 @@ naming the URL), a request the server refuses, a reward the server cannot build.
 
 from __future__ import annotations
 
-import contextlib
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 
@@ -20,23 +18,10 @@ import torch
 from digenrl.rewards import CompositeReward, build_reward
 from digenrl.rewards.registry import build_configured_reward
 from digenrl.rewards.remote import RemoteReward, RemoteRewardError, decode_images, encode_images, post_json
-from digenrl.rewards.serve import make_server
+from tests.rewards.reward_server import thread_server
 from tests.systems.launcher import REPO, train_env
 
 PROMPTS = ["a cat on a mat", "a red car", "a cat on a mat"]
-
-
-@contextlib.contextmanager
-def thread_server(reward) -> Iterator[str]:
-    """The server of ``python -m digenrl.rewards.serve`` on a thread of this process, scoring ``reward``."""
-    server = make_server(reward, "127.0.0.1", 0)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +130,7 @@ def test_metadata_travels_to_the_served_reward() -> None:
 @pytest.mark.slow
 def test_serve_refuses_a_reward_it_cannot_build() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "digenrl.rewards.serve", "--reward", "pickscore", "--port", "0"],
+        [sys.executable, "-m", "digenrl.rewards.serve", "--reward", "pickscore", "--port", str(free_port())],
         cwd=REPO,
         env=train_env(),
         capture_output=True,

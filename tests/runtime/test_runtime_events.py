@@ -137,6 +137,27 @@ def test_truncated_last_line_is_tolerated(tmp_path):
     assert sum(r["type"] == "span" for r in load_events(tmp_path)) == 1
 
 
+def test_damaged_lines_inside_a_log_are_skipped_and_the_trace_is_still_written(tmp_path, caplog):
+    """Issue 35, item 4: garbage, a wrong type and a span without times are each skipped, named by line."""
+    logger = EventLogger(tmp_path, 0, "trainer", time.time())
+    logger.record_span("train", 0.0, 1.0, iteration=0)
+    logger.close()
+    with logger.path.open("a") as handle:
+        handle.write('garbage\n{"type":"bogus"}\n{"type":"span","phase":"x","t_start":"a","t_end":1}\n7\n')
+    logger = EventLogger(tmp_path, 0, "trainer", time.time(), append=True, start_iteration=1)
+    logger.record_span("train", 2.0, 3.0, iteration=1)
+    logger.close()
+    with caplog.at_level("WARNING"):
+        spans = [r for r in load_events(tmp_path) if r["type"] == "span"]
+        merge_chrome_trace(tmp_path)
+    assert [s["iteration"] for s in spans] == [0, 1]
+    message = next(r.getMessage() for r in caplog.records if "rank0.jsonl" in r.getMessage())
+    assert "skipped 4 damaged line(s)" in message
+    for number, why in ((3, "not valid JSON"), (4, "type 'bogus'"), (5, "t_start='a'"), (6, "a int")):
+        assert f"line {number}: " in message and why in message
+    assert json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+
+
 def test_summary_on_hand_computed_log(tmp_path):
     """Generators 0, 1 and trainers 2, 3 over an iteration window [0, 10]."""
     loggers = [

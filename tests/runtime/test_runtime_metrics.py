@@ -162,10 +162,19 @@ def test_open_tensorboard_is_a_logged_no_op_without_the_package(tmp_path, caplog
     assert not (tmp_path / "tensorboard").exists()
 
 
-def test_a_malformed_line_inside_the_file_is_an_error(tmp_path):
-    (tmp_path / "metrics.jsonl").write_text('{"iteration": 0}\nnot json\n{"iteration": 1}\n')
-    with pytest.raises(ValueError, match=r"metrics\.jsonl:2"):
-        read_metrics(tmp_path)
+def test_a_damaged_line_is_skipped_with_its_line_number(tmp_path, caplog):
+    """Issue 35, item 4: a bad line costs that line, named by number, never the run."""
+    (tmp_path / "metrics.jsonl").write_bytes(
+        b'{"iteration": 0}\nnot json\n{"iteration": 1}\n\xff\xfe\n[1, 2]\n'
+        b'{"iteration": "3"}\n{"iteration": 4}\n'
+    )
+    with caplog.at_level("WARNING"):
+        assert [r["iteration"] for r in read_metrics(tmp_path)] == [0, 1, 4]
+    (message,) = [r.getMessage() for r in caplog.records if "metrics.jsonl" in r.getMessage()]
+    assert "skipped 4 damaged line(s), kept 3 records" in message
+    for number in (2, 4, 5, 6):
+        assert f"line {number}:" in message
+    assert "iteration='3' is not an integer" in message
 
 
 EVAL = {"eval_policy_version": 0, "eval_reward_mean": 0.25, "eval_reward_std": 0.125, "eval_samples": 4}

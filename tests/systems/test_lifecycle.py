@@ -147,6 +147,12 @@ def test_sigterm_to_the_launcher_stops_torchrun_and_every_worker(stopped_launch)
     assert "received SIGTERM" in run["text"], run["text"][-3000:]
     for rank in (0, 1):  # every record a rank wrote before it was stopped is in its log
         assert any(r["type"] == "span" for r in load_events(run["out"]) if r["rank"] == rank)
+    # the workers' SIGTERM is a stop with a checkpoint of the last iteration (digenrl/runtime/stop_request.py)
+    from digenrl.trainer.checkpoint import latest_checkpoint_dir, read_meta
+
+    checkpoint = latest_checkpoint_dir(run["out"])
+    assert checkpoint is not None and read_meta(checkpoint)["step"] == len(read_metrics(run["out"]))
+    assert "stopped on SIGTERM after iteration" in run["text"], run["text"][-3000:]
 
 
 def test_relative_paths_resolve_in_the_directory_the_command_ran_in(stopped_launch):

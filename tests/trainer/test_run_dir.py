@@ -128,6 +128,18 @@ def test_single_process_decision_clears_on_overwrite(tmp_path):
     assert not (tmp_path / "metrics.jsonl").exists() and not start.resumed
 
 
+def test_overwrite_works_over_damaged_logs(tmp_path):
+    """Issue 35, item 4: garbage in metrics.jsonl and an event log never stops a start; overwrite clears."""
+    ctx = DistContext(0, 1, 0, torch.device("cpu"), "none", is_distributed=False)
+    (tmp_path / "metrics.jsonl").write_bytes(b'{"iteration": 0}\n\x00garbage\n[]\n{"iteration": 1}\n')
+    (tmp_path / "events").mkdir()
+    (tmp_path / "events" / "rank0.jsonl").write_text("not an event\n")
+    with pytest.raises(ConfigError, match=r"metrics\.jsonl \(2 iterations\)"):
+        agree_run_start(_cfg(tmp_path), ctx)
+    agree_run_start(_cfg(tmp_path, "overwrite=true"), ctx)
+    assert not (tmp_path / "metrics.jsonl").exists() and not (tmp_path / "events").exists()
+
+
 def _agree_worker(rank: int, world: int, tmp: str, cases: dict[str, tuple[str, list[str]]]) -> None:
     dist.init_process_group(
         "gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=world, timeout=timedelta(seconds=30)

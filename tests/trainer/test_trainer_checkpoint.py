@@ -17,14 +17,17 @@ from digenrl.trainer import (
     save_checkpoint,
 )
 from digenrl.trainer.checkpoint import (
+    CheckpointError,
     LatestInvalidError,
     LatestMissingError,
     NoCheckpointError,
     StepNotFoundError,
     checkpoint_steps,
     choose_checkpoint,
+    load_checkpoint,
     nonfinite_entries,
     read_meta,
+    verify_checkpoint,
 )
 
 from .fixtures import build_model, make_config, make_sampler, rollout_batch, select
@@ -200,3 +203,103 @@ def test_the_run_identity_is_readable_without_loading_tensors(tmp_path):
     _save(tmp_path, 3, {"x": torch.ones(1), "run_id": "abc", "config": {"seed": 1}})
     meta = read_meta(latest_checkpoint_dir(tmp_path))
     assert meta["run_id"] == "abc" and meta["config"] == {"seed": 1} and meta["step"] == 3
+
+
+# ----------------------------------------------------------------- checked on load (issue 35, item 5)
+
+
+@pytest.fixture(scope="module")
+def stepped_lora_state():
+    """A LoRA trainer after one optimizer step, and its full-format state."""
+    cfg = make_config("trainer.lr=0.001")
+    trainer = _new_trainer(cfg)
+    _seed_everything(3)
+    _iteration(trainer, 0)
+    return cfg, trainer.state_dict()
+
+
+def _damaged(state, damage):
+    import copy
+
+    state = copy.deepcopy(state)
+    damage(state)
+    return state
+
+
+def _first(state):
+    return next(iter(state["optimizer"]["state"]))
+
+
+@pytest.mark.parametrize(
+    ("damage", "needle"),
+    [
+        (
+            lambda s: s["optimizer"]["state"].clear(),
+            r"'trainer\.optimizer\.state' has no entry for \d+ of the",
+        ),
+        (lambda s: s.update(optimizer=[]), r"'trainer\.optimizer' is not an optimizer state"),
+        (
+            lambda s: s["optimizer"]["state"][_first(s)].update(exp_avg=torch.zeros(3, 5)),
+            r"'trainer\.optimizer\.state\[.*\]\.exp_avg' has shape \(3, 5\), the parameter",
+        ),
+        (
+            lambda s: s["optimizer"]["state"].update(nope={"exp_avg": torch.zeros(1)}),
+            r"holds 'nope', which this trainer does not train",
+        ),
+        (lambda s: s["model"].popitem(), r"trainable state does not match the model"),
+    ],
+    ids=["empty-optimizer", "not-a-state", "moment-shape", "unknown-name", "missing-weight"],
+)
+def test_a_trainer_state_that_does_not_fit_the_model_is_refused_naming_the_file_and_field(
+    stepped_lora_state, tmp_path, damage, needle
+):
+    cfg, state = stepped_lora_state
+    with pytest.raises(CheckpointError, match=needle) as info:
+        _new_trainer(cfg).load_state_dict(_damaged(state, damage), checkpoint_dir=tmp_path / "step_1")
+    assert str(tmp_path / "step_1" / "trainer.pt") in str(info.value)
+
+
+def test_an_unstepped_trainer_state_without_moments_still_loads(tmp_path):
+    cfg = make_config("trainer.lr=0.001")
+    trainer = _new_trainer(cfg)
+    _new_trainer(cfg).load_state_dict(trainer.state_dict(), checkpoint_dir=tmp_path)  # steps=0: no moments
+
+
+@pytest.mark.parametrize(
+    ("damage", "needle"),
+    [
+        (lambda r: r.pop("numpy"), "lacks numpy"),
+        (lambda r: r.update(python=(3, (1, 2), None)), "'python' is not random.getstate"),
+        (lambda r: r.update(numpy=("MT19937", np.zeros(5, np.uint32), 0, 0, 0.0)), "'numpy' is not"),
+        (
+            lambda r: r.update(torch=torch.zeros(7, dtype=torch.uint8)),
+            r"'torch' is .*expected a uint8 tensor",
+        ),
+        (lambda r: r.update(cuda=[torch.zeros(3)]), "'cuda' is not a list of uint8 tensors"),
+    ],
+)
+def test_a_malformed_rng_state_is_refused_at_verify_and_load(tmp_path, damage, needle):
+    _save(tmp_path, 4, {"x": torch.ones(2), "next_iteration": 4})
+    path = tmp_path / "checkpoints" / "step_4"
+    rng = torch.load(path / "rng" / "rank_0.pt", weights_only=False)
+    damage(rng)
+    torch.save(rng, path / "rng" / "rank_0.pt")
+    for read in (verify_checkpoint, load_checkpoint):
+        with pytest.raises(CheckpointError, match=needle) as info:
+            read(path)
+        assert "rank_0.pt: the RNG state" in str(info.value)
+    with pytest.raises(CheckpointError, match=needle):
+        restore_rng_state(rng)
+
+
+def test_a_meta_step_that_disagrees_with_the_payload_is_refused(tmp_path):
+    _save(tmp_path, 4, {"next_iteration": 3, "trainer": {"steps": 3}})
+    path = tmp_path / "checkpoints" / "step_4"
+    for read in (verify_checkpoint, load_checkpoint):
+        with pytest.raises(
+            CheckpointError, match=r"trainer\.pt: 'next_iteration' is 3 but .*meta\.json says step 4"
+        ):
+            read(path)
+    _save(tmp_path, 5, {"next_iteration": 5, "trainer": {"steps": -1}})
+    with pytest.raises(CheckpointError, match=r"'trainer\.steps' is -1"):
+        verify_checkpoint(tmp_path / "checkpoints" / "step_5")
