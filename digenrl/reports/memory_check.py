@@ -19,7 +19,8 @@ from digenrl.costs.device_costs import DeviceCosts
 from digenrl.plan import RunPlan
 from digenrl.plan.workload import Workload
 from digenrl.planning.memory import check_plan
-from digenrl.runtime.profiles import AUTO, load_profile
+from digenrl.runtime.profiles import AUTO
+from digenrl.trainer.run_dir import PROFILE_FILE, run_profile
 
 GIB = 2**30
 #: the goal the estimate is held to (issue text: within 10 % of the measured peak)
@@ -40,9 +41,12 @@ def memory_row(run: Path, costs_dir: Path, profile: str | None = None) -> dict[s
     """One run: its configuration, measured peak, estimated peak and the estimate's parts (GiB)."""
     overrides = [f"profile={profile}"] if profile else []
     cfg = load_config(str(run / "config.yaml"), overrides)
-    if cfg.profile == AUTO:
-        raise ValueError(f"{run}: the run recorded profile=auto; name the machine's profile with --profile")
-    prof = load_profile(cfg.profile)
+    if cfg.profile == AUTO and not (run / PROFILE_FILE).is_file():
+        raise ValueError(
+            f"{run}: the run recorded profile=auto and not what it resolved to; name the machine's "
+            "profile with --profile"
+        )
+    prof = run_profile(run, cfg.profile)
     device = prof.device_type(0).name
     costs = CostModel.load(cost_path(device, cfg.model.name, costs_dir))
     plan = RunPlan.from_config(cfg, prof)

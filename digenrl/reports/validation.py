@@ -25,9 +25,9 @@ from digenrl.plan import RunPlan
 from digenrl.plan.workload import Workload
 from digenrl.runtime.event_records import load_events
 from digenrl.runtime.event_summary import summarize_records
-from digenrl.runtime.profiles import HardwareProfile, load_profile
+from digenrl.runtime.profiles import HardwareProfile
 from digenrl.sim.simulator import SimResult, simulate
-from digenrl.trainer.run_dir import PLAN_FILE
+from digenrl.trainer.run_dir import PLAN_FILE, run_profile
 
 if TYPE_CHECKING:
     from digenrl.config import Config
@@ -142,7 +142,7 @@ def compare_run(
 
     run_dir = Path(run_dir)
     cfg = load_config(run_dir / "config.yaml")
-    profile = load_profile(cfg.profile)
+    profile = run_profile(run_dir, cfg.profile)
     if cost_file is None:
         if costs_dir is None:
             raise ValueError("compare_run needs a cost_file or the costs_dir holding <device>-<model>.json")

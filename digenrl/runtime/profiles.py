@@ -229,6 +229,34 @@ def profile_from_dict(raw: Any, source: str = "<dict>") -> HardwareProfile:
     return HardwareProfile(name, description, backend, nodes, gpu_types, links)
 
 
+def profile_to_dict(profile: HardwareProfile) -> dict[str, Any]:
+    """``profile`` in the YAML schema :func:`profile_from_dict` reads (its exact inverse): how a run records
+    the profile ``auto`` resolved to (``out_dir/profile.yaml``, digenrl/trainer/run_dir.py), so the
+    simulator's validation of the run prices the run's devices, not the validating machine's."""
+    workers = profile.backend == "gloo"
+    nodes = []
+    for group in profile.nodes:
+        node: dict[str, Any] = {"count": group.count, "gpu": group.gpu}
+        node["workers_per_node" if workers else "gpus_per_node"] = group.devices_per_node
+        if group.intra_node_gbps is not None:
+            node["intra_node_gbps"] = group.intra_node_gbps
+        nodes.append(node)
+    types = {}
+    for name, gpu in profile.gpu_types.items():
+        spec = {k: getattr(gpu, k) for k in _GPU_TYPE_KEYS}
+        if spec["measured_bf16_tflops"] is None:
+            del spec["measured_bf16_tflops"]
+        types[name] = spec
+    return {
+        "name": profile.name,
+        "description": profile.description,
+        "backend": profile.backend,
+        "nodes": nodes,
+        "gpu_types": types,
+        "links": {k: getattr(profile.links, k) for k in _LINK_KEYS},
+    }
+
+
 def _gpu_type(type_name: str, spec: Any) -> GpuType:
     where = f"profile.gpu_types.{type_name}"
     if not isinstance(spec, Mapping):

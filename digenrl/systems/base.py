@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
+import yaml
 
 from digenrl.config import Config, config_yaml
 from digenrl.plan import RunPlan
@@ -28,7 +29,7 @@ from digenrl.runtime.fault_injection import inject_fault
 from digenrl.runtime.iteration_profile import profiled_iteration
 from digenrl.runtime.metrics import add_event_summary, read_metrics
 from digenrl.runtime.policy_version import PolicyVersion
-from digenrl.runtime.profiles import detect_device, device_mismatch, load_profile
+from digenrl.runtime.profiles import AUTO, detect_device, device_mismatch, load_profile, profile_to_dict
 from digenrl.runtime.run_files import write_atomic
 from digenrl.runtime.run_report import closing_summary, start_banner
 from digenrl.runtime.sample_grid import grid_path, write_sample_grid
@@ -37,7 +38,7 @@ from digenrl.runtime.telemetry import GpuTelemetry
 from digenrl.systems.components import RankComponents
 from digenrl.trainer.checkpoint import load_checkpoint, save_checkpoint
 from digenrl.trainer.lora_export import checkpoint_lora_writer
-from digenrl.trainer.run_dir import PLAN_FILE, RunStart
+from digenrl.trainer.run_dir import PLAN_FILE, PROFILE_FILE, RunStart
 
 log = logging.getLogger(__name__)
 
@@ -230,7 +231,11 @@ class System:
         if ctx.rank == 0:
             write_atomic(f"{cfg.out_dir}/config.yaml", config_yaml(cfg, run_id=run.run_id))
             # the schedule this run executes, as the simulator and the planner read it (docs/design.md §5)
-            RunPlan.from_config(cfg, load_profile(cfg.profile)).write(f"{cfg.out_dir}/{PLAN_FILE}")
+            profile = load_profile(cfg.profile)
+            RunPlan.from_config(cfg, profile).write(f"{cfg.out_dir}/{PLAN_FILE}")
+            if cfg.profile == AUTO:  # what auto resolved to here: a validation elsewhere prices these devices
+                profile_yaml = yaml.safe_dump(profile_to_dict(profile), sort_keys=False)
+                write_atomic(f"{cfg.out_dir}/{PROFILE_FILE}", profile_yaml)
             print(
                 start_banner(cfg, ctx.world_size, self.describe_pools(), self.describe_mechanisms(), run),
                 flush=True,

@@ -63,14 +63,18 @@ from digenrl.trainer.checkpoint import (
 
 if TYPE_CHECKING:
     from digenrl.runtime.distributed import DistContext
+    from digenrl.runtime.profiles import HardwareProfile
 
 CONFIG_FILE = "config.yaml"
 #: the schedule the run executes (:class:`digenrl.plan.RunPlan`, written by rank 0 next to config.yaml)
 PLAN_FILE = "plan.json"
+#: the hardware profile ``profile=auto`` resolved to on the run's machine (written only then)
+PROFILE_FILE = "profile.yaml"
 TRACE_FILE = "trace.json"
 RUN_FILES = (
     CONFIG_FILE,
     PLAN_FILE,
+    PROFILE_FILE,
     METRICS_FILE,
     TRACE_FILE,
     EVENTS_SUBDIR,
@@ -115,7 +119,15 @@ def existing_run(out_dir: str | Path) -> list[str]:
         found.append(f"{CHECKPOINT_DIR}/ (incomplete)")
     found += [
         name
-        for name in (CONFIG_FILE, PLAN_FILE, TRACE_FILE, TENSORBOARD_DIR, SAMPLES_DIR, WANDB_DIR)
+        for name in (
+            CONFIG_FILE,
+            PLAN_FILE,
+            PROFILE_FILE,
+            TRACE_FILE,
+            TENSORBOARD_DIR,
+            SAMPLES_DIR,
+            WANDB_DIR,
+        )
         if (out / name).exists()
     ]
     return found
@@ -294,3 +306,14 @@ def agree_run_start(cfg: Config, ctx: DistContext) -> RunStart:
     if "error" in decision:
         raise ConfigError(decision["error"])
     return RunStart(**decision["start"])
+
+
+def run_profile(run_dir: str | Path, profile: str) -> HardwareProfile:
+    """The hardware profile a finished run ran on: the one ``profile=auto`` recorded in the run folder
+    (:data:`PROFILE_FILE`), else the named profile."""
+    from digenrl.runtime.profiles import AUTO, load_profile
+
+    recorded = Path(run_dir) / PROFILE_FILE
+    if profile == AUTO and recorded.is_file():
+        return load_profile(recorded)
+    return load_profile(profile)

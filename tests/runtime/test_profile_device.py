@@ -21,6 +21,8 @@ from digenrl.runtime.profiles import (
     device_mismatch,
     known_device_type,
     load_profile,
+    profile_from_dict,
+    profile_to_dict,
     type_matches,
 )
 from digenrl.runtime.run_report import closing_summary
@@ -177,6 +179,12 @@ def test_the_warning_stays_in_the_closing_summary(tmp_path):
     assert "WARNING: profile='h200-1'" in summary and "allow_profile_mismatch" in summary
 
 
+def test_a_profile_round_trips_through_its_yaml_form():
+    for name in ("cpu-2", "cpu-2-hetero", "h100-1", "hetero-h100-a100-16", "h800-32"):
+        profile = load_profile(name)
+        assert profile_from_dict(profile_to_dict(profile)) == profile, name
+
+
 def test_measure_device_writes_a_profile_that_loads(tmp_path):
     result = {
         "family": "h100",
@@ -202,6 +210,7 @@ def test_a_run_under_a_wrong_profile_fails_at_startup_or_keeps_the_warning(tmp_p
     """On this CPU machine: profile=h200-1 stops at startup (exit 2, the mismatch named); with the override
     the run goes on and every metrics record carries the mismatch; profile=auto runs as it is."""
     from digenrl.runtime.metrics import read_metrics
+    from digenrl.trainer.run_dir import PROFILE_FILE, run_profile
     from tests.systems.launcher import run_train
 
     base = ["system=colocated-sync", "iterations=1", "checkpoint_every=0"]
@@ -212,3 +221,10 @@ def test_a_run_under_a_wrong_profile_fails_at_startup_or_keeps_the_warning(tmp_p
     assert records and all("runs on the CPU" in r["profile_mismatch"] for r in records)
     run_train([*base, "profile=auto", f"out_dir={tmp_path / 'c'}"])
     assert all("profile_mismatch" not in r for r in read_metrics(tmp_path / "c"))
+    # what auto resolved to is recorded: a validation on another machine prices the run's devices
+    recorded = run_profile(tmp_path / "c", "auto")
+    assert (
+        recorded == load_profile(tmp_path / "c" / PROFILE_FILE)
+        and recorded.device_type(0).name == "cpu-worker"
+    )
+    assert run_profile(tmp_path / "b", "h200-1").name == "h200-1"  # a named profile needs no record
