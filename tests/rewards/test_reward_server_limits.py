@@ -48,12 +48,17 @@ def test_a_body_above_the_limit_is_refused_before_it_is_read():
         assert time.monotonic() - start < 2.0
 
 
+#: connections that send part of a request and stall (issue 35: 500 held 301 threads before the pool)
+STALLED = 500
+
+
 def test_stalled_connections_hold_a_bounded_pool_get_503_beyond_it_and_are_cut_off():
     limits = ServeLimits(workers=3, read_timeout_s=0.5)
     with thread_server(build_reward("brightness"), limits) as url:
         host, port = url.removeprefix("http://").split(":")
         before = threading.active_count()
-        stalled = [socket.create_connection((host, int(port)), timeout=5.0) for _ in range(40)]
+        start = time.monotonic()
+        stalled = [socket.create_connection((host, int(port)), timeout=5.0) for _ in range(STALLED)]
         try:
             for conn in stalled:
                 conn.sendall(b"POST /score HTTP/1.0\r\nContent-Length: 100\r\n\r\nab")  # and nothing more
@@ -61,7 +66,10 @@ def test_stalled_connections_hold_a_bounded_pool_get_503_beyond_it_and_are_cut_o
             assert threading.active_count() <= before + limits.workers  # the pool's threads, no more
             answers = [conn.recv(4096) for conn in stalled]  # 503 at once, or EOF at the deadline
             busy = sum(a.startswith(b"HTTP/1.0 503") for a in answers)
-            assert busy >= 40 - limits.workers  # the rest held a worker until the read deadline cut them off
+            # the rest held a worker until the read deadline cut them off: at most `workers` at a time,
+            # each for read_timeout_s, over the seconds the connections took to open and stall
+            held = limits.workers * ((time.monotonic() - start) / limits.read_timeout_s + 1)
+            assert STALLED - busy <= held, (busy, held)
             assert all(a == b"" or a.startswith(b"HTTP/1.0 503") for a in answers)
         finally:
             for conn in stalled:
