@@ -78,7 +78,13 @@ def test_digenrl_plan_space_contains_every_baseline_of_equal_staleness():
         profile, costs, workload = _setup(rng)
         planner = Planner(profile, costs, workload, planning_iterations=5)
         baselines = planner.baselines(max_staleness=1)
-        assert set(baselines) >= {"colocated-sync", "colocated-overlap", "separate-sync", "separate-async"}
+        assert set(baselines) >= {
+            "colocated-sync",
+            "colocated-overlap",
+            "colocated-engine",
+            "separate-sync",
+            "separate-async",
+        }
         on = planner.search(max_staleness=0)
         stale = planner.search(max_staleness=1)
         assert on.best.staleness == 0 and stale.best.staleness <= 1
@@ -101,6 +107,7 @@ def test_baselines_are_tuned_and_ranked_and_heterogeneous_profiles_get_a_speed_s
     assert {s.plan.system for s in scores} == {
         "colocated-sync",
         "colocated-overlap",
+        "colocated-engine",
         "separate-sync",
         "separate-async",
     }
