@@ -358,7 +358,9 @@ def test_colocated_engine_pays_its_switch_and_nothing_else():
     assert {"offload", "onload", "reshard"} <= phases
     # measured (experiments/measure.py switch): its bandwidths and re-shard time are used instead
     off, on, measured_reshard = rng.uniform(5, 50), rng.uniform(5, 50), rng.uniform(0.01, 0.1)
-    meta = {"engine_switch": {"offload_gbps": off, "onload_gbps": on, "reshard_s": measured_reshard}}
+    meta = {
+        "engine_switch": {"lora": {"offload_gbps": off, "onload_gbps": on, "reshard_s": measured_reshard}}
+    }
     measured = simulate(profile, replace(costs, meta=meta), w, RunPlan("colocated-engine"))
     switch = (3e9 + 4e9) / (off * 1e9) + (3e9 + 4e9) / (on * 1e9) + measured_reshard
     assert measured.steady_iteration_s == pytest.approx(sync.steady_iteration_s + switch, rel=1e-9)

@@ -19,9 +19,10 @@ Costs — which are measured and which modelled:
   (``weight_sync_bytes``: the adapter with LoRA, the full weights otherwise). Gradients are not moved: the
   optimizer step frees them (``zero_grad(set_to_none=True)``), so the runtime has none to park.
 * offload / onload seconds: bytes over the measured switch bandwidths of the cost file's
-  ``meta["engine_switch"]`` (``offload_gbps`` / ``onload_gbps``, from ``experiments/measure.py switch``)
-  when present, else modelled as bytes over the profile's ``links.host_device_gbps``.
-* re-shard seconds: ``meta["engine_switch"]["reshard_s"]`` when measured for the cost file's trainer mode,
+  ``meta["engine_switch"][trainer_mode]`` (``offload_gbps`` / ``onload_gbps``, from
+  ``experiments/measure.py switch``) when present, else modelled as bytes over the profile's
+  ``links.host_device_gbps``.
+* re-shard seconds: ``meta["engine_switch"][trainer_mode]["reshard_s"]`` when measured,
   else modelled as a device copy (read + write of the bytes over the device type's ``hbm_gbps``) plus, for
   a sharded full fine-tune, one ring all-gather of the weights over the ranks (:func:`digenrl.sim.
   training.fsdp_gather_s`).
@@ -81,9 +82,9 @@ def switch_costs(cluster: SimCluster, rank: int, ranks: tuple[int, ...]) -> dict
 
 
 def _measured(cost: CostModel, trainer_mode: str) -> dict:
-    """The cost file's measured switch costs, if they were measured for this trainer mode."""
-    switch = cost.meta.get(SWITCH_META) or {}
-    return switch if switch.get("trainer_mode", trainer_mode) == trainer_mode else {}
+    """The cost file's measured switch costs for this trainer mode (``meta["engine_switch"][mode]``, the
+    ``engine_switch`` summary of ``experiments/measure.py switch``), or {} where none were measured."""
+    return dict((cost.meta.get(SWITCH_META) or {}).get(trainer_mode) or {})
 
 
 def _engine_rank(
