@@ -11,6 +11,8 @@ per mode every step's median seconds, bytes and GB/s, and the summary the simula
 ``meta["engine_switch"][mode]`` (``offload_gbps`` / ``onload_gbps``: bytes over seconds of all offloads /
 onloads; ``reshard_s``: the median re-shard; digenrl/sim/schedules/colocated_engine.py). A mode whose two
 copies and optimizer state do not fit the device's free memory is skipped with the reason in the file.
+``--cost-file PATH`` also writes each measured mode's summary (with the command and the device) into that
+cost file's ``meta["engine_switch"]``, where the simulator prices ``colocated-engine`` from it.
 Runs on a CPU too (tiny models, tests): host copies are then memory copies and say nothing of a GPU.
 """
 
@@ -124,6 +126,25 @@ def measure_mode(
     return {"steps": steps, "engine_switch": summary}
 
 
+def record_in_cost_file(path: Path, result: dict) -> None:
+    """Put every measured mode's summary into the cost file at ``path`` (``meta["engine_switch"][mode]``);
+    the file must load as a cost model before and after."""
+    from digenrl.costs.cost_model import CostModel
+
+    CostModel.load(path)  # a clear error for a file that is not a cost file
+    data = json.loads(path.read_text())
+    switch = data.setdefault("meta", {}).setdefault("engine_switch", {})
+    for mode, measured in result["modes"].items():
+        switch[mode] = {
+            **measured["engine_switch"],
+            "device_name": result["device_name"],
+            "dtype": result["dtype"],
+            "command": result["command"],
+        }
+    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    CostModel.load(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="measure.py switch", description=__doc__.splitlines()[0])
     p.add_argument(
@@ -135,7 +156,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iters", type=int, default=3, help="timed switches after one warm-up")
     p.add_argument("--lora-rank", type=int, default=32)
     p.add_argument("--out", default="runs/switch", help="folder for switch-<device>-<model>.json")
+    p.add_argument("--cost-file", default=None, help="also record the summary in this cost file's meta")
     args = p.parse_args(argv)
+    if args.cost_file is not None and not Path(args.cost_file).is_file():
+        p.error(f"--cost-file {args.cost_file}: no such file")
     modes = [m for m in args.modes.split(",") if m]
     bad = [m for m in modes if m not in MODES]
     if bad or not modes:
@@ -185,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     path = out / f"switch-{found.family}-{args.model}.json"
     path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(f"# wrote {path}")
+    if args.cost_file is not None:
+        record_in_cost_file(Path(args.cost_file), result)
+        print(f"# recorded meta.engine_switch in {args.cost_file}")
     return 0
 
 

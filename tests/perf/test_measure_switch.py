@@ -4,10 +4,15 @@ step's bytes are what the switch must move (docs/operations.md, "Measuring the h
 from __future__ import annotations
 
 import json
+from pathlib import Path
+
+import pytest
 
 from digenrl.models.flow_model import build_flow_model
 from digenrl.models.specs import get_model_spec
 from experiments import measure
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_switch_measures_offload_onload_and_reshard_bytes(tmp_path):
@@ -38,3 +43,38 @@ def test_switch_measures_offload_onload_and_reshard_bytes(tmp_path):
     for mode in ("lora", "full"):
         summary = result["modes"][mode]["engine_switch"]
         assert summary["offload_gbps"] > 0 and summary["onload_gbps"] > 0 and summary["reshard_s"] > 0
+
+
+def test_switch_costs_enter_a_cost_file_and_price_the_engine(tmp_path):
+    """--cost-file records the measured summary in the cost file's meta; the simulator's colocated-engine
+    schedule then prices its offloads, onloads and re-shard from it, not from the profile's link."""
+    from digenrl.costs.cost_model import CostModel
+    from digenrl.plan import RunPlan, Workload
+    from digenrl.sim.simulator import simulate
+
+    cost_file = tmp_path / "cpu-tiny-sd3.json"
+    cost_file.write_text((REPO / "experiments/results/costs/cpu-tiny-sd3.json").read_text())
+    argv = [
+        "switch",
+        "--modes",
+        "lora",
+        "--iters",
+        "1",
+        "--out",
+        str(tmp_path),
+        "--cost-file",
+        str(cost_file),
+    ]
+    assert measure.main(argv) == 0
+    costs = CostModel.load(cost_file)
+    measured = costs.meta["engine_switch"]["lora"]
+    assert measured["command"].startswith("python experiments/measure.py switch")
+    w = Workload(prompts_per_iteration=2, group_size=2, num_steps=2, train_steps=1, cfg=False, iterations=3)
+    result = simulate("cpu-1", costs, w, RunPlan("colocated-engine"))
+    reshards = [s for s in result.spans if s["phase"] == "reshard"]
+    assert [s["t_end"] - s["t_start"] for s in reshards] == pytest.approx(
+        [measured["reshard_s"]] * 3, rel=1e-9
+    )
+    copy = [s for s in result.spans if s["phase"] == "offload" and s["extra"]["what"] == "generation copy"]
+    seconds = costs.param_bytes / (measured["offload_gbps"] * 1e9)
+    assert copy[0]["t_end"] - copy[0]["t_start"] == pytest.approx(seconds, rel=1e-9)
