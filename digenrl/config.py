@@ -413,6 +413,7 @@ class EngineConfig:
     generation copy of the policy generates, and the generation copy to host memory while the trainer
     trains; false keeps both on the device (needs room for both, checked at startup)."""
 
+    # colocated-engine: the trainer's states go to host memory while the generation copy generates, and back
     offload: bool = True
 
 
