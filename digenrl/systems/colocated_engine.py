@@ -45,12 +45,6 @@ class ColocatedEngine(ColocatedSync):
                 "trainer.backend=deepspeed is not supported by system=colocated-engine (its re-shard reads "
                 "FSDP2 shards or replicas); use trainer.backend=fsdp2, ddp or auto"
             )
-        if cfg.engine.offload and backend == "fsdp2":
-            raise ConfigError(
-                "engine.offload=true with trainer.backend=fsdp2: parking FSDP2's sharded states in host "
-                "memory is not implemented; set engine.offload=false (both copies stay on the device) or "
-                "train LoRA with trainer.backend=ddp"
-            )
 
     def setup(self) -> RankComponents:
         parts = build_rank_components(

@@ -106,13 +106,17 @@ class EngineSwitch:
         self._on_span = on_span
         self._pairs = pair_parameters(trainer_named, generation_model, mode)
         params = [p for _, p in trainer_named]
-        # the optimizer state and the gradients (set to None by the step, so usually nothing) leave first
-        self._states: WeightTransitions = chain_transitions(
-            host_transitions(lambda: _optimizer_tensors(optimizer), device, "optimizer state"),
-            host_transitions(lambda: [p.grad for p in params if p.grad is not None], device, "gradients"),
-        )
-        # full fine-tuning: the trainer's weights (the masters) too, after the re-shard has read them
-        self._weights = module_transitions(trainer_module, device) if self.full else None
+        if any(hasattr(p, "device_mesh") for p in params):  # FSDP2: DTensor shards, moved as veRL moves them
+            self._states = sharded_state_transitions(optimizer, params, self.device)
+            self._weights = sharded_module_transitions(trainer_module, self.device) if self.full else None
+        else:
+            # the optimizer state and the gradients (set to None by the step, so usually nothing) leave first
+            self._states = chain_transitions(
+                host_transitions(lambda: _optimizer_tensors(optimizer), device, "optimizer state"),
+                host_transitions(lambda: [p.grad for p in params if p.grad is not None], device, "gradients"),
+            )
+            # full fine-tuning: the trainer's weights (the masters) too, after the re-shard has read them
+            self._weights = module_transitions(trainer_module, device) if self.full else None
         self._generation = module_transitions(generation_model, device)
         self._generation_on_device = True  # built on the device; parked before the first training phase
         self._trainer_parked = False
@@ -154,6 +158,48 @@ class EngineSwitch:
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+
+def _local_bytes(t: torch.Tensor) -> int:
+    local = t.to_local() if hasattr(t, "to_local") else t
+    return local.numel() * local.element_size()
+
+
+def sharded_module_transitions(module: nn.Module, device: torch.device) -> WeightTransitions:
+    """(onload, offload) of an FSDP2 module's shards: ``module.to`` (FSDP2's ``_apply`` re-registers the
+    sharded parameters afterwards, keeping the optimizer's references valid), as veRL's
+    ``offload_fsdp2_model_to_cpu`` / ``load_fsdp2_model_to_gpu`` do. Returns this rank's bytes."""
+
+    def move(where: torch.device) -> int:
+        module.to(where)
+        return sum(_local_bytes(p) for p in module.parameters())
+
+    return WeightTransitions(lambda: move(device), lambda: move(torch.device("cpu")))
+
+
+def sharded_state_transitions(
+    optimizer: torch.optim.Optimizer, params: list[torch.Tensor], device: torch.device
+) -> WeightTransitions:
+    """(onload, offload) of an optimizer's DTensor state and any gradients: every state entry replaced by
+    its copy on the other side (veRL's ``offload_fsdp_optimizer`` / ``load_fsdp_optimizer``). Returns this
+    rank's bytes."""
+
+    def move(where: torch.device) -> int:
+        moved = 0
+        for state in optimizer.state.values():
+            for key, value in list(state.items()):
+                if isinstance(value, torch.Tensor) and value.dim() > 0:  # the step count stays put
+                    state[key] = value.to(where, non_blocking=True)
+                    moved += _local_bytes(value)
+        for p in params:
+            if p.grad is not None:
+                p.grad = p.grad.to(where, non_blocking=True)
+                moved += _local_bytes(p.grad)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return moved
+
+    return WeightTransitions(lambda: move(device), lambda: move(torch.device("cpu")))
 
 
 def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:

@@ -56,19 +56,35 @@ def test_full_finetune_offloaded_and_resident_compute_colocated_syncs_update(tmp
     ]
 
 
-def test_two_ranks_lora_match_colocated_sync(tmp_path):
-    """Two gloo ranks, LoRA (ddp): the same update as colocated-sync on the same data and seed — bit for bit,
-    as the shares, the rollouts and the gradient all-reduce are the same — and each rank re-shards the adapter
-    once per iteration with the optimizer state offloaded around its generation."""
-    base = ["profile=cpu-2", f"iterations={ITER}"]
+def test_lora_offloaded_computes_colocated_syncs_update(tmp_path):
+    """One process, LoRA: the adapter is re-sharded into the generation copy (base plus attached adapter) each
+    iteration; the trainer's weights never move; the update is colocated-sync's bit for bit."""
+    base = ["profile=cpu-1", f"iterations={ITER}"]
     ref, eng = tmp_path / "sync", tmp_path / "engine"
-    run_train([*base, "system=colocated-sync", f"out_dir={ref}"], nproc=2)
-    run_train([*base, "system=colocated-engine", f"out_dir={eng}"], nproc=2)
+    run_train([*base, "system=colocated-sync", f"out_dir={ref}"])
+    run_train([*base, "system=colocated-engine", f"out_dir={eng}"])
     assert_same_update(ref, eng, rel=0.0, reward_abs=0.0, equal=("loss", "policy_version"), samples=16)
     lora = [s for s in FULL_SWITCH if s[1] != "trainer weights"]
     expected = [(0, *s) for s in lora]
     for k in range(1, ITER):
         expected += [(k, *lora[0]), (k, *ONLOAD_COPY), *((k, *s) for s in lora[1:])]
+    assert _switch_spans(eng, 0) == expected
+
+
+def test_two_ranks_fsdp2_full_finetune_match_colocated_sync(tmp_path):
+    """Two gloo ranks, full fine-tuning on FSDP2 (veRL's setting): each re-shard all-gathers the trainer's
+    shards into every rank's full generation copy, the shards and the optimizer state are moved with
+    ``module.to`` / state replacement (on the CPU the "host" is the same memory, so this checks the schedule
+    and the update, not a GPU's copies), and the update is colocated-sync's on the same data and seed bit for
+    bit: the all-gathered copy holds the trainer's exact weights and the same CPU kernels run on them."""
+    base = ["profile=cpu-2", f"iterations={ITER}", "trainer.mode=full", "trainer.lr=0.001"]
+    ref, eng = tmp_path / "sync", tmp_path / "engine"
+    run_train([*base, "system=colocated-sync", f"out_dir={ref}"], nproc=2)
+    run_train([*base, "system=colocated-engine", f"out_dir={eng}"], nproc=2)
+    assert_same_update(ref, eng, rel=0.0, reward_abs=0.0, equal=("loss", "policy_version"), samples=16)
+    expected = [(0, *s) for s in FULL_SWITCH]
+    for k in range(1, ITER):
+        expected += [(k, *FULL_SWITCH[0]), (k, *ONLOAD_COPY), *((k, *s) for s in FULL_SWITCH[1:])]
     for rank in (0, 1):
         assert _switch_spans(eng, rank) == expected
 
