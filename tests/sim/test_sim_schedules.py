@@ -366,6 +366,32 @@ def test_colocated_engine_pays_its_switch_and_nothing_else():
     assert measured.steady_iteration_s == pytest.approx(sync.steady_iteration_s + switch, rel=1e-9)
 
 
+def test_colocated_engine_full_finetune_generates_without_gathers_and_parks_its_shards():
+    """Full fine-tuning on 2 ranks (FSDP2): colocated-sync's generation gathers the sharded weights every
+    forward, the engine's generation copy holds them whole (no gathers); the engine parks its half of the
+    weights and all-gathers them into the copy once per iteration."""
+    from dataclasses import replace
+
+    costs = replace(
+        toy_costs(step=0.05, unit=0.02, optimizer_bytes=2 * 10**9, sync_bytes=10**9), param_bytes=10**9
+    )
+    w = _workload(prompts_per_iteration=4, iterations=4, trainer_mode="full")
+    profile = load_profile("cpu-2")
+    engine = simulate(profile, costs, w, RunPlan("colocated-engine"))
+    sync = simulate(profile, costs, w, RunPlan("colocated-sync"))
+    generate = {s["phase"]: s["t_end"] - s["t_start"] for s in engine.spans if s["iteration"] == 1}
+    samples = w.samples_per_iteration // 2
+    assert generate["generate"] == pytest.approx(w.num_steps * 0.05 * samples, rel=1e-9)
+    sync_generate = [s["t_end"] - s["t_start"] for s in sync.spans if s["phase"] == "generate"]
+    assert min(sync_generate) > generate["generate"]  # its forwards wait for the weight gathers
+    weights = [s for s in engine.spans if s["phase"] == "offload" and s["extra"]["what"] == "trainer weights"]
+    assert {s["extra"]["bytes"] for s in weights} == {10**9 // 2}
+    intra = profile.links.intra_node_gbps * 1e9
+    reshard = [s["t_end"] - s["t_start"] for s in engine.spans if s["phase"] == "reshard"]
+    expected = 2 * 10**9 / (profile.device_type(0).hbm_gbps * 1e9) + 0.5 * 10**9 / intra
+    assert reshard == pytest.approx([expected] * (2 * w.iterations), rel=1e-9)
+
+
 def test_separate_async_reap_before_launch_and_staleness_budget():
     costs = toy_costs(step=0.05, decode=0.02, unit=0.05, optimizer=0.02, fragment_bytes=4 * 10**8)
     w = _workload(prompts_per_iteration=8, iterations=10)

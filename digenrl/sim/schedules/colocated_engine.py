@@ -22,10 +22,10 @@ Costs — which are measured and which modelled:
   ``meta["engine_switch"][trainer_mode]`` (``offload_gbps`` / ``onload_gbps``, from
   ``experiments/measure.py switch``) when present, else modelled as bytes over the profile's
   ``links.host_device_gbps``.
-* re-shard seconds: ``meta["engine_switch"][trainer_mode]["reshard_s"]`` when measured,
-  else modelled as a device copy (read + write of the bytes over the device type's ``hbm_gbps``) plus, for
-  a sharded full fine-tune, one ring all-gather of the weights over the ranks (:func:`digenrl.sim.
-  training.fsdp_gather_s`).
+* re-shard seconds: ``meta["engine_switch"][trainer_mode]["reshard_s"]`` when measured (one device's copy),
+  else modelled as a device copy (read + write of the bytes over the device type's ``hbm_gbps``); plus, for
+  a sharded full fine-tune, one ring all-gather of the weights over the ranks, modelled
+  (:func:`digenrl.sim.training.fsdp_gather_s`).
 """
 
 from __future__ import annotations
@@ -70,13 +70,13 @@ def switch_costs(cluster: SimCluster, rank: int, ranks: tuple[int, ...]) -> dict
         out[what] = (nbytes, nbytes / (offload_gbps * GB))
         out[f"{what} onload"] = (nbytes, nbytes / (onload_gbps * GB))
     reshard_bytes = cost.weight_sync_bytes
-    if "reshard_s" in measured:
+    if "reshard_s" in measured:  # measured on one device: the copy into the generation copy
         reshard_s = float(measured["reshard_s"])
     else:
         hbm = cluster.profile.device_type(rank).hbm_gbps
         reshard_s = 2 * reshard_bytes / (hbm * GB)
-        if full and sharded(cluster, ranks):
-            reshard_s += fsdp_gather_s(cluster, ranks, reshard_bytes)
+    if full and sharded(cluster, ranks):  # the shards are all-gathered first
+        reshard_s += fsdp_gather_s(cluster, ranks, reshard_bytes)
     out["reshard"] = (reshard_bytes, reshard_s)
     return out
 
