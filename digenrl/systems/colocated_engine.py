@@ -25,8 +25,8 @@ from digenrl.config import Config, ConfigError
 from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.rollout.scoring import ScoreResult
 from digenrl.runtime.weight_sync import resolve_sync_mode
-from digenrl.systems.colocated_sync import ColocatedSync, colocated_shares
-from digenrl.systems.components import RankComponents, build_rank_components
+from digenrl.systems.colocated_sync import ColocatedSync
+from digenrl.systems.components import RankComponents
 from digenrl.systems.engine_switch import EngineSwitch
 from digenrl.systems.residency import ResidencyPlanner, ResidencyPolicy
 from digenrl.trainer.parallel.base import resolve_backend
@@ -35,6 +35,7 @@ from digenrl.trainer.parallel.base import resolve_backend
 class ColocatedEngine(ColocatedSync):
     name = "colocated-engine"
     knobs = ("colocated", "engine")
+    generation_copy = True
 
     @classmethod
     def check(cls, cfg: Config, world_size: int) -> None:
@@ -47,19 +48,7 @@ class ColocatedEngine(ColocatedSync):
             )
 
     def setup(self) -> RankComponents:
-        parts = build_rank_components(
-            self.cfg,
-            self.ctx,
-            role="colocated",
-            generate=True,
-            train=True,
-            clock_origin=self.clock_origin,
-            run=self.run_start,
-            generation_copy=True,
-        )
-        self.residency = self.build_residency(parts)
-        self.share = colocated_shares(self.cfg, self.ctx.world_size)[self.ctx.rank]
-        parts.trainer.micro_batch_size = self.share.micro_batch_size  # colocated.split=speed: per rank
+        parts = super().setup()
         events = parts.events
 
         def span(phase: str, start: float, end: float, extra: dict) -> None:
