@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.systems.equivalence import assert_same_update
 from tests.systems.launcher import run_train
 
@@ -106,3 +108,12 @@ def test_two_copies_that_do_not_fit_are_refused_at_startup(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert "engine.offload=false" in proc.stderr
     assert "set engine.offload=true" in proc.stderr
+
+
+def test_deepspeed_is_refused_naming_the_key_and_the_fix():
+    from digenrl.config import ConfigError, load_config
+    from digenrl.systems.colocated_engine import ColocatedEngine
+
+    cfg = load_config(None, ["system=colocated-engine", "profile=cpu-2", "trainer.backend=deepspeed"])
+    with pytest.raises(ConfigError, match=r"trainer\.backend=deepspeed .* use trainer\.backend=fsdp2, ddp"):
+        ColocatedEngine.check(cfg, 2)
