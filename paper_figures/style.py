@@ -48,10 +48,18 @@ IDLE_COLOR = "#bdbdbd"
 
 # Baselines first, DigenRL last (the order of docs/design.md §4), so every bar chart reads left to right
 # the same way.
-SYSTEM_ORDER = ("colocated-sync", "colocated-overlap", "separate-sync", "separate-async", "digenrl")
+SYSTEM_ORDER = (
+    "colocated-sync",
+    "colocated-overlap",
+    "colocated-engine",
+    "separate-sync",
+    "separate-async",
+    "digenrl",
+)
 SYSTEM_COLORS = {
     "colocated-sync": "#8c8c8c",
     "colocated-overlap": "#b07aa1",
+    "colocated-engine": "#d37295",
     "separate-sync": "#f28e2b",
     "separate-async": "#edc948",
     "digenrl": "#4e79a7",
