@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
-from digenrl.runtime.weight_sync import generator_sync_parameters
+from digenrl.runtime.weight_sync import full_tensor, generator_sync_parameters
 from digenrl.systems.residency import (
     WeightTransitions,
     chain_transitions,
@@ -38,11 +38,6 @@ from digenrl.systems.residency import (
 )
 
 SpanFn = Callable[[str, float, float, dict], None]
-
-
-def _full(p: torch.Tensor) -> torch.Tensor:
-    """The full tensor of a (possibly FSDP2-sharded) parameter; a collective over the trainer group."""
-    return p.detach().full_tensor() if hasattr(p, "full_tensor") else p.detach()
 
 
 def pair_parameters(
@@ -61,16 +56,12 @@ def pair_parameters(
             f"(first: trainer {first[0]!r}, generation copy {first[1]!r})"
         )
     for (name, p), (_, q) in zip(source, target, strict=True):
-        if tuple(_shape(p)) != tuple(q.shape):
+        if tuple(p.shape) != tuple(q.shape):  # a DTensor's shape is its full (global) shape
             raise ValueError(
                 f"colocated-engine: {name} has shape {tuple(q.shape)} in the generation copy, "
-                f"{tuple(_shape(p))} in the trainer"
+                f"{tuple(p.shape)} in the trainer"
             )
     return [(p, q) for (_, p), (_, q) in zip(source, target, strict=True)]
-
-
-def _shape(p: torch.Tensor) -> torch.Size:
-    return p.shape  # a DTensor's shape is its full (global) shape
 
 
 def reshard(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
@@ -78,7 +69,7 @@ def reshard(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
     moved = 0
     with torch.no_grad():
         for p, q in pairs:
-            q.copy_(_full(p))
+            q.copy_(full_tensor(p))
             moved += q.numel() * q.element_size()
     return moved
 
