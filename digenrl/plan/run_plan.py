@@ -465,9 +465,9 @@ class RunPlan:
 
     def check(self, world_size: int, workload: Workload, speeds: Sequence[float] | None = None) -> None:
         """Raise ValueError if the plan cannot run ``workload`` on ``world_size`` devices (the runtime's
-        start-up checks that a plan can violate: ``digenrl/systems/colocated_sync.py`` and
-        ``digenrl/systems/digenrl_system.py`` ``check``). ``speeds``: each rank's ``relative_speed``
-        (None: all equal), which the speed split reads."""
+        start-up checks that a plan can violate: ``digenrl/systems/colocated_sync.py``,
+        ``colocated_engine.py`` and ``digenrl_system.py`` ``check``). ``speeds``: each rank's
+        ``relative_speed`` (None: all equal), which the speed split reads."""
         p = workload.prompts_per_iteration
         if self.colocated:
             try:
@@ -479,6 +479,8 @@ class RunPlan:
             conflict = split_backend_conflict(self.work_split, backend)
             if conflict:
                 raise ValueError(f"{self.system}: {conflict}")
+            if self.system == "colocated-engine" and self.trainer_backend == "deepspeed":
+                raise ValueError("colocated-engine: its re-shard reads FSDP2 shards or replicas, not ZeRO's")
             return
         if self.trainers < 1 or self.generators < 1:
             raise ValueError(
