@@ -78,3 +78,14 @@ def test_switch_costs_enter_a_cost_file_and_price_the_engine(tmp_path):
     copy = [s for s in result.spans if s["phase"] == "offload" and s["extra"]["what"] == "generation copy"]
     seconds = costs.param_bytes / (measured["offload_gbps"] * 1e9)
     assert copy[0]["t_end"] - copy[0]["t_start"] == pytest.approx(seconds, rel=1e-9)
+
+
+def test_a_scaled_cost_model_keeps_only_the_measured_reshard():
+    """Carried to another device (CostModel.scaled) the re-shard, a device copy, scales with memory; the host
+    copies, which belong to the measured machine's link, are dropped (the profile's link prices them)."""
+    from digenrl.costs.cost_model import CostModel
+
+    costs = CostModel.load(REPO / "experiments/results/costs/cpu-tiny-sd3.json")
+    meta = {"engine_switch": {"lora": {"offload_gbps": 20.0, "onload_gbps": 25.0, "reshard_s": 0.5}}}
+    scaled = CostModel.from_dict({**costs.to_dict(), "meta": meta}).scaled(2.0, 3.0, "other")
+    assert scaled.meta["engine_switch"] == {"lora": {"reshard_s": 1.5}}
