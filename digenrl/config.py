@@ -83,8 +83,15 @@ def among(choices: tuple[Any, ...]) -> dict[str, tuple[Any, ...]]:
 #: The enumerations, declared once: validation reads them from the field metadata, the modules that act on
 #: a value import the same tuple.
 #: The schedules (docs/design.md §4; each a class of digenrl/systems/) and those that share every rank.
-SYSTEMS = ("colocated-sync", "colocated-overlap", "separate-sync", "separate-async", "digenrl")
-COLOCATED_SYSTEMS = ("colocated-sync", "colocated-overlap")
+SYSTEMS = (
+    "colocated-sync",
+    "colocated-overlap",
+    "colocated-engine",
+    "separate-sync",
+    "separate-async",
+    "digenrl",
+)
+COLOCATED_SYSTEMS = ("colocated-sync", "colocated-overlap", "colocated-engine")
 #: ``colocated.split``: how a colocated system shares the batch over its ranks (digenrl/data/rank_shares.py)
 COLOCATED_SPLITS = ("equal", "speed", "speed-lockstep")
 MODEL_DTYPES = ("float32", "bfloat16", "float16")
@@ -411,6 +418,17 @@ class ColocatedConfig:
     split: str = field(default="equal", metadata=among(COLOCATED_SPLITS))
 
 
+@dataclass
+class EngineConfig:
+    """``colocated-engine`` (veRL-style hybrid engine, docs/design.md §4): ``offload`` moves the trainer's
+    states (optimizer state, gradients; with ``trainer.mode=full`` the weights too) to host memory while the
+    generation copy of the policy generates, and the generation copy to host memory while the trainer
+    trains; false keeps both on the device (needs room for both, checked at startup)."""
+
+    # colocated-engine: the trainer's states go to host memory while the generation copy generates, and back
+    offload: bool = True
+
+
 #: The smallest ``runtime.timeout_s`` a run accepts: it bounds every distributed wait, the process group's
 #: start included, while ranks still import, build their models and meet in c10d's rendezvous seconds apart,
 #: and the hang watchdog declares a rank hung after a third of it (digenrl/runtime/watchdog.py): 1 s killed
@@ -545,6 +563,7 @@ class Config:
     asynchrony: AsyncConfig = field(default_factory=AsyncConfig)
     residency: ResidencyConfig = field(default_factory=ResidencyConfig)
     colocated: ColocatedConfig = field(default_factory=ColocatedConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
     gap: GapConfig = field(default_factory=GapConfig)
     tsp: TspConfig = field(default_factory=TspConfig)
     tag: TagConfig = field(default_factory=TagConfig)

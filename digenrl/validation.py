@@ -49,7 +49,18 @@ if TYPE_CHECKING:
     from digenrl.runtime.profiles import HardwareProfile
 
 #: Sections (and keys) that only some systems read; everything else is shared by every system.
-SYSTEM_SPECIFIC = ("pools", "sync", "asynchrony", "residency", "colocated", "gap", "tsp", "tag", "tcss")
+SYSTEM_SPECIFIC = (
+    "pools",
+    "sync",
+    "asynchrony",
+    "residency",
+    "colocated",
+    "engine",
+    "gap",
+    "tsp",
+    "tag",
+    "tcss",
+)
 
 
 def one_of(key: str, value: object, allowed: list | tuple) -> None:
@@ -413,6 +424,12 @@ def validate_config(cfg: Config, world_size: int | None = None) -> None:
         )
     if world_size is not None:
         get_system(cfg.system).check(cfg, world_size)
+        if cfg.system == "colocated-engine" and not cfg.engine.offload:
+            from digenrl.planning.shared_device import engine_copies_error
+
+            error = engine_copies_error(cfg, world_size)  # both copies of the policy on every device
+            if error:
+                raise ConfigError(error)
     if cfg.trainer.sharding == "hybrid":
         check_hybrid_sharding(cfg, profile, world_size)
 

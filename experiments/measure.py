@@ -5,6 +5,7 @@
     python experiments/measure.py generator  --model sd3.5-medium --compile  # generator step benchmark
     python experiments/measure.py trainer    --model flux.1-dev --compile --autocast   # trainer benchmark
     python experiments/measure.py reward     --reward vlm-judge --batch-sizes 1,4,8,16  # reward benchmark
+    python experiments/measure.py switch     --model flux.1-dev --modes lora,full  # colocated-engine switch
     python experiments/measure.py backends   --config experiments/configs/sd35-medium-lora.yaml  # vs ZeRO
     python experiments/measure.py emit       --generator G.json --trainer T.json --device-name h200
     python experiments/measure.py missing                                    # stale cost points to re-measure
@@ -41,6 +42,7 @@ COMMANDS = {
     "trainer": "digenrl.perf.bench_trainer",
     "reward": "digenrl.perf.bench_reward",
     "backends": "digenrl.perf.bench_backends",
+    "switch": "digenrl.perf.measure_switch",
     "emit": "digenrl.perf.emit_costs",
     "missing": partial(missing, folders=FOLDERS),
     "ablation": module_main("digenrl.perf.ablation", config=TINY_CONFIG, out=FOLDERS.runs / "ablation"),

@@ -16,6 +16,8 @@ from matplotlib.colors import to_hex
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from digenrl.config import SYSTEMS
+
 DEFAULT_DPI = 150
 SIMULATED_HATCH = "///"
 BUBBLE_COLOR = "#d9d9d9"
@@ -46,12 +48,13 @@ PHASE_COLORS = {
 }
 IDLE_COLOR = "#bdbdbd"
 
-# Baselines first, DigenRL last (the order of docs/design.md §4), so every bar chart reads left to right
-# the same way.
-SYSTEM_ORDER = ("colocated-sync", "colocated-overlap", "separate-sync", "separate-async", "digenrl")
+# Baselines first, DigenRL last (the config's order, docs/design.md §4), so every bar chart reads left to
+# right the same way.
+SYSTEM_ORDER = SYSTEMS
 SYSTEM_COLORS = {
     "colocated-sync": "#8c8c8c",
     "colocated-overlap": "#b07aa1",
+    "colocated-engine": "#d37295",
     "separate-sync": "#f28e2b",
     "separate-async": "#edc948",
     "digenrl": "#4e79a7",

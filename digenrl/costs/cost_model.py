@@ -344,7 +344,10 @@ class CostModel:
     # ------------------------------------------------------------------ scaling to other devices
     def scaled(self, compute_factor: float, memory_factor: float, device: str) -> CostModel:
         """A copy whose compute-bound times are multiplied by ``compute_factor`` and memory-bound times by
-        ``memory_factor``; bytes are unchanged. ``source`` becomes ``extrapolated from <self.device>``."""
+        ``memory_factor``; bytes are unchanged. ``source`` becomes ``extrapolated from <self.device>``. Of a
+        measured hybrid-engine switch (``meta["engine_switch"]``) only the re-shard, a device copy, carries
+        over (times ``memory_factor``); its host copies belong to the measured machine's link, so the
+        simulator prices them from the profile's instead."""
         for name, value in (("compute_factor", compute_factor), ("memory_factor", memory_factor)):
             if not (value > 0 and math.isfinite(value)):
                 raise ValueError(f"{name} must be a positive finite number, got {value!r}")
@@ -362,7 +365,12 @@ class CostModel:
             train_points={k: scale(v) for k, v in self.train_points.items()},
             **{name: getattr(self, name) * memory_factor for name in MEMORY_BOUND_SCALARS},
             source=f"extrapolated from {origin}",
-            meta={**self.meta, "compute_factor": compute_factor, "memory_factor": memory_factor},
+            meta={
+                **self.meta,
+                "compute_factor": compute_factor,
+                "memory_factor": memory_factor,
+                **_scaled_switch(self.meta, memory_factor),
+            },
         )
 
     def scale_to(self, gpu_type: GpuType, from_type: GpuType) -> CostModel:
@@ -553,6 +561,20 @@ def cost_path(device: str, model: str, root: str | Path) -> Path:
     """``<root>/<device>-<model>.json`` (the committed files: ``experiments/results/costs``, a folder the
     ``experiments/`` scripts pass)."""
     return Path(root) / f"{device}-{model}.json"
+
+
+def _scaled_switch(meta: dict[str, Any], memory_factor: float) -> dict[str, Any]:
+    """``meta["engine_switch"]`` for another device (:meth:`CostModel.scaled`): each mode's re-shard only."""
+    switch = meta.get("engine_switch")
+    if not switch:
+        return {}
+    return {
+        "engine_switch": {
+            mode: {"reshard_s": float(v["reshard_s"]) * memory_factor}
+            for mode, v in switch.items()
+            if "reshard_s" in v
+        }
+    }
 
 
 def load_costs(device: str, model: str, root: str | Path) -> CostModel:

@@ -69,6 +69,7 @@ SCHEDULE_KEYS = (
     "sampler.samples_per_forward",
     "residency",
     "colocated",
+    "engine",
     "pools",
     "asynchrony.max_staleness",
     "asynchrony.max_inflight",
@@ -109,7 +110,9 @@ class RunPlan:
     state during generation, and the reward weights outside scoring; :mod:`digenrl.sim.residency`),
     ``work_split`` (``colocated.split``, :data:`WORK_SPLITS`), ``overlap_sub_batches`` (``colocated-overlap``:
     each rank's share in this many sub-batches; None = the runtime's rule; other values are a simulator
-    what-if).
+    what-if). ``colocated-engine`` reads ``work_split`` and ``engine_offload`` (``engine.offload``: the
+    trainer's states and the generation copy take turns on the device; docs/design.md §4), not the
+    ``residency.*`` knobs (its switch decides what moves).
     Separate systems: ``trainers`` / ``generators`` / ``scorers`` (``pools.*``); ``transport`` of
     trajectories (None = the runtime's for the system, :attr:`transport_mode`).
     ``separate-async`` (UniRL, docs/references.md [000]): ``max_staleness`` / ``max_inflight``
@@ -140,6 +143,7 @@ class RunPlan:
     reward_resident: bool = True
     work_split: str = "equal"
     overlap_sub_batches: int | None = None
+    engine_offload: bool = True
     max_staleness: int = 1
     max_inflight: int = 1
     weight_sync_interval: int = 1
@@ -226,7 +230,9 @@ class RunPlan:
             knobs["deepspeed_stage"] = cfg.trainer.deepspeed_stage
         if cfg.trainer.sharding != "flat":
             knobs["trainer_sharding"] = cfg.trainer.sharding
-        if cfg.system in COLOCATED_SYSTEMS:
+        if cfg.system == "colocated-engine":
+            knobs |= {"work_split": cfg.colocated.split, "engine_offload": cfg.engine.offload}
+        elif cfg.system in COLOCATED_SYSTEMS:
             knobs |= {"train_resident": cfg.residency.train_resident, "work_split": cfg.colocated.split}
             if cfg.system == "colocated-sync":  # colocated-overlap keeps the reward resident
                 knobs["reward_resident"] = cfg.residency.reward_resident
@@ -292,6 +298,8 @@ class RunPlan:
         ):
             if value is not None:
                 out[key] = value
+        if self.system == "colocated-engine":
+            return out | {"colocated.split": self.work_split, "engine.offload": self.engine_offload}
         if self.colocated:
             out |= {"residency.train_resident": self.train_resident, "colocated.split": self.work_split}
             if self.system == "colocated-sync":
@@ -480,10 +488,10 @@ class RunPlan:
         node_of: Callable[[int], int] | None = None,
     ) -> None:
         """Raise ValueError if the plan cannot run ``workload`` on ``world_size`` devices (the runtime's
-        start-up checks that a plan can violate: ``digenrl/systems/colocated_sync.py`` and
-        ``digenrl/systems/digenrl_system.py`` ``check``). ``speeds``: each rank's ``relative_speed``
-        (None: all equal), which the speed split reads; ``node_of``: each rank's node (the profile's
-        ``node_of``), which hybrid sharding reads."""
+        start-up checks that a plan can violate: ``digenrl/systems/colocated_sync.py``,
+        ``colocated_engine.py`` and ``digenrl_system.py`` ``check``). ``speeds``: each rank's
+        ``relative_speed`` (None: all equal), which the speed split reads; ``node_of``: each rank's node (the
+        profile's ``node_of``), which hybrid sharding reads."""
         if self.trainer_sharding == "hybrid":
             if workload.trainer_mode != "full":
                 raise ValueError(
@@ -505,6 +513,8 @@ class RunPlan:
             conflict = split_backend_conflict(self.work_split, backend)
             if conflict:
                 raise ValueError(f"{self.system}: {conflict}")
+            if self.system == "colocated-engine" and self.trainer_backend == "deepspeed":
+                raise ValueError("colocated-engine: its re-shard reads FSDP2 shards or replicas, not ZeRO's")
             return
         if self.trainers < 1 or self.generators < 1:
             raise ValueError(
@@ -639,6 +649,8 @@ class RunPlan:
                 knobs.append("optimizer parked")
             if not self.reward_resident:
                 knobs.append("reward parked")
+            if self.system == "colocated-engine":
+                knobs.append("states offloaded" if self.engine_offload else "both copies resident")
             if self.system == "colocated-overlap":
                 sub = (
                     "runtime rule"

@@ -110,6 +110,9 @@ class RankLoad:
     train_resident: bool = True
     reward_resident: bool = True
     grads_while_generating: bool = False
+    #: ``colocated-engine``: "offload" (the generation copy on the device while generating, the trainer's
+    #: states off it), "resident" (both copies always), "" (no generation copy)
+    generation_copy: str = ""
 
 
 def rank_memory(
@@ -140,6 +143,13 @@ def rank_memory(
         if load.trains and not load.grads_while_generating:
             generate["gradients freed"] = -float(
                 cost.grad_bytes if _lora(cost) else cost.grad_bytes / load.shards
+            )
+        if load.generation_copy == "resident":
+            static["generation copy"] = float(cost.param_bytes)
+        elif load.generation_copy == "offload":  # digenrl/systems/engine_switch.py
+            generate["generation copy"] = float(cost.param_bytes)
+            generate["trainer states offloaded"] = -(
+                resident_optimizer + (0.0 if _lora(cost) else float(weights))
             )
         phases["generate"] = generate
     largest_name, largest = max(
@@ -197,6 +207,9 @@ def _loads(plan: RunPlan, w: Workload, profile: HardwareProfile, choice: tuple) 
             batch = share.samples
             if plan.system == "colocated-overlap":  # one sub-batch at a time (schedules/colocated.py)
                 batch = max(overlap_sub_batches(w, plan, share.samples))
+            engine = ""
+            if plan.system == "colocated-engine":
+                engine = "offload" if plan.engine_offload else "resident"
             loads[rank] = RankLoad(
                 "colocated",
                 True,
@@ -207,6 +220,7 @@ def _loads(plan: RunPlan, w: Workload, profile: HardwareProfile, choice: tuple) 
                 len(shard_group(range(world), rank, profile.node_of, plan.trainer_sharding)),
                 train_res,
                 reward_res,
+                generation_copy=engine,
             )
         return loads
     trainers, generators = plan.trainer_ranks(world), plan.generator_ranks(world)
@@ -286,7 +300,7 @@ def fit_plan(profile: HardwareProfile, costs: DeviceCosts, workload: Workload, p
     else:
         spfs = [0, *_halvings(top or 64)] if not top else _halvings(top)
     residencies = [(True, True)]
-    if plan.colocated:
+    if plan.colocated and plan.system != "colocated-engine":  # the engine's switch decides what moves
         residencies += [(False, True), (True, False), (False, False)]
         if plan.system == "colocated-overlap":  # the runtime scores during generation: reward resident
             residencies = [r for r in residencies if r[1]]
@@ -312,12 +326,12 @@ def fit_plan(profile: HardwareProfile, costs: DeviceCosts, workload: Workload, p
                     if best is None or lowered < best[0] or (lowered == best[0] and score < best[1] - 1e-12):
                         best = (lowered, score, choice)
     if best is None:
-        frugal_reward = not plan.colocated or plan.system == "colocated-overlap"
+        frugal_reward = not plan.colocated or plan.system in ("colocated-overlap", "colocated-engine")
         frugal = plan.with_(
             micro_batch_size=1,
             activation_checkpointing=True,
             samples_per_forward=1,
-            train_resident=not plan.colocated,
+            train_resident=not plan.colocated or plan.system == "colocated-engine",
             reward_resident=frugal_reward,
         )
         worst = max(check_plan(profile, costs, w, frugal), key=lambda m: m.peak - m.capacity)

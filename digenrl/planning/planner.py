@@ -5,7 +5,8 @@ contains the baselines").
 DigenRL's plan space at a staleness budget s (0: on-policy; 1: TCSS allowed):
 
 - **no dedicated generator** — every GPU generates and trains (0 generators, TAG in both directions): the
-  colocated schedules ``colocated-sync`` and ``colocated-overlap`` (sub-batches searched), with equal work
+  colocated schedules ``colocated-sync``, ``colocated-overlap`` (sub-batches searched) and
+  ``colocated-engine`` (the hybrid engine, its states offloaded or both copies resident), with equal work
   per GPU or, on a heterogeneous profile, work proportional to GPU speed;
 - **disjoint pools without streaming** — ``separate-sync`` and ``separate-async`` (staleness ≤ s), every
   split;
@@ -316,6 +317,8 @@ class Planner:
         world = self.world
         if system == "colocated-sync":
             return [RunPlan(system, work_split=work_split)]
+        if system == "colocated-engine":  # veRL-Omni's hybrid engine; both copies resident where they fit
+            return [RunPlan(system, work_split=work_split, engine_offload=o) for o in (True, False)]
         if system == "colocated-overlap":
             # the runtime's sub-batches (sampler.samples_per_forward, kept by the memory fit unless memory
             # lowers it); overlap_sub_batches is a simulator what-if that run_train.py cannot run, so no

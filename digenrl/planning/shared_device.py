@@ -16,6 +16,9 @@ Activations come from the measured cost file of the profile's device and the mod
 (``<runtime.costs_dir>/<device>-<model>.json``, the committed ones in ``experiments/results/costs``, priced as
 :mod:`digenrl.planning.memory` prices a plan) when ``runtime.costs_dir`` names a folder holding one;
 otherwise they are not counted and the refusal says so.
+
+The same estimate, plus a second copy of the transformer, decides whether ``system=colocated-engine`` with
+``engine.offload=false`` fits: :func:`engine_copies_error`.
 """
 
 from __future__ import annotations
@@ -165,3 +168,32 @@ def check_shared_fit(estimates: list[RankEstimate], free_bytes: float, *, activa
         f"{usable / GIB:.1f} GiB){note}: {ranks}. Use fewer ranks (pools.*), smaller batches "
         "(trainer.micro_batch_size, gap.fragment_groups, algo.prompts_per_iteration) or one GPU per rank"
     )
+
+
+def engine_copies_error(cfg: Config, world_size: int) -> str:
+    """Why both copies do not fit on a rank's device with ``engine.offload=false`` ("" when they do): the
+    shared-device estimate of a colocated rank (model bundle, trainer state, reward, activations where a cost
+    file is found; above) plus the generation copy of the transformer, against
+    the profile's usable memory (:data:`digenrl.planning.memory.USABLE_FRACTION`)."""
+    from digenrl.data.dtypes import TORCH_DTYPES
+    from digenrl.models.bundle import bundle_parameter_counts
+    from digenrl.models.specs import get_model_spec
+    from digenrl.planning.memory import usable_bytes
+    from digenrl.runtime.profiles import load_profile
+
+    profile = load_profile(cfg.profile)
+    estimates, _ = shared_device_estimates(cfg, world_size)
+    counts = bundle_parameter_counts(get_model_spec(cfg.model.name))
+    copy_bytes = counts["transformer"] * TORCH_DTYPES[cfg.model.dtype].itemsize
+    for estimate in estimates:
+        need = estimate.bytes + copy_bytes
+        have = usable_bytes(profile, estimate.rank)
+        if need > have:
+            return (
+                f"engine.offload=false: system=colocated-engine keeps the trainer and the generation copy "
+                f"on rank {estimate.rank}'s device, about {need / GIB:.1f} GiB ({estimate.describe()} + "
+                f"generation copy {copy_bytes / GIB:.1f} GiB) of the {have / GIB:.1f} GiB usable on profile "
+                f"{cfg.profile!r}; set engine.offload=true (the trainer's states go to host memory while it "
+                f"generates) or use system=colocated-sync (one copy)"
+            )
+    return ""

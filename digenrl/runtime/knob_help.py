@@ -20,7 +20,10 @@ from digenrl import config as config_module
 from digenrl.config import Config, declared_fields
 
 UNCOMMENTED: dict[str, str] = {
-    "system": "the schedule: colocated-sync, colocated-overlap, separate-sync, separate-async or digenrl",
+    "system": (
+        "the schedule: colocated-sync, colocated-overlap, colocated-engine, separate-sync, separate-async or "
+        "digenrl"
+    ),
     "iterations": "training iterations (policy updates) of the run",
     "seed": "run seed: every noise draw, prompt order and trained-step choice derives from it",
     "out_dir": "run folder: config.yaml, metrics.jsonl, events, trace, samples and checkpoints",

@@ -280,7 +280,7 @@ def _check_mode(mode: str) -> None:
         raise ValueError(f"mode={mode!r} is not allowed; choose one of: {', '.join(SYNC_MODES)}")
 
 
-def _full(p: torch.Tensor) -> torch.Tensor:
+def full_tensor(p: torch.Tensor) -> torch.Tensor:
     """The full tensor of a (possibly FSDP2-sharded) parameter; a collective over the trainer pool."""
     return p.detach().full_tensor() if hasattr(p, "full_tensor") else p.detach()
 
@@ -392,7 +392,7 @@ class WeightSync:
             )
             views = self._views(flat, [specs[i] for i in bucket])
             for i, view in zip(bucket, views, strict=True):
-                view.copy_(_full(named[i][1]).reshape(specs[i].shape))
+                view.copy_(full_tensor(named[i][1]).reshape(specs[i].shape))
             dist.broadcast(flat, src=self.source, group=self.groups.sync_group)
             if self.cfg.verify_checksum:
                 rows.extend(tensor_checksum(v) for v in views)

@@ -12,6 +12,7 @@ import importlib
 _SYSTEMS: dict[str, str] = {
     "colocated-sync": "digenrl.systems.colocated_sync:ColocatedSync",
     "colocated-overlap": "digenrl.systems.colocated_overlap:ColocatedOverlap",
+    "colocated-engine": "digenrl.systems.colocated_engine:ColocatedEngine",
     "separate-sync": "digenrl.systems.separate_sync:SeparateSync",
     "separate-async": "digenrl.systems.separate_async:SeparateAsync",
     "digenrl": "digenrl.systems.digenrl_system:DigenRL",

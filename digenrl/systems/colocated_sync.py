@@ -79,6 +79,7 @@ class ColocatedSync(System):
     knobs = ("residency", "colocated")
 
     track_reward_residency = True  # colocated-overlap scores during generation, so it cannot park the reward
+    generation_copy = False  # colocated-engine generates on its own copy of the policy
 
     @classmethod
     def check(cls, cfg: Config, world_size: int) -> None:
@@ -102,6 +103,7 @@ class ColocatedSync(System):
             train=True,
             clock_origin=self.clock_origin,
             run=self.run_start,
+            generation_copy=self.generation_copy,
         )
         self.residency = self.build_residency(parts)
         self.share = colocated_shares(self.cfg, self.ctx.world_size)[self.ctx.rank]

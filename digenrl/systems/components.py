@@ -6,6 +6,7 @@ sampler, the same reward and the same trainer; only the schedule around them dif
 
 from __future__ import annotations
 
+import copy
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,8 @@ class RankComponents:
     events: EventLogger
     metrics: MetricsWriter
     evaluator: Evaluator | None = None  # on the ranks holding the trainer's weights when eval.every > 0
+    #: ``colocated-engine``: the rollout's own copy of the policy (the engine generates with it)
+    generation_model: torch.nn.Module | None = None
 
 
 def build_rank_components(
@@ -68,6 +71,7 @@ def build_rank_components(
     run: RunStart,
     process_group: torch.distributed.ProcessGroup | None = None,
     score: bool | None = None,
+    generation_copy: bool = False,
 ) -> RankComponents:
     """Build this rank's parts. The same seed gives every rank the same initial weights, so the
     policy is identical everywhere before the first update (checked by the weight checksum tests).
@@ -82,6 +86,11 @@ def build_rank_components(
 
     With ``eval.every > 0`` every training rank also gets an :class:`Evaluator` (and so a scorer): evaluation
     runs where the trainer's weights are, over ``process_group`` (digenrl/rollout/evaluate.py).
+
+    ``generation_copy`` (``colocated-engine``, with ``generate`` and ``train``): the engine generates with its
+    own copy of the policy, built as a generator rank builds its model (the trainer's adapter, frozen,
+    optimised once) from a copy of the base weights taken before the trainer wraps them; the system copies
+    the trainer's weights into it before every rollout (digenrl/systems/colocated_engine.py).
     """
     evaluate = train and cfg.eval.every > 0
     score = generate if score is None else score
@@ -98,6 +107,10 @@ def build_rank_components(
     latent_shape = bundle.flow_model.latent_shape(height, width, frames)
     latent_tokens = bundle.flow_model.token_count(height, width, frames)
     sampler = Sampler.from_config(cfg, bundle.spec, latent_tokens)
+    if generation_copy and not (generate and train):
+        raise ValueError("generation_copy: a rank that both generates and trains (colocated-engine)")
+    # the base weights, untouched by the trainer's adapter, wrapper and compile below
+    generation_model = copy.deepcopy(bundle.flow_model) if generation_copy else None
 
     trainer = None
     compile_, autocast = cfg.model.optimised(ctx.device.type)
@@ -118,14 +131,20 @@ def build_rank_components(
             world_size=torch.distributed.get_world_size(process_group) if ctx.is_distributed else 1,
             compile=compile_,
         )
-    elif generate:
-        # model.attention_backend / model.compile (digenrl/models/optimize.py). needs_backward on generating
+    if generation_model is not None:
+        # the adapter's initial draws must not move the run's random stream (the trainer drew its own above
+        # and the first re-shard overwrites these), so a colocated-engine run draws what colocated-sync draws
+        with torch.random.fork_rng(devices=[]):
+            prepare_generator_model(generation_model, cfg)
+    if generate and (generation_model is not None or not train):
+        # model.attention_backend / model.compile (digenrl/models/optimize.py), on the model the engine runs
+        # (a generator rank's, or colocated-engine's generation copy). needs_backward on generating
         # ranks too: the rollout must run the kernels the trainer's forward runs, so its log-probs are the
         # trainer's (on-policy ratio 1) and a generator rank generates what a colocated rank does. On one
         # H200 a generator rank that kept cuDNN's SDPA forward (which the trainer's choice disables) gave
         # ratio 0.999984 and other trajectories from iteration 0 (experiments/results/gpu/shared/).
         optimize_flow_model(
-            bundle.flow_model,
+            bundle.flow_model if generation_model is None else generation_model,
             compile=compile_,
             attention_backend=cfg.model.attention_backend,
             needs_backward=True,
@@ -153,7 +172,7 @@ def build_rank_components(
         )
     if generate:
         engine = RolloutEngine(
-            bundle.flow_model,
+            bundle.flow_model if generation_model is None else generation_model,
             bundle.text_encoder,
             sampler,
             latent_shape=latent_shape,
@@ -212,4 +231,5 @@ def build_rank_components(
         events=events,
         metrics=metrics,
         evaluator=evaluator,
+        generation_model=generation_model,
     )

@@ -46,6 +46,7 @@ __all__ = [
     "TransitionRecord",
     "WeightTransitions",
     "chain_transitions",
+    "host_transitions",
     "module_transitions",
     "optimizer_transitions",
 ]
@@ -481,6 +482,15 @@ def _unique(tensors: Iterable[torch.Tensor | None]) -> list[torch.Tensor]:
             seen.add(id(t))
             out.append(t)
     return out
+
+
+def host_transitions(
+    collect: Callable[[], list[torch.Tensor]], device: torch.device | str, what: str
+) -> WeightTransitions:
+    """(onload, offload) moving the tensors ``collect`` returns at offload time (those on ``device``) to host
+    buffers and back; ``what`` names them in errors. Each callable returns the bytes it moved."""
+    parking = _HostParking(lambda: _unique(collect()), device, what)
+    return WeightTransitions(parking.onload, parking.offload)
 
 
 def module_transitions(module: nn.Module, device: torch.device | str) -> WeightTransitions:

@@ -18,7 +18,14 @@ from paper_figures.logs import read_results_table
 
 REPO = Path(__file__).resolve().parents[2]
 QUICK_COST_FILE = tables.quick_cost_file(simulate.FOLDERS)
-SYSTEMS = {"colocated-sync", "colocated-overlap", "separate-sync", "separate-async", "separate-async s=1"}
+SYSTEMS = {
+    "colocated-sync",
+    "colocated-overlap",
+    "colocated-engine",
+    "separate-sync",
+    "separate-async",
+    "separate-async s=1",
+}
 
 
 @pytest.mark.parametrize("command", sorted(cli.COMMANDS))

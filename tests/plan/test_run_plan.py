@@ -12,6 +12,7 @@ import pytest
 
 from digenrl.config import (
     COLOCATED_SPLITS,
+    COLOCATED_SYSTEMS,
     DEEPSPEED_STAGES,
     GAP_ASSIGNMENTS,
     SYSTEMS,
@@ -52,7 +53,8 @@ def _random_config(rng: random.Random) -> Config:
     cfg.residency.train_resident = rng.random() < 0.5
     cfg.residency.reward_resident = rng.random() < 0.5
     cfg.colocated.split = rng.choice(COLOCATED_SPLITS)
-    if cfg.system not in ("colocated-sync", "colocated-overlap") or rng.random() < 0.3:
+    cfg.engine.offload = rng.random() < 0.5
+    if cfg.system not in COLOCATED_SYSTEMS or rng.random() < 0.3:
         cfg.pools.trainers, cfg.pools.generators = rng.randint(1, 3), rng.randint(1, 4)
         cfg.pools.scorers = rng.randint(0, 1)
     cfg.asynchrony.max_staleness = rng.randint(0, 3)

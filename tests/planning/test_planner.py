@@ -78,7 +78,13 @@ def test_digenrl_plan_space_contains_every_baseline_of_equal_staleness():
         profile, costs, workload = _setup(rng)
         planner = Planner(profile, costs, workload, planning_iterations=5)
         baselines = planner.baselines(max_staleness=1)
-        assert set(baselines) >= {"colocated-sync", "colocated-overlap", "separate-sync", "separate-async"}
+        assert set(baselines) >= {
+            "colocated-sync",
+            "colocated-overlap",
+            "colocated-engine",
+            "separate-sync",
+            "separate-async",
+        }
         on = planner.search(max_staleness=0)
         stale = planner.search(max_staleness=1)
         assert on.best.staleness == 0 and stale.best.staleness <= 1
@@ -101,6 +107,7 @@ def test_baselines_are_tuned_and_ranked_and_heterogeneous_profiles_get_a_speed_s
     assert {s.plan.system for s in scores} == {
         "colocated-sync",
         "colocated-overlap",
+        "colocated-engine",
         "separate-sync",
         "separate-async",
     }
@@ -275,3 +282,33 @@ def test_the_colocated_overlap_baseline_searches_its_sub_batches():
     odd = Planner(profile, costs, replace(w, prompts_per_iteration=3), planning_iterations=4)
     (plan,) = odd.baseline_plans("colocated-overlap")
     assert odd.score(plan) is None and "divide evenly" in odd.invalid[plan.describe()]
+
+
+def test_the_hybrid_engines_second_copy_counts_unless_it_is_offloaded():
+    """colocated-engine with both copies resident needs a second transformer on every rank; offloaded, the
+    copy replaces the optimizer state during generation. 50 GiB of weights and 30 of optimizer state on a
+    141 GB H200 (130 usable): colocated-sync and the offloaded engine fit, the resident engine does not (and
+    the planner's engine baseline is then the offloaded one)."""
+    profile = load_profile("h200-8")
+    w = Workload(
+        prompts_per_iteration=8, group_size=4, num_steps=4, train_steps=2, cfg=False, micro_batch_size=1
+    )
+    base = toy_costs(step=0.05, unit=0.01, device="h200")
+    costs = DeviceCosts(
+        profile,
+        _with_memory(base, weights_gib=50, train_gib_per_unit=1, gen_gib_per_sample=0.5, optimizer_gib=30),
+        reference_type="h200",
+    )
+    resident = RunPlan("colocated-engine", engine_offload=False)
+    offloaded = RunPlan("colocated-engine")
+    peaks = {
+        p.describe(): max(m.peak for m in check_plan(profile, costs, w, p))
+        for p in (RunPlan("colocated-sync"), offloaded, resident)
+    }
+    assert peaks[resident.describe()] == pytest.approx(peaks["colocated-sync"] + 50 * GIB, rel=1e-6)
+    assert fit_plan(profile, costs, w, RunPlan("colocated-sync")).feasible
+    assert fit_plan(profile, costs, w, offloaded).feasible
+    fit = fit_plan(profile, costs, w, resident)
+    assert not fit.feasible and "generation copy" in fit.notes[0]
+    engine = Planner(profile, costs, w, planning_iterations=4).baselines()["colocated-engine"]
+    assert engine is not None and engine.plan.engine_offload

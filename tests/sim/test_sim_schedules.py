@@ -330,6 +330,68 @@ def test_colocated_overlap_hides_scoring_behind_generation():
     assert overlap.steady_iteration_s == pytest.approx(sync.steady_iteration_s - hidden, rel=1e-9)
 
 
+def test_colocated_engine_pays_its_switch_and_nothing_else():
+    """LoRA, equal work on cpu-2: an engine iteration is colocated-sync's plus its switch, priced from bytes —
+    optimizer state and generation copy each off and on over ``links.host_device_gbps``, the adapter copied
+    once over ``hbm_gbps`` (read + write) — and the cost file's measured switch costs replace the modelled
+    ones; with both copies resident only the re-shard remains."""
+    from dataclasses import replace
+
+    rng = random.Random(2040)
+    costs = replace(
+        toy_costs(
+            step=0.05, decode=0.01, reward=0.01, unit=0.02, optimizer_bytes=3 * 10**9, sync_bytes=10**8
+        ),
+        param_bytes=4 * 10**9,
+    )
+    w = _workload(prompts_per_iteration=4, iterations=4)
+    profile = load_profile("cpu-2")
+    host, hbm = profile.links.host_device_gbps * 1e9, profile.device_type(0).hbm_gbps * 1e9
+    sync = simulate(profile, costs, w, RunPlan("colocated-sync"))
+    engine = simulate(profile, costs, w, RunPlan("colocated-engine"))
+    reshard = 2 * 10**8 / hbm
+    switch = 2 * (3e9 + 4e9) / host + reshard
+    assert engine.steady_iteration_s == pytest.approx(sync.steady_iteration_s + switch, rel=1e-9)
+    resident = simulate(profile, costs, w, RunPlan("colocated-engine", engine_offload=False))
+    assert resident.steady_iteration_s == pytest.approx(sync.steady_iteration_s + reshard, rel=1e-9)
+    phases = {s["phase"] for s in engine.spans}
+    assert {"offload", "onload", "reshard"} <= phases
+    # measured (experiments/measure.py switch): its bandwidths and re-shard time are used instead
+    off, on, measured_reshard = rng.uniform(5, 50), rng.uniform(5, 50), rng.uniform(0.01, 0.1)
+    meta = {
+        "engine_switch": {"lora": {"offload_gbps": off, "onload_gbps": on, "reshard_s": measured_reshard}}
+    }
+    measured = simulate(profile, replace(costs, meta=meta), w, RunPlan("colocated-engine"))
+    switch = (3e9 + 4e9) / (off * 1e9) + (3e9 + 4e9) / (on * 1e9) + measured_reshard
+    assert measured.steady_iteration_s == pytest.approx(sync.steady_iteration_s + switch, rel=1e-9)
+
+
+def test_colocated_engine_full_finetune_generates_without_gathers_and_parks_its_shards():
+    """Full fine-tuning on 2 ranks (FSDP2): colocated-sync's generation gathers the sharded weights every
+    forward, the engine's generation copy holds them whole (no gathers); the engine parks its half of the
+    weights and all-gathers them into the copy once per iteration."""
+    from dataclasses import replace
+
+    costs = replace(
+        toy_costs(step=0.05, unit=0.02, optimizer_bytes=2 * 10**9, sync_bytes=10**9), param_bytes=10**9
+    )
+    w = _workload(prompts_per_iteration=4, iterations=4, trainer_mode="full")
+    profile = load_profile("cpu-2")
+    engine = simulate(profile, costs, w, RunPlan("colocated-engine"))
+    sync = simulate(profile, costs, w, RunPlan("colocated-sync"))
+    generate = {s["phase"]: s["t_end"] - s["t_start"] for s in engine.spans if s["iteration"] == 1}
+    samples = w.samples_per_iteration // 2
+    assert generate["generate"] == pytest.approx(w.num_steps * 0.05 * samples, rel=1e-9)
+    sync_generate = [s["t_end"] - s["t_start"] for s in sync.spans if s["phase"] == "generate"]
+    assert min(sync_generate) > generate["generate"]  # its forwards wait for the weight gathers
+    weights = [s for s in engine.spans if s["phase"] == "offload" and s["extra"]["what"] == "trainer weights"]
+    assert {s["extra"]["bytes"] for s in weights} == {10**9 // 2}
+    intra = profile.links.intra_node_gbps * 1e9
+    reshard = [s["t_end"] - s["t_start"] for s in engine.spans if s["phase"] == "reshard"]
+    expected = 2 * 10**9 / (profile.device_type(0).hbm_gbps * 1e9) + 0.5 * 10**9 / intra
+    assert reshard == pytest.approx([expected] * (2 * w.iterations), rel=1e-9)
+
+
 def test_separate_async_reap_before_launch_and_staleness_budget():
     costs = toy_costs(step=0.05, decode=0.02, unit=0.05, optimizer=0.02, fragment_bytes=4 * 10**8)
     w = _workload(prompts_per_iteration=8, iterations=10)

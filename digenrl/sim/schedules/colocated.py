@@ -50,9 +50,8 @@ def run_colocated(cluster: SimCluster, plan: RunPlan) -> None:
 def _colocated_rank(
     cluster: SimCluster, plan: RunPlan, rank: int, ranks: tuple[int, ...], share: RankShare
 ) -> Process:
-    w, cost, net = cluster.workload, cluster.cost(rank), cluster.net
+    w, cost = cluster.workload, cluster.cost(rank)
     samples = share.samples
-    trainers = ranks  # every rank trains: FSDP2 shards a full fine-tune over all of them
     for k in range(w.iterations):
         tags = {"iteration": k, "policy_version": k}
         yield from _move(cluster, plan, rank, "generate", tags)
@@ -63,19 +62,26 @@ def _colocated_rank(
             yield from _move(cluster, plan, rank, "score", tags)
             yield from cluster.work(rank, "score", cost.score_s(samples), samples=samples, **tags)
             yield from _move(cluster, plan, rank, "after_score", tags)
-        # advantages need every rank's rewards (assign_advantages gathers them): a barrier.
-        yield from cluster.collective(("advantages", k), rank, ranks, 0.0, "advantages", **tags)
-        seconds = units_s(cluster, rank, trainers, samples * w.train_steps, share.micro_batch_size)
-        yield from cluster.work(rank, "train", seconds, **tags)
-        if not sharded(cluster, trainers):
-            seconds = net.allreduce_s(ranks, cost.grad_bytes)
-            yield from cluster.collective(("allreduce", k), rank, ranks, seconds, "allreduce", **tags)
-        yield from _move(cluster, plan, rank, "optimizer", tags)
-        committed = w.samples_per_iteration if rank == ranks[0] else None
-        yield from cluster.work(
-            rank, "optimizer", optimizer_s(cluster, rank, ranks), samples=committed, **tags
-        )
+        yield from train_share(cluster, plan, rank, ranks, share, tags)
         cluster.finish_iteration(k)
+
+
+def train_share(
+    cluster: SimCluster, plan: RunPlan, rank: int, ranks: tuple[int, ...], share: RankShare, tags: dict
+) -> Process:
+    """A colocated rank's training after its rollout: the advantages barrier, its units, the gradient
+    all-reduce (replicas) and the optimizer step (every colocated schedule, ``colocated-engine`` too)."""
+    w, cost, net, k = cluster.workload, cluster.cost(rank), cluster.net, tags["iteration"]
+    # advantages need every rank's rewards (assign_advantages gathers them): a barrier.
+    yield from cluster.collective(("advantages", k), rank, ranks, 0.0, "advantages", **tags)
+    seconds = units_s(cluster, rank, ranks, share.samples * w.train_steps, share.micro_batch_size)
+    yield from cluster.work(rank, "train", seconds, **tags)
+    if not sharded(cluster, ranks):
+        seconds = net.allreduce_s(ranks, cost.grad_bytes)
+        yield from cluster.collective(("allreduce", k), rank, ranks, seconds, "allreduce", **tags)
+    yield from _move(cluster, plan, rank, "optimizer", tags)
+    committed = w.samples_per_iteration if rank == ranks[0] else None
+    yield from cluster.work(rank, "optimizer", optimizer_s(cluster, rank, ranks), samples=committed, **tags)
 
 
 def _move(cluster: SimCluster, plan: RunPlan, rank: int, phase: str, tags: dict) -> Process:
