@@ -131,7 +131,13 @@ def record_in_cost_file(path: Path, result: dict) -> None:
     the file must load as a cost model before and after."""
     from digenrl.costs.cost_model import CostModel
 
-    CostModel.load(path)  # a clear error for a file that is not a cost file
+    costs = CostModel.load(path)  # a clear error for a file that is not a cost file
+    if costs.device != result["family"]:
+        # a switch measured on one kind must not price another (a device call may land on either kind)
+        raise SystemExit(
+            f"--cost-file {path} is the cost file of a {costs.device}, but this switch was measured on a "
+            f"{result['device_name']} ({result['family']}); record it in the {result['family']} cost file"
+        )
     data = json.loads(path.read_text())
     switch = data.setdefault("meta", {}).setdefault("engine_switch", {})
     for mode, measured in result["modes"].items():

@@ -89,3 +89,20 @@ def test_a_scaled_cost_model_keeps_only_the_measured_reshard():
     meta = {"engine_switch": {"lora": {"offload_gbps": 20.0, "onload_gbps": 25.0, "reshard_s": 0.5}}}
     scaled = CostModel.from_dict({**costs.to_dict(), "meta": meta}).scaled(2.0, 3.0, "other")
     assert scaled.meta["engine_switch"] == {"lora": {"reshard_s": 1.5}}
+
+
+def test_a_switch_is_recorded_only_in_its_own_kinds_cost_file(tmp_path):
+    """A device call named for one kind may run on the other (an H200 call served by an H100): the
+    measurement must not price the wrong kind."""
+    import shutil
+
+    from digenrl.perf.measure_switch import record_in_cost_file
+
+    repo = Path(__file__).resolve().parents[2]
+    target = tmp_path / "h200-sd3.5-medium.json"
+    shutil.copy(repo / "experiments/results/costs/h200-sd3.5-medium.json", target)
+    measured = json.loads(
+        (repo / "experiments/results/gpu/h100-refresh/switch/switch-h100-sd3.5-medium.json").read_text()
+    )
+    with pytest.raises(SystemExit, match="measured on a NVIDIA H100"):
+        record_in_cost_file(target, measured)
