@@ -15,6 +15,7 @@ holds global ranks ``[n * nproc_per_node, (n + 1) * nproc_per_node)``).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -395,11 +396,17 @@ def device_mismatch(profile: HardwareProfile, rank: int, device: DetectedDevice)
     return None
 
 
+@functools.cache
+def shipped_profiles() -> tuple[tuple[str, HardwareProfile], ...]:
+    """Every shipped profile, loaded once per process (package data does not change while it runs;
+    ``profile=auto`` and the mismatch check look through them)."""
+    return tuple((name, load_profile(name)) for name in available_profiles())
+
+
 def matching_profiles(device: DetectedDevice, world_size: int) -> list[str]:
     """The shipped profiles of ``world_size`` devices, all of ``device``'s family (a mismatch's fix)."""
     out = []
-    for name in available_profiles():
-        profile = load_profile(name)
+    for name, profile in shipped_profiles():
         if profile.world_size == world_size and all(
             type_matches(profile.device_type(r).name, device.family) for r in range(world_size)
         ):
@@ -412,8 +419,7 @@ def known_device_type(family: str) -> tuple[GpuType, Links, str] | None:
     name; one with a measured matmul ceiling first (what a run's fraction of bound needs), then one-node
     profiles, then by name."""
     found = []
-    for name in available_profiles():
-        profile = load_profile(name)
+    for name, profile in shipped_profiles():
         for gpu in profile.gpu_types.values():
             if type_matches(gpu.name, family):
                 unmeasured = gpu.measured_bf16_tflops is None

@@ -78,8 +78,10 @@ class System:
         self.version = PolicyVersion()  # the one owner of this rank's policy version
         # the real device, and how it differs from the profile's (runtime.allow_profile_mismatch; else
         # refused at startup: digenrl/validation.py check_profile_device)
+        # the hardware profile, loaded once (profile=auto reads the devices and the shipped profiles)
+        self.profile = load_profile(cfg.profile)
         self.device = detect_device(ctx.device.type, ctx.device.index or 0)
-        self.profile_mismatch = device_mismatch(load_profile(cfg.profile), ctx.rank, self.device)
+        self.profile_mismatch = device_mismatch(self.profile, ctx.rank, self.device)
         self.parts: RankComponents = self.setup()
 
     def setup(self) -> RankComponents:  # pragma: no cover - abstract
@@ -204,7 +206,7 @@ class System:
             cfg_grad=cfg.algo.cfg_grad,
             trainer_mode=cfg.trainer.mode,
         )
-        ceiling, source = loop_ceiling(load_profile(cfg.profile), ctx.device.type, self.device)
+        ceiling, source = loop_ceiling(self.profile, ctx.device.type, self.device)
         out: dict = {"flops": flops}
         if ceiling is None:
             return out | {"bound_note": source}
@@ -231,7 +233,7 @@ class System:
         if ctx.rank == 0:
             write_atomic(f"{cfg.out_dir}/config.yaml", config_yaml(cfg, run_id=run.run_id))
             # the schedule this run executes, as the simulator and the planner read it (docs/design.md §5)
-            profile = load_profile(cfg.profile)
+            profile = self.profile
             RunPlan.from_config(cfg, profile).write(f"{cfg.out_dir}/{PLAN_FILE}")
             if cfg.profile == AUTO:  # what auto resolved to here: a validation elsewhere prices these devices
                 profile_yaml = yaml.safe_dump(profile_to_dict(profile), sort_keys=False)

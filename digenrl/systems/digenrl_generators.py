@@ -17,7 +17,6 @@ import time
 
 import torch
 
-from digenrl.runtime.profiles import load_profile
 from digenrl.systems.base import IterationReport
 from digenrl.systems.components import RankComponents
 from digenrl.systems.phases import assign_advantages
@@ -36,7 +35,6 @@ class DigenRLGenerators(SeparateSystem):
     def setup(self) -> RankComponents:
         parts = super().setup()
         cfg, ctx = self.cfg, self.ctx
-        self.profile = load_profile(cfg.profile)
         tsp = TspLayout(self.layout.generator_ranks, cfg.tsp.stages)
         self.tsp_plan = plan_tsp(
             tsp, parts.sampler.num_steps, profile=self.profile, boundaries=cfg.tsp.boundaries
