@@ -435,22 +435,21 @@ def validate_config(cfg: Config, world_size: int | None = None) -> None:
 
 
 def check_hybrid_sharding(cfg: Config, profile: HardwareProfile, world_size: int | None) -> None:
-    """``trainer.sharding=hybrid``: the trainer ranks must span two or more nodes with the same count on
-    each (digenrl/rules/schedule.py); the simulator and the planner price it, and the runtime says plainly
-    that it does not run it yet (its FSDP2 backend shards over the whole trainer group)."""
+    """``trainer.sharding=hybrid``: FSDP2 (``trainer.backend`` fsdp2 or auto) on trainer ranks that span two
+    or more nodes of the profile with the same count on each (one rule:
+    :func:`digenrl.rules.schedule.hybrid_sharding_problem`, which the planner checks too)."""
     from digenrl.plan import RunPlan
     from digenrl.rules.schedule import hybrid_sharding_problem
 
-    if world_size is not None:
-        ranks = RunPlan.from_config(cfg, profile).trainer_ranks(world_size)
-        problem = hybrid_sharding_problem(ranks, profile.node_of)
-        if problem:
-            raise ConfigError(problem)
-    raise ConfigError(
-        "trainer.sharding=hybrid (shard inside a node, replicate across nodes) is priced by the simulator "
-        "and the planner (python experiments/simulate.py plan), but run_train.py's FSDP2 backend shards over "
-        "the whole trainer group so far; use trainer.sharding=flat"
+    ranks = RunPlan.from_config(cfg, profile).trainer_ranks(world_size) if world_size is not None else ()
+    problem = hybrid_sharding_problem(
+        ranks,
+        profile.node_of if world_size is not None else None,
+        mode=cfg.trainer.mode,
+        backend=cfg.trainer.backend,
     )
+    if problem:
+        raise ConfigError(problem)
 
 
 def hardware_profile(cfg: Config) -> HardwareProfile:

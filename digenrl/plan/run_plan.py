@@ -411,8 +411,6 @@ class RunPlan:
             out.append(f"weight_sync_interval={self.weight_sync_interval}")
         if not self.reap_before_launch:
             out.append("reap_before_launch=False")
-        if self.trainer_sharding == "hybrid":
-            out.append("trainer.sharding=hybrid (priced here; the runtime's FSDP2 shards flat so far)")
         return out
 
     @property
@@ -493,15 +491,14 @@ class RunPlan:
         ``relative_speed`` (None: all equal), which the speed split reads; ``node_of``: each rank's node (the
         profile's ``node_of``), which hybrid sharding reads."""
         if self.trainer_sharding == "hybrid":
-            if workload.trainer_mode != "full":
-                raise ValueError(
-                    "trainer.sharding=hybrid shards a full fine-tune (FSDP2); a LoRA run replicates its "
-                    "adapter, so use trainer.sharding=flat (the default) with trainer.mode=lora"
-                )
-            if node_of is not None:
-                problem = hybrid_sharding_problem(self.trainer_ranks(world_size), node_of)
-                if problem:
-                    raise ValueError(problem)
+            problem = hybrid_sharding_problem(
+                self.trainer_ranks(world_size),
+                node_of,
+                mode=workload.trainer_mode,
+                backend=self.trainer_backend,
+            )
+            if problem:
+                raise ValueError(problem)
         p = workload.prompts_per_iteration
         if self.colocated:
             try:

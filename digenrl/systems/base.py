@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -33,6 +34,7 @@ from digenrl.runtime.profiles import AUTO, detect_device, device_mismatch, load_
 from digenrl.runtime.run_files import write_atomic
 from digenrl.runtime.run_report import closing_summary, start_banner
 from digenrl.runtime.sample_grid import grid_path, write_sample_grid
+from digenrl.runtime.shard_groups import ShardGroups, build_shard_groups
 from digenrl.runtime.stop_request import STOP
 from digenrl.runtime.telemetry import GpuTelemetry
 from digenrl.systems.components import RankComponents
@@ -86,6 +88,14 @@ class System:
 
     def setup(self) -> RankComponents:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def trainer_shard_groups(self, trainer_ranks: Sequence[int]) -> ShardGroups | None:
+        """``trainer.sharding=hybrid``: the trainer ranks' HSDP groups, by the profile's nodes (this rank's,
+        None on a rank that does not train); every rank of the run must call it, in setup, before building
+        its parts (``dist.new_group`` is a collective over the world). None with flat sharding."""
+        if self.cfg.trainer.sharding != "hybrid":
+            return None
+        return build_shard_groups(trainer_ranks, self.profile.node_of, timeout_s=self.cfg.runtime.timeout_s)
 
     def run_iteration(self, iteration: int) -> IterationReport:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -104,6 +104,7 @@ class ColocatedSync(System):
             clock_origin=self.clock_origin,
             run=self.run_start,
             generation_copy=self.generation_copy,
+            shard_groups=self.trainer_shard_groups(range(self.ctx.world_size)),
         )
         self.residency = self.build_residency(parts)
         self.share = colocated_shares(self.cfg, self.ctx.world_size)[self.ctx.rank]

@@ -27,6 +27,7 @@ from digenrl.runtime.batch_ledger import BatchLedger
 from digenrl.runtime.distributed import DistContext
 from digenrl.runtime.events import EventLogger
 from digenrl.runtime.metrics import MetricsWriter, open_tensorboard, open_wandb
+from digenrl.runtime.shard_groups import ShardGroups
 from digenrl.trainer.lora import prepare_generator_model
 from digenrl.trainer.run_dir import RunStart
 from digenrl.trainer.trainer import PolicyTrainer
@@ -72,6 +73,7 @@ def build_rank_components(
     process_group: torch.distributed.ProcessGroup | None = None,
     score: bool | None = None,
     generation_copy: bool = False,
+    shard_groups: ShardGroups | None = None,
 ) -> RankComponents:
     """Build this rank's parts. The same seed gives every rank the same initial weights, so the
     policy is identical everywhere before the first update (checked by the weight checksum tests).
@@ -91,6 +93,9 @@ def build_rank_components(
     own copy of the policy, built as a generator rank builds its model (the trainer's adapter, frozen,
     optimised once) from a copy of the base weights taken before the trainer wraps them; the system copies
     the trainer's weights into it before every rollout (digenrl/systems/colocated_engine.py).
+
+    ``shard_groups``: a training rank's HSDP groups under ``trainer.sharding=hybrid``
+    (:meth:`digenrl.systems.base.System.trainer_shard_groups`, which every rank calls).
     """
     evaluate = train and cfg.eval.every > 0
     score = generate if score is None else score
@@ -130,6 +135,7 @@ def build_rank_components(
             process_group=process_group,
             world_size=torch.distributed.get_world_size(process_group) if ctx.is_distributed else 1,
             compile=compile_,
+            shard_groups=shard_groups,
         )
     if generation_model is not None:
         # the adapter's initial draws must not move the run's random stream (the trainer drew its own above

@@ -169,6 +169,7 @@ class SeparateSystem(System):
             clock_origin=self.clock_origin,
             run=self.run_start,
             process_group=self.groups.trainer_group,
+            shard_groups=self.trainer_shard_groups(self.layout.trainer_ranks),
         )
         if scorers and cfg.model.pretrained_path is None:
             # random weights: a scorer rank builds its VAE without building the transformer and the text

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from digenrl.data.text_condition import TextCondition
     from digenrl.data.trajectory import TrajectoryBatch
     from digenrl.rollout.sampler import Sampler
+    from digenrl.runtime.shard_groups import ShardGroups
 
 
 @dataclass
@@ -160,10 +161,13 @@ class PolicyTrainer:
         world_size: int = 1,
         exact_backend: bool = False,
         compile: bool = False,
+        shard_groups: ShardGroups | None = None,
     ) -> None:
         """``compile``: ``torch.compile`` the transformer too (a run's resolved ``model.compile``), in the
         one :func:`optimize_flow_model` call a training rank makes (attention backend, autocast in the
-        compute dtype, compile), after the parallel wrapper."""
+        compute dtype, compile), after the parallel wrapper. ``shard_groups``: this rank's HSDP groups, which
+        ``trainer.sharding=hybrid`` needs (:func:`digenrl.runtime.shard_groups.build_shard_groups`, created
+        on every rank of the run)."""
         self.cfg = cfg
         self.flow_model = flow_model
         self.sampler = sampler
@@ -181,6 +185,12 @@ class PolicyTrainer:
             enable_full_finetune(flow_model)
         else:
             raise ValueError(f"trainer.mode={tcfg.mode!r} is not allowed; choose one of: lora, full")
+        if (tcfg.sharding == "hybrid") != (shard_groups is not None):
+            raise ValueError(
+                f"trainer.sharding={tcfg.sharding} but shard_groups were "
+                f"{'not ' if shard_groups is None else ''}given: hybrid sharding needs build_shard_groups' "
+                "groups (digenrl/runtime/shard_groups.py), flat sharding none"
+            )
         compute_dtype = flow_model.dtype  # before FSDP2 full fine-tuning turns the weights into fp32 masters
         self.backend: ParallelBackend = wrap_for_training(
             flow_model,
@@ -192,6 +202,7 @@ class PolicyTrainer:
             grad_clip=tcfg.grad_clip,
             activation_checkpointing=tcfg.activation_checkpointing,
             exact_backend=exact_backend,
+            shard_groups=shard_groups,
         )
         # Never train through an attention backend known to fail in backward (falls back with a logged
         # reason; may turn cuDNN SDPA off): digenrl/models/attention_safety.py
