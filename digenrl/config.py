@@ -229,8 +229,9 @@ class TrainerConfig:
     """How the policy is updated."""
 
     mode: str = field(default="lora", metadata=among(TRAINER_MODES))
-    # full fine-tuning with FSDP2: flat = shard over every trainer rank; hybrid = shard inside each node and
-    # replicate across nodes (HSDP: per-micro-batch gathers stay on NVLink, one gradient all-reduce per step)
+    # full fine-tuning with FSDP2: flat = shard over every trainer rank; hybrid = shard inside each node of
+    # the profile and replicate across nodes (HSDP: per-micro-batch gathers stay on NVLink, one gradient
+    # all-reduce per step across nodes; runtime: digenrl/trainer/parallel/fsdp2.py, docs/operations.md)
     sharding: str = field(default="flat", metadata=among(TRAINER_SHARDINGS))
     lora_rank: int = field(default=32, metadata=within(1, 65536))
     lora_alpha: int = field(default=64, metadata=within(1, 1_000_000))
