@@ -1,9 +1,10 @@
 """Hybrid sharding (``trainer.sharding=hybrid``, HSDP) on 4 gloo ranks declared as 2 nodes × 2
-(``profile=cpu-4-2node``): each rank holds half the weights (sharded inside its node, not over all four),
-the replicas of a shard stay identical, and two full fine-tuning steps — uneven shares, two fragments per
-step, clipping active — give the flat FSDP2 update (loss, gradient norm, update norm, final weights and Adam
-moments within fp32 summation order). A sharded checkpoint (DCP) of the hybrid trainer written after the
-first step and loaded into a fresh hybrid trainer continues bit for bit."""
+(``profile=cpu-4-2node``): the groups are created on every rank (ranks outside the trainers keep none), each
+rank holds half the weights (sharded inside its node, not over all four), the replicas of a shard stay
+identical, and two full fine-tuning steps — uneven shares, two fragments per step, clipping active — give
+the flat FSDP2 update (loss, gradient norm, update norm, final weights and Adam moments within fp32
+summation order). A sharded checkpoint (DCP) of the hybrid trainer written after the first step and loaded
+into a fresh hybrid trainer continues bit for bit."""
 
 from __future__ import annotations
 
@@ -95,7 +96,16 @@ def _worker(rank, world, tmp):
         "gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=world, timeout=timedelta(seconds=60)
     )
     try:
-        groups = build_shard_groups(range(world), load_profile("cpu-4-2node").node_of, timeout_s=60)
+        node_of = load_profile("cpu-4-2node").node_of
+        # trainers 0 and 2 of a separate layout: every rank creates the groups, the others keep none
+        some = build_shard_groups((0, 2), node_of, timeout_s=60)
+        assert (some is None) == (rank % 2 == 1)
+        if some is not None:
+            assert some.shard_ranks == (rank,) and some.replica_ranks == (0, 2)
+            one = torch.ones(1)
+            dist.all_reduce(one, group=some.replica)
+            assert one.item() == 2
+        groups = build_shard_groups(range(world), node_of, timeout_s=60)
         assert groups.shard_ranks == ((0, 1) if rank < 2 else (2, 3))
         assert groups.replica_ranks == ((0, 2) if rank % 2 == 0 else (1, 3))
         batches = torch.load(os.path.join(tmp, "batches.pt"), weights_only=False)
