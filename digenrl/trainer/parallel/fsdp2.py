@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from digenrl.runtime.distributed import named_collective
 from digenrl.trainer.parallel.base import ParallelBackend, broadcast_module
 from digenrl.trainer.parallel.ddp import all_reduce_gradients
 
@@ -71,7 +72,10 @@ class FSDP2Backend(ParallelBackend):
     def finish_gradients(self) -> None:
         """Hybrid sharding: sum each gradient shard over its replicas on the other nodes (once per step)."""
         if self.shard_groups is not None:
-            all_reduce_gradients(self.trainable_parameters(), self.shard_groups.replica, self.local_view)
+            groups = self.shard_groups
+            what = f"rank {dist.get_rank()}: the gradient all-reduce over replicas {groups.replica_ranks}"
+            with named_collective(what):
+                all_reduce_gradients(self.trainable_parameters(), groups.replica, self.local_view)
 
     def _reduce_sharded(self, value: torch.Tensor) -> torch.Tensor:
         if self.shard_groups is None:
