@@ -260,28 +260,42 @@ def throughput(argv: list[str] | None, folders: Folders) -> int:
         help="keep the rows of the existing table for the scenario x profile pairs not computed now "
         "(a table built in several runs; every run's command stays in the header)",
     )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="panels (scenario x profile) searched in parallel processes; each panel's search is "
+        "sequential and the rows are the same whatever the count",
+    )
     _table_args(p, "throughput")
     args = p.parse_args(argv)
+    if args.jobs < 1:
+        p.error(f"--jobs must be >= 1, got {args.jobs}")
     out = _out(args, "throughput", folders)
     chosen = tables.scenarios(args.quick, args.scenarios)
     cost_file = _cost_file(args, folders)
     profiles = args.profiles or (tables.QUICK_PROFILES if args.quick else tables.PROFILES)
-    rows = []
-    for profile in profiles:
-        for scenario in chosen:
-            rows += tables.throughput_rows(
-                scenario, profile, folders, max_stages=args.max_stages, cost_file=cost_file
-            )
+    panels = [(scenario, profile) for profile in profiles for scenario in chosen]
     commands = [_command("throughput", argv)]
+    old_rows: list[dict[str, Any]] = []
     if args.merge and (out / "table.csv").is_file():
-        done = {(r["scenario"], r["profile"]) for r in rows}
         old_commands, old_rows = tables.read_table(out / "table.csv")
-        rows = [r for r in old_rows if (r["scenario"], r["profile"]) not in done] + rows
         commands = [c for c in old_commands if c not in commands] + commands
-        rows = tables.panel_order(rows)
-    tables.attach_validation(rows, tables.validation_errors(folders.validation))
     header = tables.header_lines(commands, "Throughput per scenario x profile x system.")
-    csv_path, md_path = tables.write_table(rows, out, "table", header)
+    validation = tables.validation_errors(folders.validation)
+    rows: list[dict[str, Any]] = []
+    asked = {(scenario.label, profile): i for i, (scenario, profile) in enumerate(panels)}
+    # the table is rewritten as each panel ends: a long regeneration that is stopped keeps what it finished
+    for panel in tables.panel_rows(
+        panels, folders, max_stages=args.max_stages, cost_file=cost_file, jobs=args.jobs
+    ):
+        rows += panel
+        rows.sort(key=lambda r: asked[(r["scenario"], r["profile"])])  # stable: a panel's rows keep order
+        done = {(r["scenario"], r["profile"]) for r in rows}
+        kept = [r for r in old_rows if (r["scenario"], r["profile"]) not in done]
+        table = tables.panel_order(kept + rows) if kept else rows
+        tables.attach_validation(table, validation)
+        csv_path, md_path = tables.write_table(table, out, "table", header)
     print(f"[throughput] wrote {csv_path} and {md_path}")
     return 0
 
