@@ -182,7 +182,12 @@ def _fair_rows(panel: str, regime: str, ratios: tuple[float, float, float]) -> l
             "ratio_vs_best_fair_baseline": on,
             "mechanisms_ratio_vs_best_fair_baseline": mechanisms,
         },
-        {**common, "system": "digenrl s=1", "samples_per_s": 10.0 * stale, "ratio_vs_best_fair_baseline": stale},
+        {
+            **common,
+            "system": "digenrl s=1",
+            "samples_per_s": 10.0 * stale,
+            "ratio_vs_best_fair_baseline": stale,
+        },
     ]
 
 
