@@ -12,9 +12,10 @@ the phase's ``batching``:
 * ``mean``: members are processed independently one after another (``samples_per_forward=1``-like), so
   the call costs the nominal time times the mean factor.
 
-Two kinds of distribution: ``empirical`` (measured per-sample seconds, e.g. ``measure.py sample-costs``;
-sampled by the inverse of their empirical CDF, linear between order statistics) and ``lognormal``
-(``sigma`` of the log; factor ``exp(sigma·z − sigma²/2)``, mean 1). Every distribution names its
+Three kinds of distribution: ``empirical`` (measured per-sample seconds, e.g. ``measure.py
+sample-costs``; sampled by the inverse of their empirical CDF, linear between order statistics),
+``discrete`` (equally likely costs, e.g. one per frame-count bucket: exactly those values) and
+``lognormal`` (``sigma`` of the log; factor ``exp(sigma·z − sigma²/2)``, mean 1). Every distribution names its
 ``source``: ``measured: <command>`` or ``assumed (<citation>)`` — a number is never called measured
 unless a command of this repository produced it.
 
@@ -35,7 +36,7 @@ from typing import Any
 
 #: the phases whose per-sample cost can vary
 PHASES = ("generate", "reward")
-KINDS = ("empirical", "lognormal")
+KINDS = ("empirical", "discrete", "lognormal")
 BATCHING = ("max", "mean")
 #: ``sample``: every sample draws its own factor; ``prompt``: a prompt's G samples share one (e.g. a frame
 #: count assigned per prompt)
@@ -57,7 +58,7 @@ class SampleCostDistribution:
     phase: str
     kind: str
     source: str
-    values: tuple[float, ...] = ()  # empirical: per-sample costs (any unit; only their ratios matter)
+    values: tuple[float, ...] = ()  # empirical / discrete: per-sample costs (any unit; only ratios matter)
     sigma: float = 0.0  # lognormal: standard deviation of the log
     per: str = "sample"
     batching: str = "max"
@@ -75,16 +76,20 @@ class SampleCostDistribution:
                 f"{where}.source must start with 'measured: <command>' or 'assumed (<citation>)', "
                 f"got {self.source!r}"
             )
-        if self.kind == "empirical":
+        if self.kind in ("empirical", "discrete"):
             values = tuple(float(v) for v in self.values)
             if len(values) < 2 or not all(math.isfinite(v) and v > 0 for v in values):
                 raise ValueError(f"{where}.values must hold >= 2 positive finite costs, got {self.values!r}")
             ordered = sorted(values)
-            # the mean of the piecewise-linear inverse CDF (trapezoid over the order statistics): dividing by
-            # it makes E[factor] exactly 1 under the draws of ``factor``
-            trapezoid = (sum(ordered) - (ordered[0] + ordered[-1]) / 2) / (len(ordered) - 1)
+            # the mean of what ``factor`` draws — the values themselves (discrete), or the piecewise-linear
+            # inverse CDF, a trapezoid over the order statistics (empirical) —: dividing by it makes
+            # E[factor] exactly 1
+            if self.kind == "discrete":
+                mean = sum(ordered) / len(ordered)
+            else:
+                mean = (sum(ordered) - (ordered[0] + ordered[-1]) / 2) / (len(ordered) - 1)
             object.__setattr__(self, "values", values)
-            object.__setattr__(self, "_sorted", tuple(v / trapezoid for v in ordered))
+            object.__setattr__(self, "_sorted", tuple(v / mean for v in ordered))
         elif not (math.isfinite(self.sigma) and 0 <= self.sigma <= 3):
             raise ValueError(f"{where}.sigma must be in [0, 3], got {self.sigma!r}")
 
@@ -93,6 +98,8 @@ class SampleCostDistribution:
         if self.kind == "lognormal":
             return math.exp(self.sigma * NormalDist().inv_cdf(u) - self.sigma**2 / 2)
         ordered = self._sorted
+        if self.kind == "discrete":
+            return ordered[min(int(u * len(ordered)), len(ordered) - 1)]
         position = u * (len(ordered) - 1)
         low = min(int(position), len(ordered) - 2)
         return ordered[low] + (position - low) * (ordered[low + 1] - ordered[low])
@@ -112,7 +119,7 @@ class SampleCostDistribution:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind, "per": self.per, "batching": self.batching}
-        out |= {"values": list(self.values)} if self.kind == "empirical" else {"sigma": self.sigma}
+        out |= {"sigma": self.sigma} if self.kind == "lognormal" else {"values": list(self.values)}
         return out | {"source": self.source, "note": self.note}
 
     @classmethod

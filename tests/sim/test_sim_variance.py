@@ -52,6 +52,8 @@ def test_distributions_have_mean_one_and_reject_bad_input(tmp_path):
     empirical = SampleCostDistribution("generate", "empirical", "measured: x", values=(2.0, 3.0, 7.0, 4.0))
     assert sum(map(empirical.factor, grid)) / len(grid) == pytest.approx(1.0, rel=1e-6)
     assert empirical.factor(1e-12) < empirical.factor(0.5) < empirical.factor(1 - 1e-12)
+    buckets = SampleCostDistribution("generate", "discrete", ASSUMED, values=(1.0, 3.0), per="prompt")
+    assert {buckets.factor(u) for u in grid} == {0.5, 1.5}
     variance = SampleVariance("v", (lognormal, empirical), seed=3)
     assert SampleVariance.load(variance.save(tmp_path / "v.json")) == variance
     with pytest.raises(ValueError, match="source must start with"):
