@@ -7,6 +7,8 @@ variance"; the file format is :mod:`digenrl.costs.sample_costs`).
     python experiments/measure.py reward-latency --url http://HOST:PORT --requests 200 --out runs/variance
     python experiments/measure.py sample-costs                         # tiny-wan, CPU: a smoke run
     python experiments/measure.py sample-costs --model wan2.1-14b --frames 33,49,65,81 --out runs/variance
+    python experiments/measure.py sample-costs --frames 33,49,65,81 \
+        --carry experiments/results/costs/h200-wan2.1-14b.json --out runs/variance   # no GPU: assumed
 
 What each times, with random weights (the systems cost does not depend on weight values):
 
@@ -25,7 +27,9 @@ What each times, with random weights (the systems cost does not depend on weight
   (a prompt's samples share its frame count), whose batched forward costs the mean of its members (a
   sampler that runs each frame count as its own forward). Prompt length does not vary the cost of the
   models here (their text conditions are padded to the encoder's fixed length, ``spec.text_encoder``),
-  so nothing is measured for it.
+  so nothing is measured for it. ``--carry COSTFILE`` times nothing: the step cost per frame count is the
+  measured file's carried by counted FLOPs (:func:`digenrl.costs.extrapolation.reshape`), and the file
+  says ``assumed (...)`` with that source.
 
 Writes ``<out>/variance-<name>.json`` (a :class:`~digenrl.costs.sample_costs.SampleVariance`, source
 ``measured: <command>``) and ``<out>/variance-<name>-report.json`` (every timing, device, environment).
@@ -77,6 +81,13 @@ def parse_args(argv: list[str] | None, kind: str) -> argparse.Namespace:
         )
         p.add_argument("--height", type=int, default=None, help="pixels (default: the model's)")
         p.add_argument("--width", type=int, default=None, help="pixels (default: the model's)")
+        p.add_argument(
+            "--carry",
+            type=Path,
+            default=None,
+            help="a measured video cost file: carry its step cost to each frame count by counted FLOPs "
+            "(no timing; the distribution is labelled assumed)",
+        )
     p.add_argument("--batch", type=int, default=1, help="samples per timed call")
     bench_cli.add_device_flags(p)
     bench_cli.add_timing_flags(
@@ -205,14 +216,39 @@ def generator_costs(args: argparse.Namespace, device: torch.device) -> tuple[lis
     return rows, note
 
 
+def carried_costs(args: argparse.Namespace) -> tuple[list[dict[str, Any]], str, str, str]:
+    """Step seconds per frame count carried from the measured cost file ``--carry`` (module docstring)."""
+    from digenrl.costs.cost_model import CostModel
+    from digenrl.costs.extrapolation import reshape
+
+    costs = CostModel.load(args.carry)
+    if costs.meta.get("frames") is None:
+        raise SystemExit(f"--carry {args.carry} is not a video model's cost file (no meta.frames)")
+    rows = []
+    for frames in args.frames:
+        carried = reshape(costs, frames)
+        rows.append({"frames": frames, "seconds": carried.generator_step_s(args.batch, False)})
+    source = (
+        f"assumed (frame counts {args.frames} equally likely per prompt; step cost per frame count carried "
+        f"from the measured {args.carry} at {costs.meta['frames']} frames by counted FLOPs, "
+        f"digenrl/costs/extrapolation.py reshape; {args.command})"
+    )
+    note = f"{costs.model} on {costs.device}, {args.batch} sample(s) per forward; nothing timed"
+    return rows, note, source, costs.model
+
+
 def run(args: argparse.Namespace, kind: str) -> tuple[SampleVariance, dict[str, Any]]:
     device = roofline.resolve_device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
     source = f"measured: {args.command}"
     if kind == "generator":
-        rows, note = generator_costs(args, device)
-        name = f"{args.model}-frames"
+        if args.carry is not None:
+            rows, note, source, model = carried_costs(args)
+            name = f"{model}-frames-assumed"
+        else:
+            rows, note = generator_costs(args, device)
+            name = f"{args.model}-frames"
         dist = SampleCostDistribution(
             "generate",
             "discrete",
@@ -235,12 +271,13 @@ def run(args: argparse.Namespace, kind: str) -> tuple[SampleVariance, dict[str, 
             "reward", "discrete", source, values=tuple(r["seconds"] for r in rows), note=note
         )
     where = roofline.device_description(device)
-    variance = SampleVariance(name, (dist,), seed=args.seed, note=f"measured on {where}")
-    report = {
+    timed = not (kind == "generator" and args.carry is not None)
+    variance = SampleVariance(name, (dist,), seed=args.seed, note=f"measured on {where}" if timed else note)
+    report = {  # nothing of this machine's where nothing was timed (--carry)
         "command": args.command,
-        "device": str(device),
-        "device_name": where,
-        "environment": roofline.environment(),
+        "device": str(device) if timed else None,
+        "device_name": where if timed else None,
+        "environment": roofline.environment() if timed else None,
         "rows": rows,
         "variance": variance.to_dict(),
     }
