@@ -182,6 +182,7 @@ def generator_costs(args: argparse.Namespace, device: torch.device) -> tuple[lis
     """Seconds of one denoising step per frame count (module docstring)."""
     from digenrl.data.dtypes import TORCH_DTYPES
     from digenrl.models import TextCondition, build_flow_model, get_model_spec
+    from digenrl.models.flow_model import latent_shape_for
     from digenrl.perf.bench_generator import StepCase, make_sampler
 
     spec = get_model_spec(args.model)
@@ -190,15 +191,17 @@ def generator_costs(args: argparse.Namespace, device: torch.device) -> tuple[lis
             f"--model {args.model} is an image model: its per-sample cost does not vary (fixed resolution, "
             "text padded to a fixed length); sample-costs measures video models at several frame counts"
         )
+    height, width = args.height or spec.default_height, args.width or spec.default_width
+    for frames in args.frames:  # every frame count checked before the model is built
+        latent_shape_for(spec, height, width, frames, key_prefix="--")
     dtype = TORCH_DTYPES[bench_cli.resolve_dtype(args.dtype, device)]
     torch.manual_seed(args.seed)
     flow_model = build_flow_model(spec, dtype=dtype, device=device)
     flow_model.eval().requires_grad_(False)
-    height, width = args.height or spec.default_height, args.width or spec.default_width
     uncond = TextCondition.random(spec.text_encoder, 1, device=device, dtype=flow_model.dtype)
     rows = []
     for frames in args.frames:
-        latent_shape = flow_model.latent_shape(height, width, frames)  # checks the frame count
+        latent_shape = flow_model.latent_shape(height, width, frames)
         tokens = flow_model.token_count(height, width, frames)
         case = StepCase(
             flow_model, make_sampler(spec.name, spec, tokens, False), args.batch, latent_shape, uncond
@@ -288,7 +291,10 @@ def main(argv: list[str] | None = None, kind: str = "reward") -> int:
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     args = parse_args(sys.argv[1:] if argv is None else argv, kind)
-    variance, report = run(args, kind)
+    try:  # a bad cost file or frame count: its message, not a traceback
+        variance, report = run(args, kind)
+    except ValueError as error:
+        raise SystemExit(f"{args.command.split(' ', 3)[2]}: {error}") from error
     path = variance.save(args.out / f"variance-{variance.name}.json")
     (args.out / f"variance-{variance.name}-report.json").write_text(json.dumps(report, indent=2) + "\n")
     print(variance.describe())

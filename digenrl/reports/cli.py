@@ -274,7 +274,10 @@ def throughput(argv: list[str] | None, folders: Folders) -> int:
     out = _out(args, "throughput", folders)
     chosen = tables.scenarios(args.quick, args.scenarios)
     if args.variance is not None:
-        variance = SampleVariance.load(args.variance)
+        try:
+            variance = SampleVariance.load(args.variance)
+        except ValueError as error:
+            p.error(f"--variance: {error}")
         if args.variance_seed is not None:
             variance = variance.with_seed(args.variance_seed)
         chosen = tables.with_variance(chosen, variance)

@@ -142,6 +142,22 @@ def test_throughput_rows_with_variance_are_labelled_and_slow_the_colocated_loop(
     assert results[1].steady_iteration_s > results[0].steady_iteration_s
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--variance", "no/such/variance.json"],
+            "--variance: variance file 'no/such/variance.json' does not exist",
+        ),
+        (["--variance-seed", "1"], "--variance-seed needs --variance FILE"),
+    ],
+)
+def test_throughput_variance_bad_input_is_a_usage_error(argv, message, capsys, tmp_path):
+    with pytest.raises(SystemExit):
+        simulate.main(["throughput", "--quick", "--out", str(tmp_path), *argv])
+    assert message in capsys.readouterr().err
+
+
 def test_the_committed_throughput_table_never_puts_digenrl_below_a_baseline():
     """Every model x profile panel of experiments/results/throughput: DigenRL's plan space contains the
     baselines, so digenrl >= the best baseline of equal staleness; where a baseline point wins, the row

@@ -71,3 +71,20 @@ def test_bad_input_is_a_usage_error(argv, message, capsys):
 def test_an_image_model_has_no_frame_counts_to_measure(tmp_path):
     with pytest.raises(SystemExit, match="image model"):
         measure.main(["sample-costs", "--model", "tiny-sd3", "--out", str(tmp_path), *TIMING])
+
+
+def test_a_bad_frame_count_or_cost_file_names_the_problem(tmp_path):
+    with pytest.raises(SystemExit, match="sample-costs: --frames=6 invalid for tiny-wan"):
+        measure.main(["sample-costs", "--frames", "5,6", "--out", str(tmp_path), *TIMING])
+    with pytest.raises(SystemExit, match=r"cost file 'no\.json' does not exist"):
+        measure.main(["sample-costs", "--carry", "no.json", "--out", str(tmp_path)])
+
+
+def test_carry_labels_the_distribution_assumed(tmp_path):
+    wan = "experiments/results/costs/h200-wan2.1-14b.json"
+    argv = ["sample-costs", "--frames", "33,81", "--carry", wan, "--out", str(tmp_path)]
+    assert measure.main(argv) == 0
+    variance, report = _written(tmp_path, "wan2.1-14b-frames-assumed")
+    (dist,) = variance.distributions
+    assert dist.source.startswith("assumed (frame counts [33, 81]") and report["environment"] is None
+    assert report["rows"][1]["seconds"] > 2 * report["rows"][0]["seconds"]  # 81 frames: > 2x the FLOPs
