@@ -31,6 +31,7 @@ import yaml
 from digenrl.config import Config, explicit_keys, load_config
 from digenrl.costs.cost_model import CostModel, load_costs
 from digenrl.costs.device_costs import SCALINGS, DeviceCosts
+from digenrl.costs.sample_costs import SampleVariance
 from digenrl.plan import RunPlan, is_schedule_key
 from digenrl.reports import tables
 from digenrl.reports.folders import Folders
@@ -267,12 +268,30 @@ def throughput(argv: list[str] | None, folders: Folders) -> int:
         help="panels (scenario x profile) searched in parallel processes; each panel's search is "
         "sequential and the rows are the same whatever the count",
     )
+    p.add_argument(
+        "--variance",
+        type=Path,
+        default=None,
+        help="per-sample cost distributions (experiments/results/costs/variance/*.json): the scenarios' "
+        "rows are computed with them, labelled '<scenario> +variance' (add them with --merge)",
+    )
+    p.add_argument("--variance-seed", type=int, default=None, help="seed of the draws (default: the file's)")
     _table_args(p, "throughput")
     args = p.parse_args(argv)
     if args.jobs < 1:
         p.error(f"--jobs must be >= 1, got {args.jobs}")
     out = _out(args, "throughput", folders)
     chosen = tables.scenarios(args.quick, args.scenarios)
+    if args.variance is not None:
+        try:
+            variance = SampleVariance.load(args.variance)
+        except ValueError as error:
+            p.error(f"--variance: {error}")
+        if args.variance_seed is not None:
+            variance = variance.with_seed(args.variance_seed)
+        chosen = tables.with_variance(chosen, variance)
+    elif args.variance_seed is not None:
+        p.error("--variance-seed needs --variance FILE")
     cost_file = _cost_file(args, folders)
     profiles = args.profiles or (tables.QUICK_PROFILES if args.quick else tables.PROFILES)
     panels = [(scenario, profile) for profile in profiles for scenario in chosen]

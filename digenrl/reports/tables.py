@@ -45,6 +45,7 @@ from typing import Any
 from digenrl.costs.audit import audit
 from digenrl.costs.cost_model import CostModel, cost_path
 from digenrl.costs.device_costs import DeviceCosts
+from digenrl.costs.sample_costs import SampleVariance
 from digenrl.plan.rollout_defaults import rollout_defaults
 from digenrl.plan.run_plan import RunPlan
 from digenrl.plan.workload import Workload
@@ -62,6 +63,8 @@ QUICK_PROFILES = ("h200-8",)
 #: Models without an H200 file of their own, and the measured model they are carried from.
 CARRIED_FROM = {"hunyuan-video": "wan2.1-14b"}
 VIDEO_MODELS = ("wan2.1-14b", "hunyuan-video", "wan2.1-1.3b")
+#: what a scenario's label gets with per-sample variance (``throughput --variance``)
+VARIANCE_SUFFIX = " +variance"
 COLUMNS = (
     "experiment",
     "model",
@@ -82,6 +85,7 @@ COLUMNS = (
     "profile",
     "model_name",
     "scenario",
+    "variance",
     "plan",
     "run",
     "memory",
@@ -147,6 +151,16 @@ def scenarios(quick: bool = False, names: Sequence[str] | None = None) -> list[S
             raise ValueError(f"unknown scenario(s) {sorted(unknown)}; choose from {[s.label for s in out]}")
         out = [s for s in out if s.label in names or s.model in names]
     return out
+
+
+def with_variance(chosen: Sequence[Scenario], variance: SampleVariance) -> list[Scenario]:
+    """``chosen`` with per-sample variance (``simulate.py throughput --variance FILE``): each label gets
+    `` +variance`` (its own panel and rows, beside the rows without variance) and its rows name the
+    distributions in the ``variance`` column (:attr:`SampleVariance.label`: measured or assumed)."""
+    return [
+        replace(s, label=s.label + VARIANCE_SUFFIX, workload=replace(s.workload, variance=variance))
+        for s in chosen
+    ]
 
 
 @dataclass(frozen=True)
@@ -378,7 +392,7 @@ def regime_of(profile: HardwareProfile, scenario: Scenario, label: str, score: P
     ``switch`` for the hybrid engine's rows (its offload/onload and re-shard costs, measured:
     ``meta.engine_switch`` of the cost files); ``memory`` where memory shaped the row's plan (the fit
     lowered a knob, parked or offloaded state) or no plan of it fits; ``multi-node full FT`` where a full
-    fine-tune's shards span nodes. ``variance`` rows are tagged by the variance run."""
+    fine-tune's shards span nodes; ``variance`` where per-sample costs are drawn (``--variance``)."""
     types = {profile.device_type(r).name for r in range(profile.world_size)}
     tags = ["mixed" if len(types) > 1 else "identical"]
     if label.startswith("colocated-engine"):
@@ -387,6 +401,8 @@ def regime_of(profile: HardwareProfile, scenario: Scenario, label: str, score: P
         tags.append("memory")
     if scenario.workload.trainer_mode == "full" and profile.num_nodes > 1:
         tags.append("multi-node full FT")
+    if scenario.workload.variance is not None:
+        tags.append("variance")
     return ";".join(tags)
 
 
@@ -423,6 +439,7 @@ def comparison_rows(
         "experiment": experiment,
         "model_name": scenario.model,
         "scenario": scenario.label,
+        "variance": "" if scenario.workload.variance is None else scenario.workload.variance.label,
         "cost_file": mc.cost_file,
         "cost_source": mc.cost_source,
         "stale": "; ".join(mc.stale),
@@ -590,15 +607,18 @@ def header_lines(commands: Sequence[str], what: str) -> str:
 
 
 def panel_order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rows by profile (:data:`PROFILES` order) then scenario (:func:`scenarios` order); stable within a
-    panel, so a merged table reads like one written in a single run."""
+    """Rows by profile (:data:`PROFILES` order) then scenario (:func:`scenarios` order, a ``+variance``
+    panel right after its scenario's); stable within a panel, so a merged table reads like one written in
+    a single run."""
     labels = [s.label for s in scenarios()]
 
-    def key(row: dict[str, Any]) -> tuple[int, int]:
-        profile, scenario = row.get("profile"), row.get("scenario")
+    def key(row: dict[str, Any]) -> tuple[int, int, bool]:
+        profile, scenario = row.get("profile"), str(row.get("scenario"))
+        base = scenario.removesuffix(VARIANCE_SUFFIX)
         return (
             PROFILES.index(profile) if profile in PROFILES else len(PROFILES),
-            labels.index(scenario) if scenario in labels else len(labels),
+            labels.index(base) if base in labels else len(labels),
+            base != scenario,
         )
 
     return sorted(rows, key=key)

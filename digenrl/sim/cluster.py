@@ -28,6 +28,7 @@ from digenrl.runtime.profiles import HardwareProfile
 from digenrl.sim.channel import Channel
 from digenrl.sim.des import Condition, Delay, Process, Signal, Simulation
 from digenrl.sim.network import Network
+from digenrl.sim.sample_draws import SampleDraws
 from digenrl.sim.span_log import SpanLog
 
 
@@ -52,6 +53,8 @@ class SimCluster:
         self.net = Network(profile)
         self.log = SpanLog(roles)
         self.iteration_end: dict[int, float] = {}
+        # per-sample cost factors (digenrl/sim/phase_costs.py); None: every sample costs the cost file's
+        self.draws = SampleDraws(workload.variance, workload) if workload.variance is not None else None
         self._rendezvous: dict[Hashable, _Rendezvous] = {}
         self._channels: dict[Hashable, Channel] = {}
 

@@ -35,8 +35,9 @@ from digenrl.plan import RunPlan
 from digenrl.plan.workload import Workload, split_evenly
 from digenrl.sim.cluster import SimCluster
 from digenrl.sim.des import Process, Signal
+from digenrl.sim.phase_costs import generation_s, score_s
 from digenrl.sim.residency import colocated_moves, move_s
-from digenrl.sim.training import generation_s, optimizer_s, sharded, units_s
+from digenrl.sim.training import optimizer_s, sharded, units_s
 
 
 def run_colocated(cluster: SimCluster, plan: RunPlan) -> None:
@@ -50,17 +51,20 @@ def run_colocated(cluster: SimCluster, plan: RunPlan) -> None:
 def _colocated_rank(
     cluster: SimCluster, plan: RunPlan, rank: int, ranks: tuple[int, ...], share: RankShare
 ) -> Process:
-    w, cost = cluster.workload, cluster.cost(rank)
+    w = cluster.workload
     samples = share.samples
     for k in range(w.iterations):
         tags = {"iteration": k, "policy_version": k}
         yield from _move(cluster, plan, rank, "generate", tags)
         if plan.system == "colocated-overlap":
-            yield from _generate_overlapped(cluster, plan, rank, samples, tags)
+            yield from _generate_overlapped(cluster, plan, rank, share, tags)
         else:
-            yield from cluster.work(rank, "generate", generation_s(cluster, rank, ranks, samples), **tags)
+            at = (k, share.start)  # every rank's phase ends with its slowest sample: the barriers below wait
+            seconds = generation_s(cluster, rank, samples, at=at, group=ranks)
+            yield from cluster.work(rank, "generate", seconds, **tags)
             yield from _move(cluster, plan, rank, "score", tags)
-            yield from cluster.work(rank, "score", cost.score_s(samples), samples=samples, **tags)
+            seconds = score_s(cluster, rank, samples, at=at)
+            yield from cluster.work(rank, "score", seconds, samples=samples, **tags)
             yield from _move(cluster, plan, rank, "after_score", tags)
         yield from train_share(cluster, plan, rank, ranks, share, tags)
         cluster.finish_iteration(k)
@@ -107,24 +111,30 @@ def overlap_sub_batches(workload: Workload, plan: RunPlan, samples: int) -> list
     return [n for n in split_evenly(samples, plan.overlap_sub_batches) if n > 0]
 
 
-def _generate_overlapped(cluster: SimCluster, plan: RunPlan, rank: int, samples: int, tags: dict) -> Process:
+def _generate_overlapped(
+    cluster: SimCluster, plan: RunPlan, rank: int, share: RankShare, tags: dict
+) -> Process:
     """Generate sub-batch j+1 while a background worker scores sub-batch j."""
     last_scored = None
-    for j, part in enumerate(overlap_sub_batches(cluster.workload, plan, samples)):
-        seconds = generation_s(cluster, rank, tuple(range(cluster.profile.world_size)), part)
+    first = share.start
+    group = tuple(range(cluster.profile.world_size))
+    for j, part in enumerate(overlap_sub_batches(cluster.workload, plan, share.samples)):
+        at = (tags["iteration"], first)
+        first += part
+        seconds = generation_s(cluster, rank, part, at=at, group=group)
         yield from cluster.work(rank, "generate", seconds, fragment=j, **tags)
-        scorer = _background_score(cluster, rank, last_scored, part, fragment=j, **tags)
+        scorer = _background_score(cluster, rank, last_scored, part, at, fragment=j, **tags)
         last_scored = cluster.spawn(scorer, f"rank {rank} background scorer {tags['iteration']}.{j}")
     if last_scored is not None:
         yield from cluster.wait_signal(rank, "wait_score", last_scored, **tags)
 
 
 def _background_score(
-    cluster: SimCluster, rank: int, previous: Signal | None, samples: int, **tags: Any
+    cluster: SimCluster, rank: int, previous: Signal | None, samples: int, at: tuple[int, int], **tags: Any
 ) -> Process:
     """One background worker per rank: sub-batches are scored one after another, in order."""
     if previous is not None:
         yield previous
-    cost = cluster.cost(rank)
     extra = {"background": True}
-    yield from cluster.work(rank, "score", cost.score_s(samples), samples=samples, extra=extra, **tags)
+    seconds = score_s(cluster, rank, samples, at=at)
+    yield from cluster.work(rank, "score", seconds, samples=samples, extra=extra, **tags)

@@ -36,6 +36,7 @@ from digenrl.plan import RunPlan
 from digenrl.sim.cluster import SimCluster
 from digenrl.sim.des import Process
 from digenrl.sim.network import GB
+from digenrl.sim.phase_costs import generation_s, score_s
 from digenrl.sim.schedules.colocated import train_share
 from digenrl.sim.training import fsdp_gather_s, sharded
 
@@ -90,7 +91,7 @@ def _measured(cost: CostModel, trainer_mode: str) -> dict:
 def _engine_rank(
     cluster: SimCluster, plan: RunPlan, rank: int, ranks: tuple[int, ...], share: RankShare
 ) -> Process:
-    w, cost = cluster.workload, cluster.cost(rank)
+    w = cluster.workload
     costs = switch_costs(cluster, rank, ranks)
     offload = plan.engine_offload
     full = w.trainer_mode == "full"
@@ -109,12 +110,14 @@ def _engine_rank(
         if offload and full:
             yield from step("offload", "weights", "trainer weights", tags)
         # the generation copy holds full weights: no FSDP gathers per forward (one rank's own model)
-        yield from cluster.work(rank, "generate", w.generation_s(cost, share.samples), **tags)
+        at = (k, share.start)
+        yield from cluster.work(rank, "generate", generation_s(cluster, rank, share.samples, at=at), **tags)
         if offload:
             yield from step("offload", "copy", "generation copy", tags)
             if full:
                 yield from step("onload", "weights onload", "trainer weights", tags)
             yield from step("onload", "optimizer onload", "optimizer state and gradients", tags)
-        yield from cluster.work(rank, "score", cost.score_s(share.samples), samples=share.samples, **tags)
+        seconds = score_s(cluster, rank, share.samples, at=at)
+        yield from cluster.work(rank, "score", seconds, samples=share.samples, **tags)
         yield from train_share(cluster, plan, rank, ranks, share, tags)
         cluster.finish_iteration(k)

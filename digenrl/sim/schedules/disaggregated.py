@@ -69,6 +69,7 @@ from digenrl.sim.channel import Channel
 from digenrl.sim.cluster import SimCluster
 from digenrl.sim.des import Mailbox, Process
 from digenrl.sim.generator_weights import GeneratorWeights
+from digenrl.sim.phase_costs import generation_s, score_s
 from digenrl.sim.residency import move_s, tag_switch_moves
 from digenrl.sim.training import SimPacker, optimizer_s, sharded
 from digenrl.tsp.pipeline import TspLayout, check_boundaries
@@ -153,6 +154,10 @@ class _Run:
             iterations=w.iterations,
             switch=plan.switch_fragment(w) if plan.tcss else None,
         )
+
+    def at(self, frag: _Fragment) -> tuple[int, int]:
+        """Where ``frag``'s samples lie in its iteration (fragment f holds samples [f·S, f·S + S))."""
+        return frag.iteration, sum(self.sizes[: frag.index])
 
     def head_only(self, k: int) -> int:
         """Fragments of iteration ``k`` only pipelines take: those the plan binds to θ_{k−1}."""
@@ -273,9 +278,8 @@ class _Pipeline:
 
 
 def _stage(run: _Run, pipeline: _Pipeline, s: int) -> Process:
-    cluster, w = run.cluster, run.cluster.workload
+    cluster = run.cluster
     rank = pipeline.ranks[s]
-    cost = cluster.cost(rank)
     last = s == len(pipeline.ranks) - 1
     steps = pipeline.plan.steps(s)
     iteration = 0
@@ -292,13 +296,14 @@ def _stage(run: _Run, pipeline: _Pipeline, s: int) -> Process:
                 pipeline.handovers[s + 1].put(_STOP)
             return
         samples = frag.samples
-        seconds = w.generation_s(cost, samples, len(steps))
+        seconds = generation_s(cluster, rank, samples, len(steps), at=run.at(frag))
         extra = {"stage": s, "steps": [steps.start, steps.stop]}
         yield from cluster.work(rank, "generate", seconds, extra=extra, **frag.tags())
         if not last:
             yield from pipeline.hand_over(s, frag)
             continue
-        yield from cluster.work(rank, "score", cost.score_s(samples), samples=samples, **frag.tags())
+        seconds = score_s(cluster, rank, samples, at=run.at(frag))
+        yield from cluster.work(rank, "score", seconds, samples=samples, **frag.tags())
         run.mark_scored(frag)
         pipeline.inflight -= 1
         pipeline.changed.notify_all()
@@ -472,11 +477,12 @@ def _steal(run: _Run, rank: int, k: int) -> int | None:
 
 def _helper_generate(run: _Run, rank: int, frag: _Fragment) -> Process:
     """TAG: the trainer generates and scores ``frag`` with θ_k itself, then ships the shards (buffered)."""
-    cluster, w = run.cluster, run.cluster.workload
-    cost = cluster.cost(rank)
-    samples = frag.samples
+    cluster = run.cluster
+    samples, at = frag.samples, run.at(frag)
     extra = {"helper": True}
-    yield from cluster.work(rank, "generate", w.generation_s(cost, samples), extra=extra, **frag.tags())
-    yield from cluster.work(rank, "score", cost.score_s(samples), samples=samples, extra=extra, **frag.tags())
+    seconds = generation_s(cluster, rank, samples, at=at)
+    yield from cluster.work(rank, "generate", seconds, extra=extra, **frag.tags())
+    seconds = score_s(cluster, rank, samples, at=at)
+    yield from cluster.work(rank, "score", seconds, samples=samples, extra=extra, **frag.tags())
     run.mark_scored(frag)
     yield from run.ship(rank, frag, rendezvous=False)

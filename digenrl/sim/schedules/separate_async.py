@@ -27,6 +27,7 @@ from digenrl.plan.workload import split_evenly
 from digenrl.sim.cluster import SimCluster
 from digenrl.sim.des import Mailbox, Process, Signal
 from digenrl.sim.generator_weights import GeneratorWeights
+from digenrl.sim.phase_costs import generation_s, score_s
 from digenrl.sim.schedules.separate_sync import trainer_units
 from digenrl.sim.training import optimizer_s, sharded, units_s
 
@@ -66,6 +67,7 @@ class _AsyncRun:
         w = cluster.workload  # one fragment of P·G / generators samples each (systems/separate.py)
         shares = split_evenly(w.prompts_per_iteration * w.group_size, len(self.generators))
         self.samples = dict(zip(self.generators, shares, strict=True))
+        self.first = dict(zip(self.generators, [sum(shares[:i]) for i in range(len(shares))], strict=True))
 
     def channel(self, batch: _Batch, generator: int, trainer: int):
         return self.cluster.channel(("reap", batch.index, generator, trainer), generator, trainer)
@@ -99,7 +101,7 @@ def run_separate_async(cluster: SimCluster, plan: RunPlan) -> None:
 def _generator(run: _AsyncRun, rank: int) -> Process:
     """Serve commands in order: ``("generate", batch)``, ``("send", batch)`` or ``("stop",)``."""
     cluster = run.cluster
-    w, cost = cluster.workload, cluster.cost(rank)
+    cost = cluster.cost(rank)
     samples = run.samples[rank]
     while True:
         command = yield from cluster.wait_signal(rank, "wait_command", run.commands[rank].get())
@@ -108,9 +110,12 @@ def _generator(run: _AsyncRun, rank: int) -> Process:
         batch: _Batch = command[1]
         tags = {"policy_version": batch.version, "fragment": batch.index}
         if command[0] == "generate":
-            span = yield from cluster.work(rank, "generate", w.generation_s(cost, samples), **tags)
+            at = (batch.index, run.first[rank])  # batch j draws as iteration j would
+            seconds = generation_s(cluster, rank, samples, at=at)
+            span = yield from cluster.work(rank, "generate", seconds, **tags)
             batch.spans.append(span)
-            span = yield from cluster.work(rank, "score", cost.score_s(samples), samples=samples, **tags)
+            seconds = score_s(cluster, rank, samples, at=at)
+            span = yield from cluster.work(rank, "score", seconds, samples=samples, **tags)
             batch.spans.append(span)
             batch.pending_generators -= 1
             if batch.pending_generators == 0:

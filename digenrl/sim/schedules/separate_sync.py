@@ -19,6 +19,7 @@ from digenrl.plan.workload import split_evenly
 from digenrl.sim.cluster import SimCluster
 from digenrl.sim.des import Process
 from digenrl.sim.generator_weights import GeneratorWeights
+from digenrl.sim.phase_costs import generation_s, score_s
 from digenrl.sim.training import optimizer_s, sharded, units_s
 
 
@@ -27,8 +28,11 @@ def run_separate_sync(cluster: SimCluster, plan: RunPlan) -> None:
     trainers, generators = plan.trainer_ranks(world), plan.generator_ranks(world)
     weights = GeneratorWeights(cluster, trainers[0], generators, trainers)
     rendezvous = plan.transport_mode == "rendezvous"
+    first = 0  # generator g generates samples [first, first + share) of every iteration
     for rank, share in zip(generators, generator_samples(cluster, generators), strict=True):
-        cluster.spawn(_generator(cluster, rank, share, trainers, weights, rendezvous), f"generator {rank}")
+        process = _generator(cluster, rank, first, share, trainers, weights, rendezvous)
+        cluster.spawn(process, f"generator {rank}")
+        first += share
     for rank in trainers:
         cluster.spawn(_trainer(cluster, rank, trainers, generators, weights), f"trainer {rank}")
 
@@ -43,6 +47,7 @@ def generator_samples(cluster: SimCluster, generators: tuple[int, ...]) -> list[
 def _generator(
     cluster: SimCluster,
     rank: int,
+    first: int,
     samples: int,
     trainers: tuple[int, ...],
     weights: GeneratorWeights,
@@ -52,8 +57,11 @@ def _generator(
     for k in range(w.iterations):
         tags = {"iteration": k, "policy_version": k}
         yield from weights.wait_for(rank, k, iteration=k)
-        yield from cluster.work(rank, "generate", w.generation_s(cost, samples), **tags)
-        yield from cluster.work(rank, "score", cost.score_s(samples), samples=samples, **tags)
+        at = (k, first)
+        yield from cluster.work(rank, "generate", generation_s(cluster, rank, samples, at=at), **tags)
+        yield from cluster.work(
+            rank, "score", score_s(cluster, rank, samples, at=at), samples=samples, **tags
+        )
         # samples split over the trainers like torch.tensor_split (systems/separate.py ``ship``)
         for t, share in zip(trainers, split_evenly(samples, len(trainers)), strict=True):
             channel = cluster.channel(("batch", k, rank, t), rank, t)
