@@ -30,6 +30,7 @@ _BUILTIN_MODULES = (
     "digenrl.rewards.hpsv2",
     "digenrl.rewards.imagereward",
     "digenrl.rewards.ocr",
+    "digenrl.rewards.geneval",
     "digenrl.rewards.remote",
 )
 

@@ -27,6 +27,8 @@ BUILTIN = {
     "tiny-imagereward",
     "ocr",
     "tiny-ocr",
+    "geneval",
+    "tiny-geneval",
     "remote",
 }
 
