@@ -29,6 +29,8 @@ BUILTIN = {
     "tiny-ocr",
     "geneval",
     "tiny-geneval",
+    "video-pickscore",
+    "tiny-video-pickscore",
     "remote",
 }
 
