@@ -9,7 +9,8 @@
 (``pipe.load_lora_weights(DIR)``), a full fine-tune's transformer via ``save_pretrained``; ``--format peft``:
 ``adapter_config.json`` + ``adapter_model.safetensors`` (``PeftModel.from_pretrained(transformer, DIR)``);
 ``--format kohya``: ``lora_kohya.safetensors`` with kohya's ``lora_down`` / ``lora_up`` / ``alpha`` keys
-for ComfyUI (SD3, FLUX); ``--pipeline``: a whole diffusers pipeline directory. Bad input exits with status 2 (digenrl/export/cli.py).
+for ComfyUI (SD3, FLUX); ``--pipeline``: a whole diffusers pipeline directory. Bad input exits with
+status 2 (digenrl/export/cli.py).
 """
 
 from __future__ import annotations
