@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from digenrl.config import ConfigError
+from digenrl.dependency_logs import quiet_dependency_logs
 from digenrl.export.formats import FORMATS, write_adapter, write_pipeline, write_transformer
 from digenrl.export.trained import TrainedPolicy, load_trained
 from digenrl.models.specs import get_family
@@ -107,6 +108,7 @@ def usage_lines(policy: TrainedPolicy, fmt: str, out: Path, pipeline: bool) -> l
 
 
 def main(argv: list[str] | None = None) -> int:
+    quiet_dependency_logs()
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         policy = export(args)
