@@ -42,7 +42,7 @@ from digenrl.rewards.clip_backbone import ClipImageTransform, LocalClip
 from digenrl.rewards.clipscore import TINY_CLIP
 from digenrl.rewards.hpsv2 import OPEN_CLIP_VIT_H_14
 from digenrl.rewards.local_weights import FULL_LAYOUT, check_batch_size, warn_random_weights
-from digenrl.rewards.pickscore import PICKSCORE_NORMALIZER
+from digenrl.rewards.pickscore import pickscore_from_cosine
 from digenrl.rewards.registry import register_reward
 
 
@@ -115,7 +115,7 @@ class VideoPickScore(RewardFunction):
         text = self.clip.text_embeddings(distinct)
         rows = torch.tensor([distinct.index(p) for p in prompts], device=text.device)
         cosine = (image.view(batch, frames, -1) * text[rows][:, None]).sum(-1)
-        pickscore = self.clip.model.logit_scale.float().exp() * cosine / PICKSCORE_NORMALIZER
+        pickscore = pickscore_from_cosine(self.clip, cosine)
         return pickscore.mean(dim=1), temporal_consistency(image.view(batch, frames, -1))
 
     @torch.no_grad()
