@@ -295,8 +295,9 @@ class DataConfig:
     ``ocr``, ``drawbench``; ``train`` / ``eval``), a ``.txt`` file (one prompt per line) or a ``.jsonl``
     file (a ``prompt`` field plus metadata for the rewards)."""
 
-    prompts: str = "builtin"  # training prompts
-    eval_prompts: str = "builtin:eval"  # held-out prompts for evaluation
+    # training prompts: builtin, a shipped set NAME[:SPLIT] (pickscore, geneval, ocr, drawbench) or a file
+    prompts: str = "builtin"
+    eval_prompts: str = "builtin:eval"  # held-out prompts for evaluation (same forms; e.g. geneval:eval)
 
 
 @dataclass
