@@ -10,26 +10,28 @@ verdict and ``mode="correct"`` GenEval's benchmark verdict (the number GenEval r
 
 Models, both read from one LOCAL directory (``reward.weights_path=/dir``; model hubs are not contacted):
 
-* ``/dir/detector``: a transformers ``AutoModelForObjectDetection`` ``save_pretrained`` directory of the
-  DETR family, whose classification head is a softmax over the classes plus "no object" (DETR, YOLOS;
-  e.g. the facebook/detr-resnet-101 or -50 COCO snapshots, 43.5 / 42.0 box AP; their config names a timm
-  ResNet, so ``pip install timm``), with its ``preprocessor_config.json``. Preprocessing (shortest edge to
-  ``size.shortest_edge``, longest at most ``size.longest_edge``, bilinear; normalise) and post-processing
-  (softmax, drop "no object", centre boxes → corners in pixels) reproduce ``DetrImageProcessor`` and its
-  ``post_process_object_detection`` on tensors. Labels map to GenEval's class names through
-  ``id2label`` (:data:`~digenrl.rewards.geneval_rules.LABEL_ALIASES` for COCO's short names); other labels
-  are ignored. GenEval itself runs mmdetection's Mask2Former Swin-S (COCO instance segmentation), which
-  needs mmcv; transformers has no drop-in of that checkpoint's box head, so scores differ from GenEval's
-  published numbers by the detector's quality.
+* ``/dir/detector``: GenEval's detector, Mask2Former with a Swin-S backbone for COCO instance
+  segmentation (GenEval runs mmdetection's ``mask2former_swin-s-p4-w7-224_lsj_8x2_50e_coco``; the same
+  architecture in transformers is ``Mask2FormerForUniversalSegmentation``, e.g. the
+  facebook/mask2former-swin-small-coco-instance snapshot, trained by Mask2Former's authors rather than by
+  mmdetection, so scores can differ by the two checkpoints' quality), with its
+  ``preprocessor_config.json``. Post-processing is mmdetection's (top 100 (query, class) pairs, masks
+  resized to the image and cut at logit 0, score = class probability × mean mask probability, boxes from
+  the masks). A DETR-family ``AutoModelForObjectDetection`` directory (DETR, YOLOS: softmax over classes
+  plus "no object"; the facebook/detr-resnet-50 config names a timm ResNet, so ``pip install timm``) is
+  also read: boxes only. Preprocessing (shortest edge to ``size.shortest_edge``, longest at most
+  ``size.longest_edge``, bilinear; normalise; Mask2Former: zero-pad to a multiple of 32) runs on tensors.
+  Labels map to GenEval's class names through ``id2label``
+  (:data:`~digenrl.rewards.geneval_rules.LABEL_ALIASES` for COCO's short names); other labels are ignored.
 * ``/dir/clip``: a ``CLIPModel`` ``save_pretrained`` directory with tokenizer and image processor (GenEval
   uses open_clip ViT-L-14 "openai", the weights of openai/clip-vit-large-patch14). Colour: the zero-shot
   classifier of clip_benchmark (each colour's text embedding is the renormalised mean of GenEval's three
   templates "a photo of a {c} {object}", "a photo of a {c}-colored {object}", "a photo of a {c} object"),
-  applied to the box crop. GenEval greys out the background with the instance mask first; a box detector
-  has no mask, which is GenEval's own ``crop`` path without a mask.
+  applied to the object's crop: with a mask, the object over GenEval's grey background (#999), cropped to
+  its box, as GenEval does; from a box detector, the box alone (GenEval's path without a mask).
 
 Without ``weights_path`` both are built at their real sizes with random weights (a warning; for cost
-measurements); ``tiny-geneval`` is the CPU twin (tiny DETR + 2 + 2-layer CLIP).
+measurements); ``tiny-geneval`` is the CPU twin (tiny Mask2Former + 2 + 2-layer CLIP).
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ from digenrl.rewards.clip_backbone import ClipImageTransform, LocalClip
 from digenrl.rewards.clipscore import CLIP_VIT_L_14, TINY_CLIP
 from digenrl.rewards.geneval_rules import (
     LABEL_ALIASES,
-    Box,
+    Detected,
     Detections,
     Verdict,
     check_metadata,
@@ -85,26 +87,42 @@ GENEVAL_LAYOUT: dict[str, tuple[str, ...]] = {
     **{f"CLIP {what}": tuple(f"clip/{f}" for f in files) for what, files in FULL_LAYOUT.items()},
 }
 
-#: DETR-R50 with transformers' own ResNet-50 (the facebook/detr-resnet-50 sizes: d_model 256, 6 + 6 layers,
-#: 8 heads, FFN 2048, 100 queries), GenEval's 80 classes; 41 M parameters.
-DETR_R50: dict[str, Any] = {
-    "backbone": {
-        "embedding_size": 64,
-        "hidden_sizes": [256, 512, 1024, 2048],
-        "depths": [3, 4, 6, 3],
-        "layer_type": "bottleneck",
-    },
-    "detr": {"d_model": 256, "encoder_layers": 6, "decoder_layers": 6, "num_queries": 100},
-    "size": {"shortest_edge": 800, "longest_edge": 1333},
+#: GenEval's detector: Mask2Former with a Swin-S backbone for COCO instance segmentation (Cheng et al.,
+#: "Masked-attention Mask Transformer for Universal Image Segmentation", CVPR 2022, arXiv 2112.01527; the
+#: facebook/mask2former-swin-small-coco-instance sizes = transformers' Mask2FormerConfig defaults: hidden 256,
+#: 6 pixel-decoder and 9 + 1 transformer-decoder layers, 100 queries), 80 COCO classes; 69 M parameters.
+MASK2FORMER_SWIN_S: dict[str, Any] = {
+    "kind": "mask2former",
+    "backbone": {"embed_dim": 96, "depths": [2, 2, 18, 2], "num_heads": [3, 6, 12, 24], "window_size": 7},
+    "model": {},
+    "size": {"shortest_edge": 800, "longest_edge": 1333},  # mmdetection's test resize (1333, 800)
 }
+TINY_MASK2FORMER: dict[str, Any] = {
+    "kind": "mask2former",
+    "backbone": {"embed_dim": 32, "depths": [1, 1, 1, 1], "num_heads": [1, 1, 2, 2], "window_size": 4},
+    "model": {
+        "hidden_dim": 32,
+        "mask_feature_size": 32,
+        "feature_size": 32,
+        "num_queries": 10,
+        "encoder_layers": 1,
+        "decoder_layers": 2,
+        "num_attention_heads": 2,
+        "encoder_feedforward_dim": 32,
+        "dim_feedforward": 32,
+    },
+    "size": {"shortest_edge": 64, "longest_edge": 64},
+}
+#: A DETR (transformers' ResNet backbone), the box-only alternative; the tiny size is for CPU tests.
 TINY_DETR: dict[str, Any] = {
+    "kind": "detr",
     "backbone": {
         "embedding_size": 8,
         "hidden_sizes": [8, 16, 16, 16],
         "depths": [1, 1, 1, 1],
         "layer_type": "basic",
     },
-    "detr": {
+    "model": {
         "d_model": 16,
         "encoder_layers": 1,
         "decoder_layers": 1,
@@ -116,11 +134,14 @@ TINY_DETR: dict[str, Any] = {
     },
     "size": {"shortest_edge": 32, "longest_edge": 64},
 }
+BACKGROUND_GREY = 0x99 / 255  # GenEval's --options bgcolor default "#999"
+MAX_PER_IMAGE = 100  # mmdetection Mask2Former test_cfg max_per_image (instance segmentation)
+SIZE_DIVISOR = 32  # Mask2FormerImageProcessor size_divisor: inputs padded to a multiple of it
 
 
 def detr_resize_hw(height: int, width: int, shortest: int, longest: int | None) -> tuple[int, int]:
-    """DETR's output size (transformers image_processing_detr ``get_size_with_aspect_ratio``): the short
-    side to ``shortest`` unless that pushes the long side past ``longest``."""
+    """DETR's and Mask2Former's resize (transformers image_processing_detr ``get_size_with_aspect_ratio``):
+    the short side to ``shortest`` unless that pushes the long side past ``longest``."""
     short, long = min(height, width), max(height, width)
     size = shortest
     if longest is not None and long / short * size > longest:
@@ -130,11 +151,25 @@ def detr_resize_hw(height: int, width: int, shortest: int, longest: int | None) 
     return int(size * height / width), size
 
 
+def mask_boxes(masks: Tensor) -> Tensor:
+    """Tight boxes ``[N, 4]`` (x0, y0, x1 + 1, y1 + 1) of boolean masks ``[N, H, W]``, zeros for an empty
+    mask (mmdetection ``mask2bbox``, what GenEval's Mask2Former reports as its boxes)."""
+    boxes = torch.zeros(masks.shape[0], 4, dtype=torch.float32, device=masks.device)
+    rows, cols = masks.any(dim=2), masks.any(dim=1)
+    for i in range(masks.shape[0]):
+        ys, xs = torch.nonzero(rows[i]).flatten(), torch.nonzero(cols[i]).flatten()
+        if len(ys) and len(xs):
+            boxes[i] = torch.stack([xs[0], ys[0], xs[-1] + 1, ys[-1] + 1]).float()
+    return boxes
+
+
 @dataclass
 class Detector:
-    """A DETR-family detector with its tensor pre/post-processing (module docstring)."""
+    """A COCO detector with its tensor pre/post-processing: ``kind`` ``mask2former`` (instance masks,
+    GenEval's own detector) or ``detr`` (boxes only; DETR, YOLOS). Module docstring."""
 
     model: Any
+    kind: str
     size: dict[str, int]
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
@@ -142,16 +177,19 @@ class Detector:
 
     @classmethod
     def from_model(cls, model: Any, processor: Mapping[str, Any]) -> Detector:
+        kind = "mask2former" if model.config.model_type == "mask2former" else "detr"
         labels = {int(k): v for k, v in model.config.id2label.items()}
         named = {i: LABEL_ALIASES.get(name, name) for i, name in labels.items()}
         size = dict(processor.get("size") or {})
         if "shortest_edge" not in size:
             raise ValueError(
-                f"the detector's preprocessor_config.json size {size!r} has no shortest_edge (DETR's format)"
+                f"reward.weights_path: the detector's preprocessor_config.json size {size!r} has no "
+                "shortest_edge (the DETR / Mask2Former processors' format)"
             )
         normalise = processor.get("do_normalize", True)
         return cls(
             model.eval().requires_grad_(False),
+            kind,
             size,
             tuple(processor.get("image_mean", IMAGENET_MEAN)) if normalise else (0.0, 0.0, 0.0),
             tuple(processor.get("image_std", IMAGENET_STD)) if normalise else (1.0, 1.0, 1.0),
@@ -160,10 +198,16 @@ class Detector:
 
     @classmethod
     def load(cls, directory: Path, device: torch.device, dtype: torch.dtype) -> Detector:
-        from transformers import AutoModelForObjectDetection
+        from transformers import AutoConfig, AutoModelForObjectDetection, Mask2FormerForUniversalSegmentation
 
         try:
-            model = AutoModelForObjectDetection.from_pretrained(directory, local_files_only=True, dtype=dtype)
+            config = AutoConfig.from_pretrained(directory, local_files_only=True)
+            model_class = (
+                Mask2FormerForUniversalSegmentation
+                if config.model_type == "mask2former"
+                else AutoModelForObjectDetection
+            )
+            model = model_class.from_pretrained(directory, local_files_only=True, dtype=dtype)
         except ImportError as exc:
             raise ValueError(
                 f"reward.weights_path: the detector in {str(directory)!r} needs a package that is not "
@@ -177,27 +221,40 @@ class Detector:
 
     @classmethod
     def random(cls, architecture: dict[str, Any], *, seed: int, device: torch.device, dtype: torch.dtype):
-        from transformers import DetrConfig, DetrForObjectDetection, ResNetConfig
+        from transformers import (
+            DetrConfig,
+            DetrForObjectDetection,
+            Mask2FormerConfig,
+            Mask2FormerForUniversalSegmentation,
+            ResNetConfig,
+            SwinConfig,
+        )
 
-        backbone = ResNetConfig(**architecture["backbone"], out_features=["stage4"])
         labels = dict(enumerate(GENEVAL_CLASSES))
-        config = DetrConfig(backbone_config=backbone, id2label=labels, **architecture["detr"])
-        model = build_random(DetrForObjectDetection, config, seed=seed, device=device, dtype=dtype)
-        processor = {
-            "size": dict(architecture["size"]),
-            "image_mean": IMAGENET_MEAN,
-            "image_std": IMAGENET_STD,
-        }
-        return cls.from_model(model, processor)
+        if architecture["kind"] == "mask2former":
+            stages = [f"stage{i}" for i in range(1, 5)]
+            backbone = SwinConfig(**architecture["backbone"], out_features=stages)
+            config = Mask2FormerConfig(backbone_config=backbone, id2label=labels, **architecture["model"])
+            model_class = Mask2FormerForUniversalSegmentation
+        else:
+            backbone = ResNetConfig(**architecture["backbone"], out_features=["stage4"])
+            config = DetrConfig(backbone_config=backbone, id2label=labels, **architecture["model"])
+            model_class = DetrForObjectDetection
+        model = build_random(model_class, config, seed=seed, device=device, dtype=dtype)
+        size = dict(architecture["size"])
+        return cls.from_model(model, {"size": size, "image_mean": IMAGENET_MEAN, "image_std": IMAGENET_STD})
 
     def check(self) -> None:
         """Refuse a detector this reward cannot read, naming the setting."""
-        head = getattr(self.model, "class_labels_classifier", None)
+        head = getattr(
+            self.model, "class_predictor" if self.kind == "mask2former" else "class_labels_classifier", None
+        )
         out = getattr(head, "out_features", None)
         if out != len(self.model.config.id2label) + 1:
             raise ValueError(
-                f"reward.weights_path: detector {type(self.model).__name__} is not a DETR-style detector "
-                "(a softmax over its classes plus 'no object'); GenEval's reward reads DETR or YOLOS"
+                f"reward.weights_path: detector {type(self.model).__name__} does not classify its queries "
+                "with a softmax over its classes plus 'no object'; GenEval's reward reads Mask2Former "
+                "(instance segmentation) or DETR / YOLOS"
             )
         if not self.class_of_label:
             raise ValueError(
@@ -206,9 +263,9 @@ class Detector:
 
     def save_pretrained(self, directory: Path) -> None:
         self.model.save_pretrained(directory)
+        processor_type = "Mask2FormerImageProcessor" if self.kind == "mask2former" else "DetrImageProcessor"
         processor = {
-            "image_processor_type": "DetrImageProcessor",
-            "format": "coco_detection",
+            "image_processor_type": processor_type,
             "do_resize": True,
             "size": self.size,
             "do_rescale": True,
@@ -216,37 +273,82 @@ class Detector:
             "do_normalize": True,
             "image_mean": list(self.mean),
             "image_std": list(self.std),
-            "do_pad": True,
         }
+        if self.kind == "mask2former":
+            processor["size_divisor"] = SIZE_DIVISOR
         (directory / IMAGE_PROCESSOR_FILES[0]).write_text(json.dumps(processor, indent=2), encoding="utf-8")
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def __call__(self, images: Tensor) -> list[tuple[Tensor, Tensor, list[str]]]:
-        """Per image: boxes ``[N, 4]`` (x0, y0, x1, y1 in the image's pixels), confidences ``[N]``, and the
-        GenEval class of each (queries predicting "no object" or a class GenEval lacks are dropped)."""
+    def __call__(self, images: Tensor) -> list[tuple[Tensor, Tensor, list[str], Tensor | None]]:
+        """Per image: boxes ``[N, 4]`` (x0, y0, x1, y1 in the image's pixels), confidences ``[N]``, the
+        GenEval class of each, and (Mask2Former) their masks ``[N, H, W]`` bool. Predictions of "no object"
+        or of a class GenEval lacks are dropped."""
         height, width = images.shape[-2:]
-        target = detr_resize_hw(height, width, self.size["shortest_edge"], self.size.get("longest_edge"))
-        x = F.interpolate(images.to(self.device, torch.float32), size=target, mode="bilinear", antialias=True)
+        resized = detr_resize_hw(height, width, self.size["shortest_edge"], self.size.get("longest_edge"))
+        x = F.interpolate(
+            images.to(self.device, torch.float32), size=resized, mode="bilinear", antialias=True
+        )
         mean = torch.tensor(self.mean, device=x.device).view(1, 3, 1, 1)
         std = torch.tensor(self.std, device=x.device).view(1, 3, 1, 1)
+        x = (x - mean) / std
+        if self.kind == "mask2former":  # zero-pad bottom/right to the size divisor, as the processor does
+            pad_h, pad_w = (-resized[0]) % SIZE_DIVISOR, (-resized[1]) % SIZE_DIVISOR
+            x = F.pad(x, (0, pad_w, 0, pad_h))
         dtype = next(self.model.parameters()).dtype
-        inputs: dict[str, Tensor] = {"pixel_values": ((x - mean) / std).to(dtype)}
-        if "pixel_mask" in inspect.signature(self.model.forward).parameters:
-            inputs["pixel_mask"] = torch.ones(x.shape[0], *target, dtype=torch.long, device=x.device)
+        inputs: dict[str, Tensor] = {"pixel_values": x.to(dtype)}
+        if self.kind == "detr" and "pixel_mask" in inspect.signature(self.model.forward).parameters:
+            inputs["pixel_mask"] = torch.ones(x.shape[0], *resized, dtype=torch.long, device=x.device)
         out = self.model(**inputs)
+        if self.kind == "mask2former":
+            return [
+                self._instances(
+                    out.class_queries_logits[i], out.masks_queries_logits[i], resized, (height, width)
+                )
+                for i in range(images.shape[0])
+            ]
+        return self._detr_boxes(out, height, width)
+
+    def _instances(
+        self, logits: Tensor, mask_logits: Tensor, resized: tuple[int, int], original: tuple[int, int]
+    ) -> tuple[Tensor, Tensor, list[str], Tensor]:
+        """mmdetection's Mask2Former instance post-processing (MaskFormerFusionHead ``instance_postprocess``):
+        the top :data:`MAX_PER_IMAGE` (query, class) pairs by class probability; masks upsampled to the
+        padded input, cropped to the resized image, resized to the original and cut at logit 0; score =
+        class probability × the mask's mean probability inside it; boxes from the masks."""
+        probs = logits.float().softmax(dim=-1)[:, :-1]  # [Q, C]
+        num_classes = probs.shape[1]
+        top, flat = probs.flatten().topk(min(MAX_PER_IMAGE, probs.numel()))
+        labels, queries = flat % num_classes, flat // num_classes
+        keep = [i for i, label in enumerate(labels.tolist()) if label in self.class_of_label]
+        top, labels, queries = top[keep], labels[keep], queries[keep]
+        padded = (mask_logits.shape[-2] * 4, mask_logits.shape[-1] * 4)
+        masks = F.interpolate(
+            mask_logits[queries][None].float(), size=padded, mode="bilinear", align_corners=False
+        )
+        masks = masks[..., : resized[0], : resized[1]]
+        masks = F.interpolate(masks, size=original, mode="bilinear", align_corners=False)[0]
+        binary = masks > 0
+        inside = binary.flatten(1).float()
+        mask_score = (masks.sigmoid().flatten(1) * inside).sum(1) / (inside.sum(1) + 1e-6)
+        names = [self.class_of_label[int(label)] for label in labels]
+        return mask_boxes(binary).cpu(), (top * mask_score).cpu(), names, binary.cpu()
+
+    def _detr_boxes(self, out: Any, height: int, width: int) -> list[tuple[Tensor, Tensor, list[str], None]]:
+        """``DetrImageProcessor.post_process_object_detection``: softmax, drop "no object", the best class
+        per query, centre boxes → corners in pixels."""
         probs = out.logits.float().softmax(dim=-1)[..., :-1]
         scores, labels = probs.max(dim=-1)
         cx, cy, w, h = out.pred_boxes.float().unbind(-1)
-        scale = torch.tensor([width, height, width, height], device=x.device, dtype=torch.float32)
+        scale = torch.tensor([width, height, width, height], device=scores.device, dtype=torch.float32)
         boxes = torch.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], dim=-1) * scale
         results = []
-        for i in range(images.shape[0]):
+        for i in range(scores.shape[0]):
             rows = [q for q, label in enumerate(labels[i].tolist()) if label in self.class_of_label]
             names = [self.class_of_label[int(labels[i, q])] for q in rows]
-            results.append((boxes[i, rows].cpu(), scores[i, rows].cpu(), names))
+            results.append((boxes[i, rows].cpu(), scores[i, rows].cpu(), names, None))
         return results
 
 
@@ -270,22 +372,28 @@ class ColourClassifier:
             self._weights[name] = torch.stack(rows)
         return self._weights[name]
 
-    def crops(self, image: Tensor, boxes: list[Box]) -> list[Tensor]:
-        """The box crops ``[1, 3, h, w]`` of ``image`` ``[3, H, W]`` (corners rounded outwards, >= 1 px)."""
+    def crops(self, image: Tensor, objects: list[Detected]) -> list[Tensor]:
+        """Each object's crop ``[1, 3, h, w]`` of ``image`` ``[3, H, W]``: with a mask, the image over
+        GenEval's grey background (``bgcolor`` #999) through the mask, then the box (corners rounded
+        outwards, >= 1 px); without, the box of the image (GenEval's ``ImageCrops``)."""
         height, width = image.shape[-2:]
         out = []
-        for box in boxes:
+        for obj in objects:
+            box = obj.box
+            source = image
+            if obj.mask is not None:
+                source = torch.where(obj.mask.to(image.device)[None], image, BACKGROUND_GREY)
             x0 = min(max(math.floor(float(box[0])), 0), width - 1)
             y0 = min(max(math.floor(float(box[1])), 0), height - 1)
             x1 = min(max(math.ceil(float(box[2])), x0 + 1), width)
             y1 = min(max(math.ceil(float(box[3])), y0 + 1), height)
-            out.append(image[None, :, y0:y1, x0:x1])
+            out.append(source[None, :, y0:y1, x0:x1])
         return out
 
-    def __call__(self, image: Tensor, boxes: list[Box], name: str) -> list[str]:
-        if not boxes:
+    def __call__(self, image: Tensor, objects: list[Detected], name: str) -> list[str]:
+        if not objects:
             return []
-        embeds = torch.cat([self.clip.image_embeddings(crop) for crop in self.crops(image, boxes)])
+        embeds = torch.cat([self.clip.image_embeddings(crop) for crop in self.crops(image, objects)])
         picks = (embeds @ self.classifier(name).T).argmax(dim=-1)
         return [GENEVAL_COLORS[i] for i in picks.tolist()]
 
@@ -305,7 +413,7 @@ class GenEvalReward(RewardFunction):
     needs_weights = True
     weights_optional = True
     weights_layout = GENEVAL_LAYOUT
-    detector_architecture: dict[str, Any] = DETR_R50
+    detector_architecture: dict[str, Any] = MASK2FORMER_SWIN_S
     clip_architecture: dict[str, Any] = CLIP_VIT_L_14
 
     def __init__(
@@ -332,7 +440,9 @@ class GenEvalReward(RewardFunction):
             clip = LocalClip.random(self.clip_architecture, transform, seed=seed + 1, device=self.device)
             self.colours = ColourClassifier(clip)
             warn_random_weights(
-                self.name, self.num_parameters(), "a DETR detector and a CLIP (save_pretrained)"
+                self.name,
+                self.num_parameters(),
+                "a Mask2Former (or DETR) detector and a CLIP (save_pretrained)",
             )
         else:
             root = Path(require_files(weights_path, GENEVAL_LAYOUT, "GenEval (detector/ + clip/)"))
@@ -368,8 +478,8 @@ class GenEvalReward(RewardFunction):
         for start in range(0, images.shape[0], self.batch_size):
             found.extend(self.detector(images[start : start + self.batch_size]))
         out = []
-        for image, (boxes, scores, names), meta in zip(images, found, metadata, strict=True):
-            kept: Detections = keep_detections(boxes, scores, names, str(meta.get("tag", "")))
+        for image, (boxes, scores, names, masks), meta in zip(images, found, metadata, strict=True):
+            kept: Detections = keep_detections(boxes, scores, names, str(meta.get("tag", "")), masks)
             out.append(judge(kept, meta, lambda b, n, image=image: self.colours(image, b, n)))
         return out
 
@@ -389,7 +499,8 @@ class GenEvalReward(RewardFunction):
 
 @register_reward("tiny-geneval")
 class TinyGenEvalReward(GenEvalReward):
-    """:class:`GenEvalReward` with a tiny DETR and a 2 + 2-layer CLIP (CPU tests); loads directories alike."""
+    """:class:`GenEvalReward` with a tiny Mask2Former and a 2 + 2-layer CLIP (CPU tests); loads directories
+    alike (a DETR's too)."""
 
-    detector_architecture = TINY_DETR
+    detector_architecture = TINY_MASK2FORMER
     clip_architecture = TINY_CLIP

@@ -60,10 +60,21 @@ LABEL_ALIASES: dict[str, str] = {
 }
 
 Box = Tensor  # [4] float: x0, y0, x1, y1 in pixels
-#: Kept detections: class name → boxes, most confident first.
-Detections = dict[str, list[Box]]
-#: Classifies the boxes of one class in one image among colour names: (boxes, class name) → colours.
-ColourClassifier = Callable[[list[Box], str], list[str]]
+
+
+@dataclass(frozen=True)
+class Detected:
+    """One kept detection: its box and, from an instance-segmentation detector, its mask ``[H, W]`` bool
+    (GenEval greys out the background with it before classifying the colour)."""
+
+    box: Box
+    mask: Tensor | None = None
+
+
+#: Kept detections: class name → detections, most confident first.
+Detections = dict[str, list[Detected]]
+#: Classifies detections of one class in one image among colour names: (detections, class name) → colours.
+ColourClassifier = Callable[[list[Detected], str], list[str]]
 
 
 @dataclass(frozen=True)
@@ -95,6 +106,7 @@ def keep_detections(
     scores: Tensor,
     labels: Sequence[str],
     tag: str,
+    masks: Tensor | None = None,
     *,
     threshold: float = THRESHOLD,
     counting_threshold: float = COUNTING_THRESHOLD,
@@ -102,18 +114,19 @@ def keep_detections(
     max_overlap: float = MAX_OVERLAP,
 ) -> Detections:
     """GenEval's per-class selection (evaluate_images.py ``evaluate_image``) of one image's detections
-    (``boxes [N, 4]``, ``scores [N]``, a class name per box): above the threshold (the counting one for a
-    ``counting`` prompt), most confident first, at most ``max_objects``, then greedy overlap suppression."""
+    (``boxes [N, 4]``, ``scores [N]``, a class name per box, optionally ``masks [N, H, W]``): above the
+    threshold (the counting one for a ``counting`` prompt), most confident first, at most ``max_objects``,
+    then greedy overlap suppression."""
     cutoff = counting_threshold if tag == "counting" else threshold
     kept: Detections = {}
     for name in dict.fromkeys(labels):
         rows = [i for i, label in enumerate(labels) if label == name and scores[i] > cutoff]
         rows.sort(key=lambda i: -float(scores[i]))
         order = rows[:max_objects]
-        chosen: list[Box] = []
+        chosen: list[Detected] = []
         while order:
             best = order.pop(0)
-            chosen.append(boxes[best])
+            chosen.append(Detected(boxes[best], None if masks is None else masks[best]))
             if max_overlap < 1:
                 order = [i for i in order if box_iou(boxes[best], boxes[i]) < max_overlap]
         if chosen:
@@ -143,10 +156,10 @@ def relative_position(a: Box, b: Box, threshold: float = POSITION_THRESHOLD) -> 
     return relations
 
 
-def _positions_hold(boxes: list[Box], targets: list[Box], relation: str) -> tuple[bool, str]:
-    for box in boxes:
+def _positions_hold(objects: list[Detected], targets: list[Detected], relation: str) -> tuple[bool, str]:
+    for obj in objects:
         for target in targets:
-            found = relative_position(box, target)
+            found = relative_position(obj.box, target.box)
             if relation not in found:
                 return False, " and ".join(sorted(found)) or "no relation"
     return True, ""
@@ -157,8 +170,8 @@ def judge(detections: Detections, metadata: Mapping[str, Any], colours: ColourCl
     correct = strict = True
     reasons: list[str] = []
     parts: list[float] = []
-    matched: list[list[Box] | None] = []  # GenEval: the boxes each include clause matched (None: failed)
-    strict_matched: list[list[Box] | None] = []
+    matched: list[list[Detected] | None] = []  # GenEval: what each include clause matched (None: failed)
+    strict_matched: list[list[Detected] | None] = []
     for clause in metadata.get("include", []):
         name, count = clause["class"], int(clause["count"])
         found = detections.get(name, [])
