@@ -105,16 +105,9 @@ class VideoPickScore(RewardFunction):
         """``(frame-averaged PickScore [B], consistency [B])`` of ``videos`` ``[B, 3, F, H, W]``."""
         batch, frames = videos.shape[0], videos.shape[2]
         flat = videos.transpose(1, 2).reshape(batch * frames, *videos.shape[1:2], *videos.shape[-2:])
-        image = torch.cat(
-            [
-                self.clip.image_embeddings(flat[i : i + self.batch_size])
-                for i in range(0, flat.shape[0], self.batch_size)
-            ]
-        )
-        distinct = list(dict.fromkeys(prompts))
-        text = self.clip.text_embeddings(distinct)
-        rows = torch.tensor([distinct.index(p) for p in prompts], device=text.device)
-        cosine = (image.view(batch, frames, -1) * text[rows][:, None]).sum(-1)
+        image = self.clip.batched_image_embeddings(flat, self.batch_size)
+        text = self.clip.prompt_embeddings(prompts, self.batch_size)
+        cosine = (image.view(batch, frames, -1) * text[:, None]).sum(-1)
         pickscore = pickscore_from_cosine(self.clip, cosine)
         return pickscore.mean(dim=1), temporal_consistency(image.view(batch, frames, -1))
 
