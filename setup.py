@@ -17,7 +17,11 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["digenrl", "digenrl.*"]),
     # the hardware profiles (digenrl/runtime/profiles.py loads profile=NAME from there)
-    package_data={"digenrl.runtime": ["hardware_profiles/*.yaml", "hardware_profiles/README.md"]},
+    # and the published recipes' prompt sets (digenrl/data/prompts.py SHIPPED_SETS)
+    package_data={
+        "digenrl.runtime": ["hardware_profiles/*.yaml", "hardware_profiles/README.md"],
+        "digenrl.data": ["prompt_sets/README.md", "prompt_sets/*/*"],
+    },
     install_requires=[
         "torch>=2.6",
         "diffusers>=0.42,<0.43",

@@ -292,11 +292,13 @@ class RewardConfig:
 @dataclass
 class DataConfig:
     """Prompt sets (docs/rewards.md, "Prompt sets"): ``builtin`` / ``builtin:eval`` (small fixed lists
-    shipped with the package), a ``.txt`` file (one prompt per line) or a ``.jsonl`` file (a ``prompt``
-    field plus metadata for the rewards)."""
+    shipped with the package), a published recipe's set ``NAME:SPLIT`` (``pickscore``, ``geneval``,
+    ``ocr``, ``drawbench``; ``train`` / ``eval``), a ``.txt`` file (one prompt per line) or a ``.jsonl``
+    file (a ``prompt`` field plus metadata for the rewards)."""
 
-    prompts: str = "builtin"  # training prompts
-    eval_prompts: str = "builtin:eval"  # held-out prompts for evaluation
+    # training prompts: builtin, a shipped set NAME[:SPLIT] (pickscore, geneval, ocr, drawbench) or a file
+    prompts: str = "builtin"
+    eval_prompts: str = "builtin:eval"  # held-out prompts for evaluation (same forms; e.g. geneval:eval)
 
 
 @dataclass

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from digenrl.config import ConfigError, config_yaml, load_config, parse_override
+from digenrl.dependency_logs import quiet_dependency_logs
 from digenrl.validation import hardware_profile, validate_config, validate_devices
 
 if TYPE_CHECKING:
@@ -138,6 +139,7 @@ CONFIG_ERROR_GRACE_S = 10.0
 
 
 def main(argv: list[str]) -> int:
+    quiet_dependency_logs()
     args = parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
     logging.basicConfig(

@@ -16,7 +16,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "digenrl"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("config",),
+    ("config", "dependency_logs"),
     ("data", "algo", "rules"),
     ("models", "rewards"),
     ("runtime",),

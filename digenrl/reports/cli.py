@@ -32,6 +32,7 @@ from digenrl.config import Config, explicit_keys, load_config
 from digenrl.costs.cost_model import CostModel, load_costs
 from digenrl.costs.device_costs import SCALINGS, DeviceCosts
 from digenrl.costs.sample_costs import SampleVariance
+from digenrl.dependency_logs import quiet_dependency_logs
 from digenrl.plan import RunPlan, is_schedule_key
 from digenrl.reports import tables
 from digenrl.reports.folders import Folders
@@ -482,6 +483,7 @@ def dispatch(
     """Run ``argv[0]`` of ``commands`` (a function of the remaining arguments, or the name of a module whose
     ``main`` takes them) with the rest of ``argv``; the usage ``doc`` without a known command (the entry
     points experiments/measure.py and simulate.py)."""
+    quiet_dependency_logs()
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
         print(doc)

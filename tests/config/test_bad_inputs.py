@@ -418,7 +418,8 @@ def test_a_binary_or_non_utf8_prompt_file_names_the_key_and_file(tmp_path, conte
 
 
 def test_a_prompt_folder_is_named_as_not_a_file():
-    assert "data.prompts='/tmp' is neither 'builtin' nor an existing file" in _error(["data.prompts=/tmp"])
+    message = _error(["data.prompts=/tmp"])
+    assert "data.prompts='/tmp' is neither a shipped set nor an existing file" in message
 
 
 @pytest.mark.parametrize(
