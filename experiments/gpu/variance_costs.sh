@@ -13,6 +13,8 @@
 #   device run (kind nvidia-h200 or nvidia-h100-x1, carry [".whl"], timeout 600):
 #     DEVICE=h200 bash experiments/gpu/variance_costs.sh
 #     DEVICE=h200 ONLY="switch" bash experiments/gpu/variance_costs.sh
+#     DEVICE=h100 SWITCH_MODELS="qwen-image wan2.1-14b" bash experiments/gpu/variance_costs.sh  # H100: the two
+#       models its switch was not yet measured at
 OUT=${OUT:-/tmp/device_out} WORK=${WORK:-/tmp/device_work} DEADLINE_S=${DEADLINE_S:-560}
 # shellcheck source=experiments/gpu/steps.sh
 source experiments/gpu/steps.sh
@@ -43,7 +45,7 @@ for _ in range(90):
     kill "$server" 2>/dev/null
 fi
 if wanted switch; then
-    for model in sd3.5-medium flux.1-dev qwen-image wan2.1-14b; do
+    for model in ${SWITCH_MODELS:-sd3.5-medium flux.1-dev qwen-image wan2.1-14b}; do
         cost=experiments/results/costs/$DEVICE-$model.json
         record=()
         [[ -f $cost ]] && record=(--cost-file "$cost")
