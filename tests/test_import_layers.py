@@ -117,6 +117,22 @@ def test_no_folder_level_import_cycle():
     assert _cycles(dict(folders)) == []
 
 
+def test_no_import_cycle_between_the_subfolders_of_a_folder():
+    """Inside a folder, its subfolders (``runtime/comm``, ``runtime/observe``, …) import each other one way
+    only, so each reads as one job built on the ones below it."""
+    for top in sorted({_folder(m) for m in MODULES}):
+        subfolders: dict[str, set[str]] = defaultdict(set)
+        for module, targets in GRAPH.items():
+            parts = module.split(".")
+            if parts[1:2] != [top] or len(parts) < 4:
+                continue
+            for target in targets:
+                other = target.split(".")
+                if other[1:2] == [top] and len(other) >= 4 and other[2] != parts[2]:
+                    subfolders[parts[2]].add(other[2])
+        assert _cycles(dict(subfolders)) == [], top
+
+
 def _layer(folder: str) -> int | None:
     for i, names in enumerate(LAYERS):
         if folder in names:

@@ -26,6 +26,7 @@ from digenrl.plan.workload import Workload
 from digenrl.runtime.event_records import load_events
 from digenrl.runtime.event_summary import summarize_records
 from digenrl.runtime.profiles import HardwareProfile
+from digenrl.runtime.span_phases import Phase, is_work_phase
 from digenrl.sim.simulator import SimResult, simulate
 from digenrl.trainer.run_dir import PLAN_FILE, run_profile
 
@@ -40,7 +41,7 @@ def steady_state(
     records = list(records)
     ends: dict[int, float] = {}
     for r in records:
-        if r.get("type") == "span" and r["phase"] == "optimizer" and r.get("iteration") is not None:
+        if r.get("type") == "span" and r["phase"] == Phase.OPTIMIZER and r.get("iteration") is not None:
             ends[int(r["iteration"])] = max(ends.get(int(r["iteration"]), 0.0), float(r["t_end"]))
     # positions, not iteration numbers: a trimmed log (experiments/make_figures.py --real-run) may start
     # after iteration 0; its first logged iteration then only marks where the window starts
@@ -152,7 +153,7 @@ def compare_run(
     finished = {
         int(r["iteration"])
         for r in records
-        if r.get("type") == "span" and r["phase"] == "optimizer" and r.get("iteration") is not None
+        if r.get("type") == "span" and r["phase"] == Phase.OPTIMIZER and r.get("iteration") is not None
     }
     iterations = max(finished) + 1 if finished else 0
     workload = Workload.from_config(
@@ -164,11 +165,7 @@ def compare_run(
     device = "cuda" if profile.backend == "nccl" else "cpu"
     path = run_path(*cfg.model.optimised(device))
     phases = {
-        role: {
-            phase: v
-            for phase, v in by_phase.items()
-            if not phase.startswith(("wait", "idle")) and phase != "iteration"
-        }
+        role: {phase: v for phase, v in by_phase.items() if is_work_phase(phase)}
         for role, by_phase in error["phases"].items()
     }
     checked = [

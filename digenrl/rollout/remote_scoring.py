@@ -34,6 +34,7 @@ from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.rollout.scoring import Scorer, ScoreResult
 from digenrl.runtime.control_plane import ControlPlane
 from digenrl.runtime.events import EventLogger
+from digenrl.runtime.span_phases import Phase
 from digenrl.runtime.transfer import drain_sends, recv_trajectories, start_send
 
 
@@ -108,7 +109,7 @@ class ScoringServer:
         rank is in), score it (a ``score`` span tagged with the request's own iteration and fragment) and
         reply; returns (iteration, fragment, samples)."""
         key = f"score/{self.plane.rank}/req{self._next}"
-        with events.span("wait_request", iteration=waiting_for):
+        with events.span(Phase.WAIT_REQUEST, iteration=waiting_for):
             raw = self.plane.wait_for(
                 key,
                 peer="the generator pool",
@@ -122,7 +123,7 @@ class ScoringServer:
         batch, _ = recv_trajectories(
             None, plane=self.plane, key=envelope["data"], device=self.device, timeout_s=self.timeout_s
         )
-        with events.span("score", iteration=iteration, fragment=fragment, samples=batch.batch_size):
+        with events.span(Phase.SCORE, iteration=iteration, fragment=fragment, samples=batch.batch_size):
             result = self.scorer(batch)
         rewards = [float(r) if math.isfinite(float(r)) else None for r in result.rewards.tolist()]
         reply = {"rewards": rewards, "keep": [bool(k) for k in result.keep.tolist()]}

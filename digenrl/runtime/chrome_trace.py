@@ -21,8 +21,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from digenrl.runtime.event_records import EVENTS_SUBDIR, ITERATION_PHASE, is_idle_phase, load_events
+from digenrl.runtime.event_records import EVENTS_SUBDIR, load_events
 from digenrl.runtime.run_files import write_atomic
+from digenrl.runtime.span_phases import Phase, is_idle_phase
 
 #: Track order inside each rank. Categories a span names explicitly get the next free track ids.
 CATEGORY_TRACKS = {"iteration": 0, "compute": 1, "communication": 2, "wait": 3}
@@ -42,7 +43,7 @@ _COMMUNICATION_WORDS = (
 
 def phase_category(phase: str) -> str:
     """Default track of a phase: iteration marker, wait (idle), communication, or compute."""
-    if phase == ITERATION_PHASE:
+    if phase == Phase.ITERATION:
         return "iteration"
     if is_idle_phase(phase):
         return "wait"

@@ -9,9 +9,9 @@ Each rank writes ``<out_dir>/events/rank<r>.jsonl``, one JSON object per line, w
 - ``counter`` — ``rank, role, name, t, values`` (a dict of numbers), e.g. NVML utilisation samples.
 - ``note``    — ``rank, role, t, message`` and optional fields (e.g. "GPU telemetry disabled: …").
 
-Phase names are free-form strings, with two conventions the summaries rely on: phases named ``idle`` or
-starting with ``wait`` / ``idle`` are idle time (a bubble), and ``iteration`` marks the extent of one
-iteration on a rank (it is not work either).
+Phase names are declared once, in :class:`digenrl.runtime.span_phases.Phase` (``span_record`` refuses
+others), with the conventions the summaries rely on: ``wait_*`` phases are idle time (a bubble), and
+``iteration`` marks the extent of one iteration on a rank (it is not work either).
 
 Resumed runs (docs/operations.md, "Runs: resume, overwrite and the lock"). A resumed process appends to its
 rank's log, starting with a new ``meta`` record: one file then holds several *segments*, each timed against
@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from digenrl.runtime.json_lines import read_json_lines
+from digenrl.runtime.span_phases import declared_phase
 
 EVENTS_SUBDIR = "events"
-ITERATION_PHASE = "iteration"
 RECORD_TYPES = ("meta", "span", "counter", "note")
 
 
@@ -48,9 +48,11 @@ def span_record(
     category: str | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One span in the shared event format, written by real runs and the simulator alike."""
-    if not isinstance(phase, str) or not phase:
-        raise ValueError(f"phase must be a non-empty string, got {phase!r}")
+    """One span in the shared event format, written by real runs and the simulator alike; ``phase`` must be
+    a declared :class:`~digenrl.runtime.span_phases.Phase` (its value is what the log holds)."""
+    if not isinstance(phase, str):
+        raise ValueError(f"phase must be a string, got {phase!r}")
+    phase = declared_phase(phase).value
     if t_end < t_start:
         raise ValueError(
             f"span '{phase}' on rank {rank}: t_end ({t_end}) must not be before t_start ({t_start})"
@@ -77,16 +79,6 @@ def span_record(
 
 def rank_log_path(out_dir: str | Path, rank: int) -> Path:
     return Path(out_dir) / EVENTS_SUBDIR / f"rank{rank}.jsonl"
-
-
-def is_idle_phase(phase: str) -> bool:
-    """Idle phases are waiting, not work: ``idle``, ``idle_*``, ``wait*`` (e.g. ``wait_fragment``)."""
-    return phase == "idle" or phase.startswith(("wait", "idle"))
-
-
-def is_work_phase(phase: str) -> bool:
-    """Spans that make a device busy: everything except idle phases and the ``iteration`` marker."""
-    return phase != ITERATION_PHASE and not is_idle_phase(phase)
 
 
 def load_events(out_dir: str | Path, *, superseded: bool = False) -> list[dict[str, Any]]:

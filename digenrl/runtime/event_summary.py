@@ -25,7 +25,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from digenrl.runtime.event_records import ITERATION_PHASE, is_work_phase, load_events
+from digenrl.runtime.event_records import load_events
+from digenrl.runtime.span_phases import Phase, is_work_phase
 
 
 def summarize_events(out_dir: str | Path) -> dict[int, dict[str, Any]]:
@@ -52,7 +53,7 @@ def summarize_records(records: Iterable[Mapping[str, Any]]) -> dict[int, dict[st
     summary: dict[int, dict[str, Any]] = {}
     for iteration in iterations:
         tagged = [span for span in spans if span.get("iteration") == iteration]
-        markers = [span for span in tagged if span["phase"] == ITERATION_PHASE] or tagged
+        markers = [span for span in tagged if span["phase"] == Phase.ITERATION] or tagged
         start = min(float(span["t_start"]) for span in markers)
         end = max(float(span["t_end"]) for span in markers)
         wall = end - start
@@ -60,7 +61,7 @@ def summarize_records(records: Iterable[Mapping[str, Any]]) -> dict[int, dict[st
         phase_seconds: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         samples: dict[str, int] = defaultdict(int)
         for span in tagged:
-            if span["phase"] == ITERATION_PHASE:
+            if span["phase"] == Phase.ITERATION:
                 continue
             phase_seconds[str(span["role"])][span["phase"]] += float(span["t_end"]) - float(span["t_start"])
             if span.get("samples") is not None:

@@ -42,6 +42,7 @@ from digenrl.runtime.event_summary import summarize_events
 from digenrl.runtime.fault_injection import inject_fault
 from digenrl.runtime.iteration_profile import RANGE_PREFIX as PROFILER_RANGE_PREFIX
 from digenrl.runtime.run_files import ensure_dir, open_append, open_regular
+from digenrl.runtime.span_phases import declared_phase
 
 __all__ = ["EventLogger", "agree_clock_origin", "load_events", "merge_chrome_trace", "summarize_events"]
 
@@ -146,6 +147,7 @@ class EventLogger:
         Entering a span is also where the robustness tests inject faults by phase
         (``digenrl/runtime/fault_injection.py``).
         """
+        phase = declared_phase(phase).value  # checked before the body runs, not only when it is recorded
         notes: dict[str, Any] = dict(extra or {})
         span_id = next(self._span_ids)
         with self._lock:

@@ -20,6 +20,7 @@ from typing import Any, Protocol, TextIO
 from digenrl.config import LoggerConfig
 from digenrl.runtime.json_lines import read_json_lines
 from digenrl.runtime.run_files import ensure_dir, open_append, write_atomic
+from digenrl.runtime.span_phases import Phase
 
 log = logging.getLogger(__name__)
 
@@ -270,11 +271,11 @@ def with_event_summary(records: list[dict[str, Any]], out_dir: str | Path) -> li
 #: The loop phases whose model FLOPs and fraction of the bound a run reports (digenrl/costs/flops.py), and
 #: the event-log phases each one sums.
 LOOP_PHASES: dict[str, tuple[str, ...]] = {
-    "rollout": ("generate",),
-    "score": ("score",),
-    "train": ("train",),
-    "optimizer": ("optimizer",),
-    "sync": ("sync",),
+    "rollout": (Phase.GENERATE,),
+    "score": (Phase.SCORE,),
+    "train": (Phase.TRAIN,),
+    "optimizer": (Phase.OPTIMIZER,),
+    "sync": (Phase.SYNC,),
 }
 
 

@@ -46,7 +46,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 import torch.distributed as dist
 
@@ -54,7 +54,6 @@ from digenrl.runtime.control_plane import ControlPlane
 
 if TYPE_CHECKING:
     from digenrl.runtime.distributed import DistContext
-    from digenrl.runtime.events import EventLogger
 
 #: Heartbeat period never exceeds this: "one store write every few seconds".
 MAX_INTERVAL_S = 5.0
@@ -64,6 +63,17 @@ THRESHOLD_DIVISOR = 3.0
 PHASE_BEAT_GAP_S = 0.2
 
 _exit_lock = threading.Lock()
+
+
+class SpanSource(Protocol):
+    """What the heartbeat reads of a rank's event log (``EventLogger`` is one): its role, its innermost open
+    span, and a hook called on every span change. A protocol, so fault handling does not depend on the
+    event-log code that depends on it (``EventLogger.span`` injects the robustness tests' faults)."""
+
+    role: str
+    on_span_change: Callable[[], None] | None
+
+    def current_span(self) -> tuple[str | None, int | None, str | None]: ...
 
 
 def heartbeat_timing(timeout_s: float) -> tuple[float, float]:
@@ -146,7 +156,7 @@ class HeartbeatWatchdog:
         self._on_failure = on_failure
         self._role = "unassigned"
         self._phase = "setup"
-        self._events: EventLogger | None = None
+        self._events: SpanSource | None = None
         self._beat = 0
         self._host = socket.gethostname()
         self._stop = threading.Event()
@@ -163,7 +173,7 @@ class HeartbeatWatchdog:
 
     # ------------------------------------------------------------------------------ what this rank does
 
-    def follow(self, events: EventLogger) -> None:
+    def follow(self, events: SpanSource) -> None:
         """From now on the heartbeat carries ``events``' role and innermost open span: one beat at once,
         and one after each span change (module docstring)."""
         self._events = events

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from digenrl.costs.cost_model import CostModel
+from digenrl.runtime.span_phases import Phase
 from digenrl.sim.des import Condition, Delay, Process, Signal, Simulation
 from digenrl.sim.network import Network
 from digenrl.sim.span_log import SpanLog
@@ -87,7 +88,7 @@ class Channel:
             begin = start
         if end > begin:
             extra = {"bytes": int(nbytes), "peer": self.dst, "what": what}
-            return cluster.log.add(self.src, "transfer", begin, end, extra=extra, **tags)
+            return cluster.log.add(self.src, Phase.TRANSFER, begin, end, extra=extra, **tags)
         return None
 
     def recv(self, phase: str, **tags: Any) -> Process:

@@ -25,6 +25,7 @@ from digenrl.costs.cost_model import CostModel
 from digenrl.costs.device_costs import DeviceCosts
 from digenrl.plan.workload import Workload
 from digenrl.runtime.profiles import HardwareProfile
+from digenrl.runtime.span_phases import Phase, waiting_for
 from digenrl.sim.channel import Channel
 from digenrl.sim.des import Condition, Delay, Process, Signal, Simulation
 from digenrl.sim.network import Network
@@ -98,7 +99,7 @@ class SimCluster:
             self.log.add(rank, phase, start, self.sim.now, **tags)
 
     def collective(
-        self, key: Hashable, rank: int, ranks: Iterable[int], seconds: float, phase: str, **tags: Any
+        self, key: Hashable, rank: int, ranks: Iterable[int], seconds: float, phase: Phase, **tags: Any
     ) -> Process:
         """All of ``ranks`` meet (``wait_<phase>`` while the others arrive), then spend ``seconds`` on it."""
         members = frozenset(ranks)
@@ -111,7 +112,7 @@ class SimCluster:
         if meeting.arrived == meeting.ranks:
             del self._rendezvous[key]
             meeting.signal.fire()
-        yield from self.wait_signal(rank, f"wait_{phase}", meeting.signal, **tags)
+        yield from self.wait_signal(rank, waiting_for(phase), meeting.signal, **tags)
         yield from self.work(rank, phase, seconds, **tags)
 
     # ------------------------------------------------------------------ data movement

@@ -6,6 +6,7 @@ phase, iteration, fragment, policy_version, t_start, t_end`` + optional ``sample
 simulated run exactly like a measured one. Simulated time starts at 0, so ``clock_origin`` is 0.0 and the
 ``meta`` line says ``host: "simulated"``.
 
+Phase names are the declared ones (:class:`digenrl.runtime.span_phases.Phase`), as in real runs.
 Conventions shared with the real systems: ``generate`` / ``score`` / ``train`` / ``optimizer`` are work;
 ``wait_*`` spans are bubbles; one ``iteration`` marker per rank and iteration spans its work on that
 iteration; ``samples`` is set on ``score`` spans (each trajectory scored exactly once) and on the lead
@@ -20,7 +21,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from digenrl.runtime.event_records import ITERATION_PHASE, is_work_phase, rank_log_path, span_record
+from digenrl.runtime.event_records import rank_log_path, span_record
+from digenrl.runtime.span_phases import Phase, is_work_phase
 
 
 class SpanLog:
@@ -78,7 +80,7 @@ class SpanLog:
                 "type": "span",
                 "rank": rank,
                 "role": self.roles[rank],
-                "phase": ITERATION_PHASE,
+                "phase": Phase.ITERATION.value,
                 "iteration": iteration,
                 "fragment": None,
                 "policy_version": None,

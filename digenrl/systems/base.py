@@ -35,6 +35,7 @@ from digenrl.runtime.run_files import write_atomic
 from digenrl.runtime.run_report import closing_summary, start_banner
 from digenrl.runtime.sample_grid import grid_path, write_sample_grid
 from digenrl.runtime.shard_groups import ShardGroups, build_shard_groups
+from digenrl.runtime.span_phases import Phase
 from digenrl.runtime.stop_request import STOP
 from digenrl.runtime.telemetry import GpuTelemetry
 from digenrl.systems.components import RankComponents
@@ -132,7 +133,7 @@ class System:
         weights = trainer.ema_weights() if self.cfg.eval.use_ema else None
         with (
             self.parts.events.span(
-                "eval", iteration=iteration, policy_version=version, samples=len(evaluator.mine)
+                Phase.EVAL, iteration=iteration, policy_version=version, samples=len(evaluator.mine)
             ),
             self.evaluation_phases() as phases,
         ):

@@ -24,6 +24,7 @@ from digenrl.rollout.scoring import ScoreResult
 from digenrl.runtime.distributed import global_sum
 from digenrl.runtime.events import EventLogger
 from digenrl.runtime.profiles import load_profile
+from digenrl.runtime.span_phases import Phase
 from digenrl.systems.base import IterationReport, System
 from digenrl.systems.components import RankComponents, build_rank_components
 from digenrl.systems.phases import Accumulation, assign_advantages, reward_summary, train_logical_batch
@@ -42,7 +43,7 @@ def residency_span(events: EventLogger, record: TransitionRecord, iteration: int
     """A transition that just returned, as a ``residency`` span (it ended now, lasted its seconds)."""
     end = events.now()
     extra = {"role": record.role, "kind": record.kind, "bytes": record.bytes}
-    events.record_span("residency", end - record.seconds, end, iteration=iteration, extra=extra)
+    events.record_span(Phase.RESIDENCY, end - record.seconds, end, iteration=iteration, extra=extra)
 
 
 def colocated_shares(cfg: Config, world_size: int) -> list[RankShare]:
@@ -160,10 +161,10 @@ class ColocatedSync(System):
         events = self.parts.events
         with (
             self.residency.generation(),
-            events.span("generate", iteration=iteration, policy_version=version),
+            events.span(Phase.GENERATE, iteration=iteration, policy_version=version),
         ):
             batch = self.generate_share(self.share, iteration, version)
-        with self.residency.scoring(), events.span("score", iteration=iteration, policy_version=version):
+        with self.residency.scoring(), events.span(Phase.SCORE, iteration=iteration, policy_version=version):
             score = self.parts.scorer(batch)
         return batch, score
 

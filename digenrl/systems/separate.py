@@ -50,6 +50,7 @@ from digenrl.rules import separate_pools
 from digenrl.runtime.control_plane import ControlPlane
 from digenrl.runtime.distributed import global_sum, named_collective
 from digenrl.runtime.layout import Layout, build_layout, build_process_groups
+from digenrl.runtime.span_phases import Phase
 from digenrl.runtime.weight_sync import (
     POLICY_VERSION_NAME,
     SyncStats,
@@ -225,10 +226,10 @@ class SeparateSystem(System):
 
     # ------------------------------------------------------------------ scoring
     @property
-    def score_phase(self) -> str:
+    def score_phase(self) -> Phase:
         """The producer's span around scoring: ``score`` when it scores itself, ``wait_score`` (idle)
         when a scorer rank does (the scorer logs the ``score`` span)."""
-        return "score" if self.scorer_pool is None else "wait_score"
+        return Phase.SCORE if self.scorer_pool is None else Phase.WAIT_SCORE
 
     def score(self, batch: TrajectoryBatch, iteration: int, fragment: int) -> ScoreResult:
         """Decode and score a finished fragment: on this rank, or on its scorer rank (``pools.scorers``)."""
@@ -356,7 +357,7 @@ class SeparateSystem(System):
     def push_next_version(self, iteration: int) -> SyncStats:
         """Trainer ranks, after the iteration's step: publish θ_{k+1} (a ``sync`` span with its bytes)."""
         with self.parts.events.span(
-            "sync", iteration=iteration, policy_version=self.version.current + 1
+            Phase.SYNC, iteration=iteration, policy_version=self.version.current + 1
         ) as span:
             sync = self.push_weights(self.version.advance())
             span["bytes"] = sync.bytes
@@ -377,7 +378,7 @@ class SeparateSystem(System):
             return False
         target = self.version.latest + 1
         self.version.make_room(self.parts.bundle.flow_model)
-        with self.parts.events.span("sync", policy_version=target):
+        with self.parts.events.span(Phase.SYNC, policy_version=target):
             staged = self.weight_sync.receive(self.parts.bundle.flow_model, target)
         self.version.stage(staged)
         self.sync_history.append(staged.stats)
@@ -387,7 +388,7 @@ class SeparateSystem(System):
         """Generators: wait (logged as ``wait_sync``) until ``version`` has arrived, joining every push
         on the way, and make the model compute with it."""
         if self.version.latest < version:
-            with self.parts.events.span("wait_sync", iteration=iteration, policy_version=version):
+            with self.parts.events.span(Phase.WAIT_SYNC, iteration=iteration, policy_version=version):
                 self.plane.wait_until(
                     lambda: True if self.version.latest >= version else None,
                     key=f"version/{POLICY_VERSION_NAME}",
@@ -402,10 +403,10 @@ class SeparateSystem(System):
         """Version 0: make every generator start from the trainer's exact weights."""
         current = self.version.current
         if self.is_trainer:
-            with self.parts.events.span("sync", iteration=-1, policy_version=current):
+            with self.parts.events.span(Phase.SYNC, iteration=-1, policy_version=current):
                 self.push_weights(current)
         elif self.is_generator:
-            with self.parts.events.span("sync", iteration=-1, policy_version=current):
+            with self.parts.events.span(Phase.SYNC, iteration=-1, policy_version=current):
                 self.sync_history.append(self.weight_sync.pull(self.parts.bundle.flow_model, current))
 
     def after_run(self) -> None:

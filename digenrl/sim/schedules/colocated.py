@@ -33,6 +33,7 @@ from typing import Any
 from digenrl.data.rank_shares import RankShare
 from digenrl.plan import RunPlan
 from digenrl.plan.workload import Workload, split_evenly
+from digenrl.runtime.span_phases import Phase
 from digenrl.sim.cluster import SimCluster
 from digenrl.sim.des import Process, Signal
 from digenrl.sim.phase_costs import generation_s, score_s
@@ -61,10 +62,10 @@ def _colocated_rank(
         else:
             at = (k, share.start)  # every rank's phase ends with its slowest sample: the barriers below wait
             seconds = generation_s(cluster, rank, samples, at=at, group=ranks)
-            yield from cluster.work(rank, "generate", seconds, **tags)
-            yield from _move(cluster, plan, rank, "score", tags)
+            yield from cluster.work(rank, Phase.GENERATE, seconds, **tags)
+            yield from _move(cluster, plan, rank, Phase.SCORE, tags)
             seconds = score_s(cluster, rank, samples, at=at)
-            yield from cluster.work(rank, "score", seconds, samples=samples, **tags)
+            yield from cluster.work(rank, Phase.SCORE, seconds, samples=samples, **tags)
             yield from _move(cluster, plan, rank, "after_score", tags)
         yield from train_share(cluster, plan, rank, ranks, share, tags)
         cluster.finish_iteration(k)
@@ -77,15 +78,17 @@ def train_share(
     all-reduce (replicas) and the optimizer step (every colocated schedule, ``colocated-engine`` too)."""
     w, cost, net, k = cluster.workload, cluster.cost(rank), cluster.net, tags["iteration"]
     # advantages need every rank's rewards (assign_advantages gathers them): a barrier.
-    yield from cluster.collective(("advantages", k), rank, ranks, 0.0, "advantages", **tags)
+    yield from cluster.collective(("advantages", k), rank, ranks, 0.0, Phase.ADVANTAGES, **tags)
     seconds = units_s(cluster, rank, ranks, share.samples * w.train_steps, share.micro_batch_size)
-    yield from cluster.work(rank, "train", seconds, **tags)
+    yield from cluster.work(rank, Phase.TRAIN, seconds, **tags)
     if not sharded(cluster, ranks):
         seconds = net.allreduce_s(ranks, cost.grad_bytes)
-        yield from cluster.collective(("allreduce", k), rank, ranks, seconds, "allreduce", **tags)
-    yield from _move(cluster, plan, rank, "optimizer", tags)
+        yield from cluster.collective(("allreduce", k), rank, ranks, seconds, Phase.ALLREDUCE, **tags)
+    yield from _move(cluster, plan, rank, Phase.OPTIMIZER, tags)
     committed = w.samples_per_iteration if rank == ranks[0] else None
-    yield from cluster.work(rank, "optimizer", optimizer_s(cluster, rank, ranks), samples=committed, **tags)
+    yield from cluster.work(
+        rank, Phase.OPTIMIZER, optimizer_s(cluster, rank, ranks), samples=committed, **tags
+    )
 
 
 def _move(cluster: SimCluster, plan: RunPlan, rank: int, phase: str, tags: dict) -> Process:
@@ -97,7 +100,7 @@ def _move(cluster: SimCluster, plan: RunPlan, rank: int, phase: str, tags: dict)
         role = "train" if move.what == "optimizer" else move.what
         extra = {"role": role, "kind": "offload" if move.park else "onload", "bytes": move.nbytes}
         seconds = move_s(cluster.net, cost, [move], sync=True)
-        yield from cluster.work(rank, "residency", seconds, extra=extra, **tags)
+        yield from cluster.work(rank, Phase.RESIDENCY, seconds, extra=extra, **tags)
 
 
 def overlap_sub_batches(workload: Workload, plan: RunPlan, samples: int) -> list[int]:
@@ -122,11 +125,11 @@ def _generate_overlapped(
         at = (tags["iteration"], first)
         first += part
         seconds = generation_s(cluster, rank, part, at=at, group=group)
-        yield from cluster.work(rank, "generate", seconds, fragment=j, **tags)
+        yield from cluster.work(rank, Phase.GENERATE, seconds, fragment=j, **tags)
         scorer = _background_score(cluster, rank, last_scored, part, at, fragment=j, **tags)
         last_scored = cluster.spawn(scorer, f"rank {rank} background scorer {tags['iteration']}.{j}")
     if last_scored is not None:
-        yield from cluster.wait_signal(rank, "wait_score", last_scored, **tags)
+        yield from cluster.wait_signal(rank, Phase.WAIT_SCORE, last_scored, **tags)
 
 
 def _background_score(
@@ -137,4 +140,4 @@ def _background_score(
         yield previous
     extra = {"background": True}
     seconds = score_s(cluster, rank, samples, at=at)
-    yield from cluster.work(rank, "score", seconds, samples=samples, extra=extra, **tags)
+    yield from cluster.work(rank, Phase.SCORE, seconds, samples=samples, extra=extra, **tags)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from digenrl.plan import RunPlan
 from digenrl.plan.workload import split_evenly
+from digenrl.runtime.span_phases import Phase
 from digenrl.sim.cluster import SimCluster
 from digenrl.sim.des import Process
 from digenrl.sim.generator_weights import GeneratorWeights
@@ -58,9 +59,9 @@ def _generator(
         tags = {"iteration": k, "policy_version": k}
         yield from weights.wait_for(rank, k, iteration=k)
         at = (k, first)
-        yield from cluster.work(rank, "generate", generation_s(cluster, rank, samples, at=at), **tags)
+        yield from cluster.work(rank, Phase.GENERATE, generation_s(cluster, rank, samples, at=at), **tags)
         yield from cluster.work(
-            rank, "score", score_s(cluster, rank, samples, at=at), samples=samples, **tags
+            rank, Phase.SCORE, score_s(cluster, rank, samples, at=at), samples=samples, **tags
         )
         # samples split over the trainers like torch.tensor_split (systems/separate.py ``ship``)
         for t, share in zip(trainers, split_evenly(samples, len(trainers)), strict=True):
@@ -91,14 +92,14 @@ def _trainer(
     for k in range(w.iterations):
         tags = {"iteration": k, "policy_version": k}
         for g in generators:
-            yield from cluster.channel(("batch", k, g, rank), g, rank).recv("wait_transfer", **tags)
-        yield from cluster.work(rank, "train", units_s(cluster, rank, trainers, units), **tags)
+            yield from cluster.channel(("batch", k, g, rank), g, rank).recv(Phase.WAIT_TRANSFER, **tags)
+        yield from cluster.work(rank, Phase.TRAIN, units_s(cluster, rank, trainers, units), **tags)
         if not sharded(cluster, trainers):  # FSDP2 reduce-scatters inside every micro-batch
             seconds = cluster.net.allreduce_s(trainers, cost.grad_bytes)
-            yield from cluster.collective(("allreduce", k), rank, trainers, seconds, "allreduce", **tags)
+            yield from cluster.collective(("allreduce", k), rank, trainers, seconds, Phase.ALLREDUCE, **tags)
         committed = w.samples_per_iteration if rank == trainers[0] else None
         yield from cluster.work(
-            rank, "optimizer", optimizer_s(cluster, rank, trainers), samples=committed, **tags
+            rank, Phase.OPTIMIZER, optimizer_s(cluster, rank, trainers), samples=committed, **tags
         )
         cluster.finish_iteration(k)
         if rank == trainers[0] and k + 1 < w.iterations:
