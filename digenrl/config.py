@@ -434,8 +434,8 @@ class EngineConfig:
 
 #: The smallest ``runtime.timeout_s`` a run accepts: it bounds every distributed wait, the process group's
 #: start included, while ranks still import, build their models and meet in c10d's rendezvous seconds apart,
-#: and the hang watchdog declares a rank hung after a third of it (digenrl/runtime/watchdog.py): 1 s killed
-#: a healthy run during setup, 0.001 s failed inside c10d.
+#: and the hang watchdog declares a rank hung after a third of it (digenrl/runtime/faults/watchdog.py): 1 s
+#: killed a healthy run during setup, 0.001 s failed inside c10d.
 MIN_TIMEOUT_S = 10.0
 _TIMEOUT_WHY = (
     "it bounds every distributed wait, including the start of the process group while the ranks still "
@@ -467,7 +467,8 @@ class RuntimeConfig:
     # two runs, or two schedules, then round alike; slower, and an op without a deterministic kernel raises
     deterministic: bool = False
     # write out_dir/batches/rank<r>.jsonl: which samples each forward, decode and micro-batch ran on, in
-    # order (digenrl/runtime/batch_ledger.py), to check that two schedules compute on the same batches
+    # order (digenrl/runtime/reproducibility/batch_ledger.py), to check that two schedules compute on the same
+    # batches
     record_batches: bool = False
     # profile this iteration on every rank with torch.profiler: device time per phase and kind of kernel in
     # out_dir/profile/rank<r>.{json,md} and the trace (docs/operations.md, "Profiling an iteration")
@@ -541,8 +542,8 @@ class Config:
     """One experiment."""
 
     system: str = field(default="colocated-sync", metadata=among(SYSTEMS))
-    # auto: this node's devices (digenrl/runtime/profiles.py auto_profile); multi-node or mixed clusters
-    # name a profile (hardware_profiles/*.yaml) or a YAML file
+    # auto: this node's devices (digenrl/runtime/hardware/profiles.py auto_profile); multi-node or mixed
+    # clusters name a profile (hardware_profiles/*.yaml) or a YAML file
     profile: str = "auto"
     iterations: int = field(default=10, metadata=within(1, 10_000_000))
     seed: int = field(default=0, metadata=_SEED)
@@ -873,8 +874,8 @@ def save_config(cfg: Config, path: str | Path, *, run_id: str | None = None) -> 
 
 def config_yaml(cfg: Config, *, run_id: str | None = None) -> str:
     """``cfg`` as the YAML text :func:`save_config` writes, every key in declaration order (a run's own
-    ``config.yaml`` is written from it without following links, digenrl/runtime/run_files.py; also what
-    ``run_train.py --print-config`` prints)."""
+    ``config.yaml`` is written from it without following links, digenrl/runtime/run_folder/run_files.py; also
+    what ``run_train.py --print-config`` prints)."""
     header = f"{RUN_ID_HEADER}{run_id}\n" if run_id else ""
     return header + yaml.safe_dump(cfg.to_dict(), sort_keys=False)
 

@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from digenrl.models.spec_types import ModelSpec
-    from digenrl.runtime.profiles import HardwareProfile
+    from digenrl.runtime.hardware.profiles import HardwareProfile
 
 #: Sections (and keys) that only some systems read; everything else is shared by every system.
 SYSTEM_SPECIFIC = (
@@ -144,7 +144,7 @@ def _reward_runs_a_model(cfg: Config) -> bool:
 
 
 def _gpu_profile(cfg: Config) -> bool:
-    from digenrl.runtime.profiles import load_profile
+    from digenrl.runtime.hardware.profiles import load_profile
 
     try:
         return load_profile(cfg.profile).backend == "nccl"
@@ -371,7 +371,7 @@ def validate_config(cfg: Config, world_size: int | None = None) -> None:
             "its 16-bit dtype); got model.dtype=float32"
         )
     check_reward(cfg)
-    from digenrl.runtime.weight_sync import resolve_sync_mode
+    from digenrl.runtime.comm.weight_sync import resolve_sync_mode
 
     try:
         resolve_sync_mode(cfg)
@@ -455,7 +455,7 @@ def check_hybrid_sharding(cfg: Config, profile: HardwareProfile, world_size: int
 def hardware_profile(cfg: Config) -> HardwareProfile:
     """The hardware profile ``profile`` names: a shipped one by name, or a YAML file (errors name the key
     and the file)."""
-    from digenrl.runtime.profiles import AUTO, available_profiles, is_profile_path, load_profile
+    from digenrl.runtime.hardware.profiles import AUTO, available_profiles, is_profile_path, load_profile
 
     if not is_profile_path(cfg.profile):
         one_of("profile", cfg.profile, [AUTO, *available_profiles()])
@@ -798,7 +798,7 @@ def _run_folder_evidence(folder: Path) -> str:
     ``checkpoints/``). One marker alone is not enough: other tools keep ``.lock`` files, and a resolved
     config is often copied elsewhere to start a new run from."""
     from digenrl.config import RUN_ID_HEADER
-    from digenrl.runtime.run_lock import LOCK_FILE
+    from digenrl.runtime.run_folder.run_lock import LOCK_FILE
     from digenrl.trainer.run_dir import CHECKPOINT_DIR, CONFIG_FILE, EVENTS_SUBDIR, METRICS_FILE
 
     try:
@@ -895,7 +895,7 @@ def validate_devices(
     """
     import torch
 
-    from digenrl.runtime.distributed import planned_device_type
+    from digenrl.runtime.comm.distributed import planned_device_type
 
     gpus = torch.cuda.device_count() if cuda_devices is None else cuda_devices
     if cfg.runtime.backend == "nccl" and not distributed:
@@ -903,8 +903,8 @@ def validate_devices(
             "runtime.backend=nccl needs a process group, but this is a single process; launch with "
             "torchrun (or more than one rank), or leave runtime.backend unset"
         )
-    from digenrl.runtime.distributed import configured_backend
-    from digenrl.runtime.profiles import load_profile
+    from digenrl.runtime.comm.distributed import configured_backend
+    from digenrl.runtime.hardware.profiles import load_profile
 
     share = cfg.runtime.share_device
     # as digenrl/launch.py starts it
@@ -944,13 +944,13 @@ def validate_devices(
 
 
 def check_profile_device(cfg: Config, device_type: str, *, computes_here: bool, gpus: int) -> str | None:
-    """This process's real device against the one the profile gives its rank (digenrl/runtime/profiles.py
-    ``device_mismatch``): a ConfigError naming both and the fix, or with ``runtime.allow_profile_mismatch``
-    the mismatch as a note (None: they match, or this process is a launcher that computes nothing — its
-    workers check their own devices)."""
+    """This process's real device against the one the profile gives its rank
+    (digenrl/runtime/hardware/profiles.py ``device_mismatch``): a ConfigError naming both and the fix, or with
+    ``runtime.allow_profile_mismatch`` the mismatch as a note (None: they match, or this process is a launcher
+    that computes nothing — its workers check their own devices)."""
     if not computes_here:
         return None
-    from digenrl.runtime.profiles import detect_device, device_mismatch, matching_profiles
+    from digenrl.runtime.hardware.profiles import detect_device, device_mismatch, matching_profiles
 
     profile = hardware_profile(cfg)
     rank = int(os.environ.get("RANK", "0"))
@@ -991,7 +991,7 @@ def _checks_memory_here(distributed: bool) -> bool:
 def _free_gpu_bytes() -> float:
     import torch
 
-    from digenrl.runtime.memory import free_device_bytes
+    from digenrl.runtime.hardware.memory import free_device_bytes
 
     return float(free_device_bytes(torch.device("cuda", 0)))
 

@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from digenrl.config import SYSTEMS
-from digenrl.runtime.span_phases import Phase
+from digenrl.runtime.observe.span_phases import Phase
 
 DEFAULT_DPI = 150
 SIMULATED_HATCH = "///"
@@ -27,8 +27,8 @@ BUBBLE_HATCH = "xx"
 #: legend entry of a trainer rank's TAG generation (a ``generate`` span with ``extra.helper``)
 HELPER_GENERATE = "generate (TAG helper)"
 
-# Colours of the work phases runs and the simulator write (digenrl.runtime.span_phases.Phase); others get a
-# stable palette slot, idle phases are grey.
+# Colours of the work phases runs and the simulator write (digenrl.runtime.observe.span_phases.Phase); others
+# get a stable palette slot, idle phases are grey.
 PHASE_COLORS = {
     Phase.GENERATE: "#1f77b4",
     HELPER_GENERATE: "#6baed6",

@@ -2,8 +2,8 @@
 
 One row per rank, labelled ``rank r (role)`` with its busy fraction; one colour per phase. Time on a rank
 not covered by any *work* span is shaded as a bubble (hatched grey); explicit idle spans (``idle``,
-``wait*``: ``digenrl.runtime.span_phases.is_idle_phase``) are drawn in grey with their own legend entry.
-Spans that overlap on one rank (e.g. a background scoring thread beside generation) are stacked in
+``wait*``: ``digenrl.runtime.observe.span_phases.is_idle_phase``) are drawn in grey with their own legend
+entry. Spans that overlap on one rank (e.g. a background scoring thread beside generation) are stacked in
 sub-lanes rather than painted over each other. ``iteration`` marker spans are not drawn as bars; they
 give the dotted iteration boundaries. Spans carrying a fragment index are labelled ``f<i>`` when wide
 enough (optionally ``f<i> v<policy_version>``, which makes TCSS's one-version lag visible).
@@ -27,8 +27,8 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 from matplotlib.colors import to_rgb
 from matplotlib.patches import Patch
 
-from digenrl.runtime.event_summary import union_length
-from digenrl.runtime.span_phases import Phase, is_idle_phase, is_work_phase
+from digenrl.runtime.observe.event_summary import union_length
+from digenrl.runtime.observe.span_phases import Phase, is_idle_phase, is_work_phase
 from paper_figures.logs import RunLog, load_run
 from paper_figures.style import (
     BUBBLE_COLOR,
@@ -63,7 +63,7 @@ def parse_iteration_window(text: str) -> tuple[int, int]:
 
 def time_window(spans: Sequence[dict[str, Any]], iterations: tuple[int, int] | None) -> tuple[float, float]:
     """Time extent of the chosen iterations (their ``iteration`` markers if present, else all their spans,
-    as in ``digenrl.runtime.event_summary``); the whole log when ``iterations`` is None."""
+    as in ``digenrl.runtime.observe.event_summary``); the whole log when ``iterations`` is None."""
     if not spans:
         raise ValueError("the run has no spans to draw")
     chosen = list(spans)
@@ -146,7 +146,7 @@ def timeline_rows(
     """One ``RankRow`` per rank (every rank that wrote a log, even if idle in the window), and the window.
 
     The busy fraction is the union of the rank's work spans in the window over the window length, the
-    same definition as ``digenrl.runtime.event_summary`` uses per iteration."""
+    same definition as ``digenrl.runtime.observe.event_summary`` uses per iteration."""
     if not run.spans:
         raise ValueError(f"run '{run.path}' has no span records in events/rank<r>.jsonl")
     t0, t1 = time_window(run.spans, iterations)

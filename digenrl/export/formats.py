@@ -96,7 +96,7 @@ def rebuild_base(policy: TrainedPolicy, device: str) -> ModelBundle:
 
 def run_device_type(policy: TrainedPolicy) -> str:
     """``cuda`` for a run whose ranks talk NCCL (its profile's or ``runtime.backend``), else ``cpu``."""
-    from digenrl.runtime.profiles import load_profile
+    from digenrl.runtime.hardware.profiles import load_profile
 
     cfg = policy.cfg
     backend = cfg.runtime.backend

@@ -32,8 +32,8 @@ from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.gap.stream import FragmentStream
 from digenrl.gap.unit_packer import UnitPacker
 from digenrl.rules import fragment_size
-from digenrl.runtime.events import EventLogger
-from digenrl.runtime.span_phases import Phase
+from digenrl.runtime.observe.events import EventLogger
+from digenrl.runtime.observe.span_phases import Phase
 
 #: a received fragment's tags that go into its ``wait_fragment`` span: who made it and what it measured
 PRODUCER_TAGS = ("producer", "steps_s", "score_s")

@@ -14,9 +14,9 @@ Only the knobs the plan's system reads are taken from a config; every other fiel
 ``reap_before_launch=False``); :attr:`RunPlan.runnable` says whether a plan has none, and
 :meth:`RunPlan.to_config` refuses one that has.
 
-Rank placement follows :mod:`digenrl.runtime.layout`: in a separate layout ranks ``[0, trainers)`` train,
-the next ``generators`` ranks generate and the next ``scorers`` ranks score; colocated schedules use every
-rank of the profile.
+Rank placement follows :mod:`digenrl.runtime.launch.layout`: in a separate layout ranks ``[0, trainers)``
+train, the next ``generators`` ranks generate and the next ``scorers`` ranks score; colocated schedules use
+every rank of the profile.
 """
 
 from __future__ import annotations
@@ -86,8 +86,8 @@ def is_schedule_key(key: str) -> bool:
 
 
 class Profile(Protocol):
-    """What :meth:`RunPlan.from_config` reads of a hardware profile (:class:`~digenrl.runtime.profiles.
-    HardwareProfile`)."""
+    """What :meth:`RunPlan.from_config` reads of a hardware profile
+    (:class:`~digenrl.runtime.hardware.profiles.HardwareProfile`)."""
 
     name: str
     world_size: int
@@ -385,8 +385,8 @@ class RunPlan:
 
     def write(self, path: str | Path) -> None:
         """Write :meth:`to_json` to ``path`` (atomically: a crash leaves the old file or the new one; never
-        through a link, digenrl/runtime/run_files.py)."""
-        from digenrl.runtime.run_files import write_atomic
+        through a link, digenrl/runtime/run_folder/run_files.py)."""
+        from digenrl.runtime.run_folder.run_files import write_atomic
 
         write_atomic(path, json.dumps(self.to_json(), indent=2) + "\n")
 

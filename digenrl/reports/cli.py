@@ -87,7 +87,7 @@ def plan(argv: list[str] | None, folders: Folders) -> int:
     from digenrl.plan.workload import Workload
     from digenrl.planning.planner import Planner
     from digenrl.rules.schedule import trained_step_count
-    from digenrl.runtime.profiles import load_profile
+    from digenrl.runtime.hardware.profiles import load_profile
 
     p = _parser("plan", plan.__doc__)
     p.add_argument("--profile", required=True, help="hardware profile name or YAML path")

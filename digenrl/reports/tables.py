@@ -51,10 +51,10 @@ from digenrl.plan.run_plan import RunPlan
 from digenrl.plan.workload import Workload
 from digenrl.planning.planner import Planner, PlannerResult, PlanScore
 from digenrl.reports.folders import Folders
-from digenrl.runtime.profiles import HardwareProfile, NodeGroup, load_profile
+from digenrl.runtime.hardware.profiles import HardwareProfile, NodeGroup, load_profile
 
 PROFILES = ("a100-16", "h800-32", "hetero-h100-a100-16", "hetero-h100-h200-16")
-#: relative_speed 1.0: the reference device of every profile (digenrl/runtime/hardware_profiles/)
+#: relative_speed 1.0: the reference device of every profile (digenrl/runtime/hardware/hardware_profiles/)
 REFERENCE_DEVICE = "h200"
 #: --quick: the CPU-measured tiny model (seconds to simulate; tests), from its cost file on ``cpu``.
 QUICK_MODEL = "tiny-sd3"

@@ -4,7 +4,7 @@ simulator is trusted only as far as it matches real runs, so its error is report
 Both sides are read with the same definitions: iteration k ends when its last ``optimizer`` span ends;
 steady state is iterations ``[warmup, n − cooldown)``; throughput is samples per steady-state second.
 Per-phase numbers are the mean seconds per steady iteration summed over the ranks of a role, from
-:func:`digenrl.runtime.event_summary.summarize_records`, so a phase whose predicted time is off shows
+:func:`digenrl.runtime.observe.event_summary.summarize_records`, so a phase whose predicted time is off shows
 up by name.
 
 :func:`compare_run` does both for a run directory: it simulates the plan the run executed (its
@@ -23,10 +23,10 @@ from digenrl.costs.cost_model import CostModel, cost_path, run_path
 from digenrl.costs.device_costs import DeviceCosts
 from digenrl.plan import RunPlan
 from digenrl.plan.workload import Workload
-from digenrl.runtime.event_records import load_events
-from digenrl.runtime.event_summary import summarize_records
-from digenrl.runtime.profiles import HardwareProfile
-from digenrl.runtime.span_phases import Phase, is_work_phase
+from digenrl.runtime.hardware.profiles import HardwareProfile
+from digenrl.runtime.observe.event_records import load_events
+from digenrl.runtime.observe.event_summary import summarize_records
+from digenrl.runtime.observe.span_phases import Phase, is_work_phase
 from digenrl.sim.simulator import SimResult, simulate
 from digenrl.trainer.run_dir import PLAN_FILE, run_profile
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from digenrl.launch import launch_torchrun
-from digenrl.runtime.span_phases import Phase, is_work_phase
+from digenrl.runtime.observe.span_phases import Phase, is_work_phase
 
 #: where the real runs and the report go unless told (experiments/measure.py passes the checkout's runs/)
 DEFAULT_OUT = Path("runs") / "validation"
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None, *, config: Path | None = None, out: Path
     from digenrl.plan import RunPlan
     from digenrl.plan.workload import Workload
     from digenrl.reports.validation import simulation_error
-    from digenrl.runtime.event_records import load_events
+    from digenrl.runtime.observe.event_records import load_events
     from digenrl.sim.simulator import simulate
 
     torch.set_num_threads(args.threads)

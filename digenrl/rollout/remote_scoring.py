@@ -8,7 +8,7 @@ the fragment's final latents to a scorer rank and gets the rewards back; advanta
 trainers and everything else stay where they were.
 
 Protocol (control plane on the c10d store, data plane point-to-point, both as in
-:mod:`digenrl.runtime.transfer`):
+:mod:`digenrl.runtime.comm.transfer`):
 
 * fragment f of iteration k goes to scorer ``scorer_ranks[f mod S]`` — a fixed rule, so each scorer knows
   how many requests an iteration brings it (:meth:`ScorerPool.expected`);
@@ -32,10 +32,10 @@ import torch
 
 from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.rollout.scoring import Scorer, ScoreResult
-from digenrl.runtime.control_plane import ControlPlane
-from digenrl.runtime.events import EventLogger
-from digenrl.runtime.span_phases import Phase
-from digenrl.runtime.transfer import drain_sends, recv_trajectories, start_send
+from digenrl.runtime.comm.control_plane import ControlPlane
+from digenrl.runtime.comm.transfer import drain_sends, recv_trajectories, start_send
+from digenrl.runtime.observe.events import EventLogger
+from digenrl.runtime.observe.span_phases import Phase
 
 
 def scoring_request(batch: TrajectoryBatch) -> TrajectoryBatch:

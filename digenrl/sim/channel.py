@@ -1,6 +1,6 @@
 """One point-to-point message (a fragment shard, a stage hand-over, a batch), and its two transports.
 
-- ``rendezvous`` (default; what :func:`digenrl.runtime.transfer.send_trajectories` does: "returns when
+- ``rendezvous`` (default; what :func:`digenrl.runtime.comm.transfer.send_trajectories` does: "returns when
   every send has completed (the receiver has posted matching receives)"): the sender blocks from the send
   call until the receiver has posted the receive *and* the bytes have moved; the receiver blocks from its
   receive call until the bytes have landed. The sender's ``transfer`` span covers its whole blocked time,
@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from digenrl.costs.cost_model import CostModel
-from digenrl.runtime.span_phases import Phase
+from digenrl.runtime.observe.span_phases import Phase
 from digenrl.sim.des import Condition, Delay, Process, Signal, Simulation
 from digenrl.sim.network import Network
 from digenrl.sim.span_log import SpanLog

@@ -24,8 +24,8 @@ from typing import Any
 from digenrl.costs.cost_model import CostModel
 from digenrl.costs.device_costs import DeviceCosts
 from digenrl.plan.workload import Workload
-from digenrl.runtime.profiles import HardwareProfile
-from digenrl.runtime.span_phases import Phase, waiting_for
+from digenrl.runtime.hardware.profiles import HardwareProfile
+from digenrl.runtime.observe.span_phases import Phase, waiting_for
 from digenrl.sim.channel import Channel
 from digenrl.sim.des import Condition, Delay, Process, Signal, Simulation
 from digenrl.sim.network import Network

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from digenrl.runtime.span_phases import Phase
+from digenrl.runtime.observe.span_phases import Phase
 from digenrl.sim.cluster import SimCluster
 from digenrl.sim.des import Delay, Process
 from digenrl.sim.training import fsdp_gather_s, sharded

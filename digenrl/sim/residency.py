@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from digenrl.costs.cost_model import CostModel
-from digenrl.runtime.span_phases import Phase
+from digenrl.runtime.observe.span_phases import Phase
 from digenrl.sim.network import Network
 
 

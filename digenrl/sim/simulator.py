@@ -36,9 +36,9 @@ from digenrl.costs.device_costs import DeviceCosts
 from digenrl.plan import RunPlan
 from digenrl.plan.workload import Workload
 from digenrl.rules import search_tag_budget, tag_budget_limit
-from digenrl.runtime.event_summary import union_length
-from digenrl.runtime.profiles import HardwareProfile, load_profile
-from digenrl.runtime.span_phases import is_work_phase
+from digenrl.runtime.hardware.profiles import HardwareProfile, load_profile
+from digenrl.runtime.observe.event_summary import union_length
+from digenrl.runtime.observe.span_phases import is_work_phase
 from digenrl.sim.cluster import SimCluster
 from digenrl.sim.schedules import SCHEDULES
 from digenrl.sim.span_log import SpanLog

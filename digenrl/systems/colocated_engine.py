@@ -24,8 +24,8 @@ from __future__ import annotations
 from digenrl.config import Config, ConfigError
 from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.rollout.scoring import ScoreResult
-from digenrl.runtime.span_phases import Phase
-from digenrl.runtime.weight_sync import resolve_sync_mode
+from digenrl.runtime.comm.weight_sync import resolve_sync_mode
+from digenrl.runtime.observe.span_phases import Phase
 from digenrl.systems.colocated_sync import ColocatedSync
 from digenrl.systems.components import RankComponents
 from digenrl.systems.engine_switch import EngineSwitch

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from digenrl.data.rank_shares import RankShare
 from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.rollout.scoring import ScoreResult
-from digenrl.runtime.span_phases import Phase
+from digenrl.runtime.observe.span_phases import Phase
 from digenrl.systems.colocated_sync import ColocatedSync
 
 

@@ -21,10 +21,10 @@ from digenrl.config import Config, ConfigError
 from digenrl.data.rank_shares import RankShare, rank_shares, split_backend_conflict
 from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.rollout.scoring import ScoreResult
-from digenrl.runtime.distributed import global_sum
-from digenrl.runtime.events import EventLogger
-from digenrl.runtime.profiles import load_profile
-from digenrl.runtime.span_phases import Phase
+from digenrl.runtime.comm.distributed import global_sum
+from digenrl.runtime.hardware.profiles import load_profile
+from digenrl.runtime.observe.events import EventLogger
+from digenrl.runtime.observe.span_phases import Phase
 from digenrl.systems.base import IterationReport, System
 from digenrl.systems.components import RankComponents, build_rank_components
 from digenrl.systems.phases import Accumulation, assign_advantages, reward_summary, train_logical_batch

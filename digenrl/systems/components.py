@@ -23,11 +23,11 @@ from digenrl.rollout.engine import RolloutEngine
 from digenrl.rollout.evaluate import Evaluator
 from digenrl.rollout.sampler import Sampler
 from digenrl.rollout.scoring import Scorer
-from digenrl.runtime.batch_ledger import BatchLedger
-from digenrl.runtime.distributed import DistContext
-from digenrl.runtime.events import EventLogger
-from digenrl.runtime.metrics import MetricsWriter, open_tensorboard, open_wandb
-from digenrl.runtime.shard_groups import ShardGroups
+from digenrl.runtime.comm.distributed import DistContext
+from digenrl.runtime.comm.shard_groups import ShardGroups
+from digenrl.runtime.observe.events import EventLogger
+from digenrl.runtime.observe.metrics import MetricsWriter, open_tensorboard, open_wandb
+from digenrl.runtime.reproducibility.batch_ledger import BatchLedger
 from digenrl.trainer.lora import prepare_generator_model
 from digenrl.trainer.run_dir import RunStart
 from digenrl.trainer.trainer import PolicyTrainer

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from digenrl.runtime.span_phases import Phase
+from digenrl.runtime.observe.span_phases import Phase
 from digenrl.systems.base import IterationReport
 from digenrl.systems.components import RankComponents
 from digenrl.systems.phases import assign_advantages

@@ -29,8 +29,8 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
-from digenrl.runtime.span_phases import Phase
-from digenrl.runtime.weight_sync import full_tensor, generator_sync_parameters
+from digenrl.runtime.comm.weight_sync import full_tensor, generator_sync_parameters
+from digenrl.runtime.observe.span_phases import Phase
 from digenrl.systems.residency import (
     WeightTransitions,
     chain_transitions,

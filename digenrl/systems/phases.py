@@ -18,10 +18,10 @@ from digenrl.gap.unit_packer import UnitPacker
 from digenrl.rollout.sampler import Sampler
 from digenrl.rollout.scoring import ScoreResult
 from digenrl.rules.schedule import trained_step_count
-from digenrl.runtime.distributed import comm_device, named_collective
-from digenrl.runtime.events import EventLogger
-from digenrl.runtime.fault_injection import inject_delay
-from digenrl.runtime.span_phases import Phase
+from digenrl.runtime.comm.distributed import comm_device, named_collective
+from digenrl.runtime.faults.fault_injection import inject_delay
+from digenrl.runtime.observe.events import EventLogger
+from digenrl.runtime.observe.span_phases import Phase
 from digenrl.trainer.trainer import PolicyTrainer
 
 

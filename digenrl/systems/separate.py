@@ -11,7 +11,7 @@ schedules are made of:
 * weight sync — the trainer pool's source rank pushes θ_{k+1} (:meth:`push_weights`); a generator joins
   every push (:meth:`service_weight_sync`) — ``digenrl``'s as soon as it is announced (between fragments
   and from inside every wait), the separate baselines' in :meth:`wait_for_version` (see below) —
-  receiving into a staging buffer; :class:`~digenrl.runtime.policy_version.
+  receiving into a staging buffer; :class:`~digenrl.runtime.comm.policy_version.
   PolicyVersion` decides when the staged weights take effect;
 * the staleness bound (``self.bound``, :class:`~digenrl.async_policy.tcss.StalenessBound`) — every system's
   one check of every received fragment: one policy version per trajectory, no older than the system
@@ -47,16 +47,16 @@ from digenrl.gap.stream import FragmentStream
 from digenrl.rollout.remote_scoring import ScorerPool, ScoringServer
 from digenrl.rollout.scoring import ScoreResult
 from digenrl.rules import separate_pools
-from digenrl.runtime.control_plane import ControlPlane
-from digenrl.runtime.distributed import global_sum, named_collective
-from digenrl.runtime.layout import Layout, build_layout, build_process_groups
-from digenrl.runtime.span_phases import Phase
-from digenrl.runtime.weight_sync import (
+from digenrl.runtime.comm.control_plane import ControlPlane
+from digenrl.runtime.comm.distributed import global_sum, named_collective
+from digenrl.runtime.comm.weight_sync import (
     POLICY_VERSION_NAME,
     SyncStats,
     WeightSync,
     resolve_sync_mode,
 )
+from digenrl.runtime.launch.layout import Layout, build_layout, build_process_groups
+from digenrl.runtime.observe.span_phases import Phase
 from digenrl.systems.base import IterationReport, System
 from digenrl.systems.components import RankComponents, build_rank_components
 from digenrl.systems.phases import Accumulation, reward_summary
@@ -302,7 +302,7 @@ class SeparateSystem(System):
     def drain(self, pending: list, *, keep: int = 0, what: str) -> list:
         """Wait until at most ``keep`` sends are in flight, joining weight syncs meanwhile where the
         schedule allows it (:meth:`idle_hook`)."""
-        from digenrl.runtime.transfer import drain_sends
+        from digenrl.runtime.comm.transfer import drain_sends
 
         return drain_sends(
             pending,

@@ -17,9 +17,9 @@ import time
 from digenrl.async_policy.tcss import StalenessStats
 from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.rollout.scoring import ScoreResult
-from digenrl.runtime.distributed import global_sum
-from digenrl.runtime.fault_injection import inject_delay
-from digenrl.runtime.span_phases import Phase
+from digenrl.runtime.comm.distributed import global_sum
+from digenrl.runtime.faults.fault_injection import inject_delay
+from digenrl.runtime.observe.span_phases import Phase
 from digenrl.systems.base import IterationReport
 from digenrl.systems.phases import Accumulation, assign_advantages, train_logical_batch
 from digenrl.systems.separate import SeparateSystem, generator_report

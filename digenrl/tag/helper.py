@@ -41,9 +41,9 @@ import torch
 from digenrl.gap.fragments import FragmentPlan
 from digenrl.gap.stream import FragmentStream
 from digenrl.rollout.engine import RolloutEngine
-from digenrl.runtime.events import EventLogger
-from digenrl.runtime.fault_injection import inject_fault
-from digenrl.runtime.span_phases import Phase
+from digenrl.runtime.faults.fault_injection import inject_fault
+from digenrl.runtime.observe.events import EventLogger
+from digenrl.runtime.observe.span_phases import Phase
 from digenrl.trainer.parallel import ParallelBackend
 from digenrl.tsp.stage_worker import InFlight
 

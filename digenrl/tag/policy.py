@@ -6,7 +6,7 @@ per iteration, 0 = no limit). ``tag.policy=auto`` decides before every iteration
 measured so far:
 
 1. the trainer collects per-operation costs from the spans its event log records anyway
-   (:meth:`TagPolicy.observe`, subscribed to the rank's :class:`~digenrl.runtime.events.EventLogger`;
+   (:meth:`TagPolicy.observe`, subscribed to the rank's :class:`~digenrl.runtime.observe.events.EventLogger`;
    :class:`TagObservations`): the producers' stepping and scoring seconds per fragment (a received
    fragment's ``wait_fragment`` span names its producer and carries the costs the producer measured), its
    own training seconds per unit (``train``), optimizer step (``optimizer``), helper switch
@@ -36,8 +36,8 @@ from typing import Protocol
 from digenrl.config import Config
 from digenrl.costs.cost_model import CFG_KEYS, CostModel
 from digenrl.rules import TagPrediction
-from digenrl.runtime.profiles import HardwareProfile
-from digenrl.runtime.span_phases import Phase
+from digenrl.runtime.hardware.profiles import HardwareProfile
+from digenrl.runtime.observe.span_phases import Phase
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ The worker logs its own spans (``generate`` for its steps, ``transfer`` for a ha
 while it waits for the previous stage) and adds the seconds of its steps to the fragment's ``steps_s``
 tag, which the last stage ships with it (the trainers' TAG policy reads the producers' costs from it).
 
-Hand-offs are buffered sends (:func:`digenrl.runtime.transfer.start_send`): stage s starts its next
+Hand-offs are buffered sends (:func:`digenrl.runtime.comm.transfer.start_send`): stage s starts its next
 fragment while stage s+1 receives this one, which is what makes the stages a pipeline. At most
 ``max_in_flight`` hand-offs wait for their receiver; beyond that the stage waits (servicing whatever the
 caller's ``idle`` does meanwhile — a generator joins pending weight syncs).
@@ -28,11 +28,11 @@ import torch
 
 from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.rollout.engine import RolloutEngine
-from digenrl.runtime.control_plane import ControlPlane
-from digenrl.runtime.events import EventLogger
-from digenrl.runtime.fault_injection import inject_delay
-from digenrl.runtime.span_phases import Phase
-from digenrl.runtime.transfer import PendingSend, drain_sends, recv_trajectories, start_send
+from digenrl.runtime.comm.control_plane import ControlPlane
+from digenrl.runtime.comm.transfer import PendingSend, drain_sends, recv_trajectories, start_send
+from digenrl.runtime.faults.fault_injection import inject_delay
+from digenrl.runtime.observe.events import EventLogger
+from digenrl.runtime.observe.span_phases import Phase
 from digenrl.tsp.pipeline import TspPlan
 
 

@@ -170,7 +170,7 @@ def test_enumerations_are_the_tuples_the_runtime_checks():
     from digenrl.plan import run_plan
     from digenrl.rewards import NONFINITE_POLICIES
     from digenrl.rollout.sampler import CFG_GRAD_MODES
-    from digenrl.runtime.distributed import RUNTIME_BACKENDS
+    from digenrl.runtime.comm.distributed import RUNTIME_BACKENDS
     from digenrl.trainer import BACKENDS
 
     declared = dict(ENUMS)

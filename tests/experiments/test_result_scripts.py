@@ -211,7 +211,7 @@ def test_validate_compares_a_run_with_its_simulation_per_phase(tmp_path):
     from digenrl.plan import RunPlan
     from digenrl.plan.workload import Workload
     from digenrl.reports.validation import compare_run
-    from digenrl.runtime.profiles import load_profile
+    from digenrl.runtime.hardware.profiles import load_profile
     from digenrl.sim.simulator import simulate as run_simulation
 
     system = random.choice(["colocated-sync", "separate-sync", "digenrl"])
@@ -291,7 +291,7 @@ def test_trim_run_keeps_only_the_chosen_iterations(tmp_path):
 def test_make_figures_rebuilds_the_trace_of_a_crashed_real_run(tmp_path, capsys):
     """A run that died before merging its logs has no trace.json (or a stale one): ``--real-run`` rebuilds
     it from the event logs before copying the run; a current trace is left alone."""
-    from digenrl.runtime.events import EventLogger
+    from digenrl.runtime.observe.events import EventLogger
 
     run = tmp_path / "crashed"
     with EventLogger(run, 0, "colocated", 0.0) as events:
@@ -307,7 +307,7 @@ def test_make_figures_rebuilds_the_trace_of_a_crashed_real_run(tmp_path, capsys)
 
 
 def test_sub_cluster_cuts_nodes_and_keeps_links():
-    from digenrl.runtime.profiles import load_profile
+    from digenrl.runtime.hardware.profiles import load_profile
 
     base = load_profile("h800-32")
     n = random.randint(1, 4)
@@ -322,7 +322,7 @@ def test_device_costs_scale_h200_costs_by_relative_speed():
     from dataclasses import replace
 
     from digenrl.costs.cost_model import CostModel
-    from digenrl.runtime.profiles import load_profile
+    from digenrl.runtime.hardware.profiles import load_profile
 
     base = replace(CostModel.load(QUICK_COST_FILE), device="h200")
     profile = load_profile("hetero-h100-a100-16")

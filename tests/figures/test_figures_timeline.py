@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from digenrl.runtime.events import EventLogger
+from digenrl.runtime.observe.events import EventLogger
 from paper_figures.logs import load_run
 from paper_figures.timeline import (
     assign_lanes,

@@ -16,7 +16,7 @@ from digenrl.models import build_model_bundle
 from digenrl.rewards.registry import build_configured_reward
 from digenrl.rollout.evaluate import Evaluator, eval_schedule, grid_pixels
 from digenrl.rollout.scoring import Scorer
-from digenrl.runtime.sample_grid import CELL_PIXELS, write_sample_grid
+from digenrl.runtime.observe.sample_grid import CELL_PIXELS, write_sample_grid
 from digenrl.systems.components import resolve_resolution
 from digenrl.validation import validate_config
 

@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from digenrl.runtime.event_records import load_events
-from digenrl.runtime.event_summary import steady_window, union_length
-from digenrl.runtime.events import EventLogger, merge_chrome_trace, summarize_events
-from digenrl.runtime.span_phases import is_idle_phase
+from digenrl.runtime.observe.event_records import load_events
+from digenrl.runtime.observe.event_summary import steady_window, union_length
+from digenrl.runtime.observe.events import EventLogger, merge_chrome_trace, summarize_events
+from digenrl.runtime.observe.span_phases import is_idle_phase
 
 
 def _coverage_union(intervals, lo, hi):

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 import digenrl
-from digenrl.runtime.profiles import (
+from digenrl.runtime.hardware.profiles import (
     PROFILE_DIR,
     available_profiles,
     load_profile,

@@ -1,4 +1,4 @@
-"""Span phase names are declared once (digenrl/runtime/span_phases.py) and nothing emits another name.
+"""Span phase names are declared once (digenrl/runtime/observe/span_phases.py) and nothing emits another name.
 
 Three checks: the one writer of span records refuses an undeclared phase (so every run and simulation in
 the suite checks what it emits), the simulator's schedules of every system emit only declared names, and no
@@ -14,10 +14,16 @@ import pytest
 
 from digenrl.plan import RunPlan
 from digenrl.plan.workload import Workload
-from digenrl.runtime.event_records import span_record
-from digenrl.runtime.events import EventLogger
-from digenrl.runtime.profiles import load_profile
-from digenrl.runtime.span_phases import Phase, declared_phase, is_idle_phase, is_work_phase, waiting_for
+from digenrl.runtime.hardware.profiles import load_profile
+from digenrl.runtime.observe.event_records import span_record
+from digenrl.runtime.observe.events import EventLogger
+from digenrl.runtime.observe.span_phases import (
+    Phase,
+    declared_phase,
+    is_idle_phase,
+    is_work_phase,
+    waiting_for,
+)
 from digenrl.sim.simulator import simulate
 from tests.sim.toy_costs import toy_costs
 
@@ -25,7 +31,9 @@ PACKAGE = Path(__file__).resolve().parents[2] / "digenrl"
 
 
 def test_span_record_refuses_an_undeclared_phase_and_names_where_to_declare_it():
-    with pytest.raises(ValueError, match=r"'rollout' is not declared in digenrl/runtime/span_phases\.py"):
+    with pytest.raises(
+        ValueError, match=r"'rollout' is not declared in digenrl/runtime/observe/span_phases\.py"
+    ):
         span_record(0, "generator", "rollout", 0.0, 1.0)
     record = span_record(0, "generator", Phase.GENERATE, 0.0, 1.0)
     assert record["phase"] == "generate" and type(record["phase"]) is str  # the log holds the plain value
@@ -120,4 +128,4 @@ def test_no_emitter_spells_a_phase_as_a_string():
             argument = node.args[index]
             if isinstance(argument, ast.Constant) and isinstance(argument.value, str):
                 offenders.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {argument.value!r}")
-    assert offenders == [], "name a digenrl.runtime.span_phases.Phase member instead"
+    assert offenders == [], "name a digenrl.runtime.observe.span_phases.Phase member instead"

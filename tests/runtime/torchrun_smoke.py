@@ -16,10 +16,15 @@ from pathlib import Path
 
 import torch
 
-from digenrl.runtime.control_plane import ControlPlane
-from digenrl.runtime.distributed import barrier, init_distributed, shutdown_distributed
-from digenrl.runtime.events import EventLogger, agree_clock_origin, merge_chrome_trace, summarize_events
-from digenrl.runtime.telemetry import GpuTelemetry
+from digenrl.runtime.comm.control_plane import ControlPlane
+from digenrl.runtime.comm.distributed import barrier, init_distributed, shutdown_distributed
+from digenrl.runtime.observe.events import (
+    EventLogger,
+    agree_clock_origin,
+    merge_chrome_trace,
+    summarize_events,
+)
+from digenrl.runtime.observe.telemetry import GpuTelemetry
 
 
 def main() -> None:

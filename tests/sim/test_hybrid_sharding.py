@@ -18,7 +18,7 @@ from digenrl.planning.planner import Planner
 from digenrl.reports import tables
 from digenrl.reports.folders import Folders
 from digenrl.rules.schedule import hybrid_sharding_problem, replica_group, shard_group
-from digenrl.runtime.profiles import load_profile
+from digenrl.runtime.hardware.profiles import load_profile
 from digenrl.sim.simulator import simulate
 from digenrl.validation import validate_config
 from tests.systems.launcher import TINY

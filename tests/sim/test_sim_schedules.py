@@ -12,8 +12,8 @@ import pytest
 from digenrl.plan import RunPlan
 from digenrl.plan.workload import Workload
 from digenrl.reports.validation import simulation_error
-from digenrl.runtime.events import merge_chrome_trace, summarize_events
-from digenrl.runtime.profiles import load_profile
+from digenrl.runtime.hardware.profiles import load_profile
+from digenrl.runtime.observe.events import merge_chrome_trace, summarize_events
 from digenrl.sim.simulator import compute_seconds, simulate
 from tests.sim.toy_costs import toy_costs
 
@@ -61,7 +61,7 @@ def test_separate_sync_iteration_is_generate_plus_score_plus_train_exactly():
 def test_gap_strictly_shortens_the_iteration_and_gap_off_equals_the_barrier():
     """With >= 2 fragments per generator and training time > 0, streaming fragments beats the barrier.
 
-    Holds for buffered sends whatever the bytes, and for rendezvous sends (runtime/transfer.py) when
+    Holds for buffered sends whatever the bytes, and for rendezvous sends (runtime/comm/transfer.py) when
     moving a shard is free; with costly rendezvous sends a generator blocked on a busy trainer can lose
     the gain (the simulator shows it on some instances — a reason to pre-post receives in the runtime).
     """

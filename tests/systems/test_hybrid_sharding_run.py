@@ -12,7 +12,7 @@ import math
 
 import torch.distributed.checkpoint as dcp
 
-from digenrl.runtime.metrics import read_metrics
+from digenrl.runtime.observe.metrics import read_metrics
 from digenrl.trainer.checkpoint import SHARDED_DIR, latest_checkpoint_dir, read_meta
 from digenrl.trainer.run_dir import PLAN_FILE
 from tests.systems.launcher import run_train

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from digenrl.runtime.metrics import read_metrics
+from digenrl.runtime.observe.metrics import read_metrics
 from tests.rewards.tiny_clip import save_tiny_clip
 from tests.systems.equivalence import assert_same_update
 from tests.systems.launcher import run_train

@@ -17,8 +17,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from digenrl.runtime.profiles import load_profile
-from digenrl.runtime.shard_groups import build_shard_groups
+from digenrl.runtime.comm.shard_groups import build_shard_groups
+from digenrl.runtime.hardware.profiles import load_profile
 from digenrl.trainer import PolicyTrainer, load_latest_checkpoint
 from digenrl.trainer.checkpoint import save_checkpoint
 from tests.runtime.spawn import spawn_workers

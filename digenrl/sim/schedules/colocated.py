@@ -33,7 +33,7 @@ from typing import Any
 from digenrl.data.rank_shares import RankShare
 from digenrl.plan import RunPlan
 from digenrl.plan.workload import Workload, split_evenly
-from digenrl.runtime.span_phases import Phase
+from digenrl.runtime.observe.span_phases import Phase
 from digenrl.sim.cluster import SimCluster
 from digenrl.sim.des import Process, Signal
 from digenrl.sim.phase_costs import generation_s, score_s

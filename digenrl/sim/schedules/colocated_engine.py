@@ -33,7 +33,7 @@ from __future__ import annotations
 from digenrl.costs.cost_model import CostModel
 from digenrl.data.rank_shares import RankShare
 from digenrl.plan import RunPlan
-from digenrl.runtime.span_phases import Phase
+from digenrl.runtime.observe.span_phases import Phase
 from digenrl.sim.cluster import SimCluster
 from digenrl.sim.des import Process
 from digenrl.sim.network import GB

@@ -65,7 +65,7 @@ from digenrl.gap.helper_share import helper_may_claim
 from digenrl.plan import RunPlan
 from digenrl.plan.workload import Workload
 from digenrl.rules import shard_sizes
-from digenrl.runtime.span_phases import Phase
+from digenrl.runtime.observe.span_phases import Phase
 from digenrl.sim.channel import Channel
 from digenrl.sim.cluster import SimCluster
 from digenrl.sim.des import Mailbox, Process

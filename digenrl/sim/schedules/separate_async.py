@@ -24,7 +24,7 @@ from typing import Any
 
 from digenrl.plan import RunPlan
 from digenrl.plan.workload import split_evenly
-from digenrl.runtime.span_phases import Phase
+from digenrl.runtime.observe.span_phases import Phase
 from digenrl.sim.cluster import SimCluster
 from digenrl.sim.des import Mailbox, Process, Signal
 from digenrl.sim.generator_weights import GeneratorWeights

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from digenrl.plan import RunPlan
 from digenrl.plan.workload import split_evenly
-from digenrl.runtime.span_phases import Phase
+from digenrl.runtime.observe.span_phases import Phase
 from digenrl.sim.cluster import SimCluster
 from digenrl.sim.des import Process
 from digenrl.sim.generator_weights import GeneratorWeights

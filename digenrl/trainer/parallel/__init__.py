@@ -45,7 +45,7 @@ from digenrl.trainer.parallel.deepspeed import DeepSpeedBackend, import_deepspee
 from digenrl.trainer.parallel.fsdp2 import FSDP2Backend
 
 if TYPE_CHECKING:
-    from digenrl.runtime.shard_groups import ShardGroups
+    from digenrl.runtime.comm.shard_groups import ShardGroups
 
 __all__ = [
     "BACKENDS",
@@ -80,8 +80,8 @@ def wrap_for_training(
     keeps its class, so ``flow_model.forward`` and :func:`~digenrl.trainer.lora.reference_policy` still work.
     ``exact_backend``: run ``backend`` as named even in one process (see :func:`resolve_backend`).
     ``shard_groups``: ``trainer.sharding=hybrid``'s groups
-    (:func:`digenrl.runtime.shard_groups.build_shard_groups`): FSDP2 shards inside the node and replicates
-    across nodes.
+    (:func:`digenrl.runtime.comm.shard_groups.build_shard_groups`): FSDP2 shards inside the node and
+    replicates across nodes.
     """
     device = torch.device(device)
     world_size = dist.get_world_size(process_group) if dist.is_available() and dist.is_initialized() else 1

@@ -1,17 +1,18 @@
 """``fsdp2``: ``fully_shard`` per transformer block, then the root (torch.distributed.fsdp).
 
 ``trainer.sharding=flat`` shards over the whole trainer group. ``hybrid`` (HSDP) shards over the trainer
-ranks of this rank's node and keeps one replica per node (:class:`~digenrl.runtime.shard_groups.ShardGroups`):
-every micro-batch's all-gathers and reduce-scatter stay inside the node, and the gradient shard is summed
-over its replicas once per optimizer step, in :meth:`FSDP2Backend.finish_gradients`, as the simulator prices
-it (digenrl/sim/training.py ``optimizer_s``). FSDP2's own 2-D-mesh HSDP all-reduces across replicas in every
-backward unless the caller marks all but the step's last backward (``set_requires_all_reduce(False)``), and
-the accumulation here cannot know the last one ahead: fragments train as they arrive (GAP) and each rank
-pads to the longest rank's micro-batches. So the weights are sharded on the node's mesh and the cross-node
-sum is this module's, as DDP's is (:func:`~digenrl.trainer.parallel.ddp.all_reduce_gradients`). After it
-every replica holds the same gradient shard: clipping's norm over the node's shards is the global norm, the
-optimizer steps alike everywhere, and a sharded checkpoint (DCP) writes each shard once (its planner
-de-duplicates the replicas' identical chunks) and loads into any layout.
+ranks of this rank's node and keeps one replica per node
+(:class:`~digenrl.runtime.comm.shard_groups.ShardGroups`): every micro-batch's all-gathers and reduce-scatter
+stay inside the node, and the gradient shard is summed over its replicas once per optimizer step, in
+:meth:`FSDP2Backend.finish_gradients`, as the simulator prices it (digenrl/sim/training.py ``optimizer_s``).
+FSDP2's own 2-D-mesh HSDP all-reduces across replicas in every backward unless the caller marks all but the
+step's last backward (``set_requires_all_reduce(False)``), and the accumulation here cannot know the last one
+ahead: fragments train as they arrive (GAP) and each rank pads to the longest rank's micro-batches. So the
+weights are sharded on the node's mesh and the cross-node sum is this module's, as DDP's is
+(:func:`~digenrl.trainer.parallel.ddp.all_reduce_gradients`). After it every replica holds the same gradient
+shard: clipping's norm over the node's shards is the global norm, the optimizer steps alike everywhere, and a
+sharded checkpoint (DCP) writes each shard once (its planner de-duplicates the replicas' identical chunks) and
+loads into any layout.
 """
 
 from __future__ import annotations
@@ -24,12 +25,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from digenrl.runtime.distributed import named_collective
+from digenrl.runtime.comm.distributed import named_collective
 from digenrl.trainer.parallel.base import ParallelBackend, broadcast_module
 from digenrl.trainer.parallel.ddp import all_reduce_gradients
 
 if TYPE_CHECKING:
-    from digenrl.runtime.shard_groups import ShardGroups
+    from digenrl.runtime.comm.shard_groups import ShardGroups
 
 
 class FSDP2Backend(ParallelBackend):
