@@ -20,7 +20,8 @@ from digenrl.models import ModelBundle, build_model_bundle
 from digenrl.models.optimize import optimize_flow_model
 from digenrl.rewards.registry import build_configured_reward
 from digenrl.rollout.engine import RolloutEngine
-from digenrl.rollout.evaluate import Evaluator
+from digenrl.rollout.evaluate import Evaluator, local_scoring
+from digenrl.rollout.remote_scoring import ScorerPool
 from digenrl.rollout.sampler import Sampler
 from digenrl.rollout.scoring import Scorer
 from digenrl.runtime.comm.distributed import DistContext
@@ -74,6 +75,7 @@ def build_rank_components(
     score: bool | None = None,
     generation_copy: bool = False,
     shard_groups: ShardGroups | None = None,
+    scorer_pool: ScorerPool | None = None,
 ) -> RankComponents:
     """Build this rank's parts. The same seed gives every rank the same initial weights, so the
     policy is identical everywhere before the first update (checked by the weight checksum tests).
@@ -86,8 +88,10 @@ def build_rank_components(
     ``run``: how the run starts in out_dir — a resumed run appends to its event logs and cuts
     ``metrics.jsonl`` back to its checkpoint's iteration (digenrl/trainer/run_dir.py).
 
-    With ``eval.every > 0`` every training rank also gets an :class:`Evaluator` (and so a scorer): evaluation
-    runs where the trainer's weights are, over ``process_group`` (digenrl/rollout/evaluate.py).
+    With ``eval.every > 0`` every training rank also gets an :class:`Evaluator`: evaluation runs where the
+    trainer's weights are, over ``process_group`` (digenrl/rollout/evaluate.py), and scores with this rank's
+    own reward, or, given the run's ``scorer_pool`` (``pools.scorers``), on the scorer ranks: the training
+    ranks then build no reward model at all.
 
     ``generation_copy`` (``colocated-engine``, with ``generate`` and ``train``): the engine generates with its
     own copy of the policy, built as a generator rank builds its model (the trainer's adapter, frozen,
@@ -99,7 +103,7 @@ def build_rank_components(
     """
     evaluate = train and cfg.eval.every > 0
     score = generate if score is None else score
-    score = score or evaluate
+    score = score or (evaluate and scorer_pool is None)
     bundle = build_model_bundle(
         cfg.model.name,
         pretrained_path=cfg.model.pretrained_path,
@@ -214,15 +218,17 @@ def build_rank_components(
                 part.ledger = ledger
     evaluator = None
     if evaluate:
+        remote = scorer_pool is not None
         evaluator = Evaluator.build(
             cfg,
             bundle,
             latent_shape,
             latent_tokens,
-            scorer,
+            scorer_pool.evaluation_scoring(bundle.decoder) if remote else local_scoring(scorer),
             prompt_sets["data.eval_prompts"].prompts,
             device=ctx.device,
             group=process_group,
+            scored_on=f"scorer rank(s) {list(scorer_pool.scorer_ranks)}" if remote else "",
         )
     return RankComponents(
         cfg=cfg,

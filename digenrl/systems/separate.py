@@ -44,6 +44,7 @@ from digenrl.config import Config, ConfigError
 from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.gap.fragments import FragmentPlan
 from digenrl.gap.stream import FragmentStream
+from digenrl.rollout.evaluate import eval_schedule, rollout_calls
 from digenrl.rollout.remote_scoring import ScorerPool, ScoringServer
 from digenrl.rollout.scoring import ScoreResult
 from digenrl.rules import separate_pools
@@ -171,6 +172,7 @@ class SeparateSystem(System):
             run=self.run_start,
             process_group=self.groups.trainer_group,
             shard_groups=self.trainer_shard_groups(self.layout.trainer_ranks),
+            scorer_pool=self.scorer_pool,
         )
         if scorers and cfg.model.pretrained_path is None:
             # random weights: a scorer rank builds its VAE without building the transformer and the text
@@ -238,12 +240,18 @@ class SeparateSystem(System):
         return self.scorer_pool.score(batch, iteration, fragment, idle=self.idle_hook())
 
     def serve_scoring(self, iteration: int) -> IterationReport:
-        """A scorer rank's iteration: score every fragment of ``iteration`` that maps to it (requests of
-        a later iteration that arrive first — TCSS — are scored as they come and counted for theirs)."""
-        expected = self.scorer_pool.expected(self.ctx.rank, self.stream.num_fragments)
+        """A scorer rank's iteration: score every fragment of ``iteration`` that maps to it, and the rollout
+        calls of the evaluation the trainers run at its start or, after the last iteration, of the final
+        policy (requests of a later iteration that arrive first — TCSS — are scored as they come and
+        counted for theirs)."""
+        cfg, pool, server = self.cfg, self.scorer_pool, self.server
+        expected = pool.expected(self.ctx.rank, self.stream.num_fragments)
+        trainers = len(self.layout.trainer_ranks)
+        evaluations = sum(eval_schedule(cfg, iteration, final=final) for final in (False, True))
+        calls = pool.expected(self.ctx.rank, evaluations * trainers * rollout_calls(cfg.eval, trainers))
         start, samples = time.perf_counter(), 0
-        while self.server.served.get(iteration, 0) < expected:
-            k, _, n = self.server.serve_one(self.parts.events, iteration)
+        while server.served.get(iteration, 0) < expected or server.evaluated.get(iteration, 0) < calls:
+            k, _, n = server.serve_one(self.parts.events, iteration)
             samples += n if k == iteration else 0
         return generator_report(torch.zeros(0), samples, {"score": time.perf_counter() - start})
 
