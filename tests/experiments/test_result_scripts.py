@@ -98,7 +98,25 @@ def _digenrl_never_below_baselines(rows):
             best = max(v for k, v in rate.items() if not k.startswith("digenrl") and stale[k] <= staleness)
             # the table prints 4 significant digits
             assert rate[label] >= best * (1 - 1e-3), (panel, label, rate)
+        _fair_ratios_are_consistent(group)
     return panels
+
+
+def _fair_ratios_are_consistent(group):
+    """Every row of a panel names its regime, and its ratio_vs_best_fair_baseline is its samples/s over
+    the best baseline of at most its staleness (the mechanisms' ratio likewise, never above digenrl's)."""
+    baselines = [r for r in group if not r.system.startswith("digenrl") and r.throughput["samples_per_s"] > 0]
+    for r in group:
+        assert r.extra["regime"].split(";")[0] in ("identical", "mixed"), (r.model, r.system)
+        rate = r.throughput["samples_per_s"]
+        if rate == 0:
+            continue
+        staleness = int(r.extra["staleness"])
+        best = max(b.throughput["samples_per_s"] for b in baselines if int(b.extra["staleness"]) <= staleness)
+        assert float(r.extra["ratio_vs_best_fair_baseline"]) == pytest.approx(rate / best, rel=2e-3), r.model
+        if r.system.startswith("digenrl") and r.extra.get("mechanisms_ratio_vs_best_fair_baseline"):
+            mechanisms = float(r.extra["mechanisms_ratio_vs_best_fair_baseline"])
+            assert mechanisms <= float(r.extra["ratio_vs_best_fair_baseline"]) * (1 + 1e-3), r.model
 
 
 def test_throughput_quick_table(tmp_path):
