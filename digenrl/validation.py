@@ -417,6 +417,7 @@ def validate_config(cfg: Config, world_size: int | None = None) -> None:
         )
 
     check_knobs(cfg)
+    check_sequence_parallel(cfg, profile, world_size)
     if world_size is not None and world_size > profile.world_size:
         raise ConfigError(
             f"{world_size} ranks were launched but profile={cfg.profile!r} has only {profile.world_size} "
@@ -432,6 +433,72 @@ def validate_config(cfg: Config, world_size: int | None = None) -> None:
                 raise ConfigError(error)
     if cfg.trainer.sharding == "hybrid":
         check_hybrid_sharding(cfg, profile, world_size)
+
+
+SEQUENCE_PARALLEL_SYSTEMS = ("colocated-sync",)
+"""Systems whose schedule shares samples out per sequence-parallel group (docs/models.md)."""
+
+
+def check_sequence_parallel(cfg: Config, profile: HardwareProfile, world_size: int | None) -> None:
+    """``trainer.sequence_parallel`` / ``sampler.sequence_parallel``: a system that runs it, the same degree
+    on the ranks that both generate and train, a model whose heads, tokens and diffusers plan allow it
+    (:func:`digenrl.models.sequence_parallel.sequence_parallel_problem`), replicated LoRA training, and
+    groups of consecutive ranks that divide the pool and stay inside one node (the all-to-alls run on the
+    intra-node link)."""
+    degrees = {"trainer.sequence_parallel": cfg.trainer.sequence_parallel}
+    degrees["sampler.sequence_parallel"] = cfg.sampler.sequence_parallel
+    on = {key: n for key, n in degrees.items() if n > 1}
+    if not on:
+        return
+    key, degree = next(iter(on.items()))
+    if cfg.system not in SEQUENCE_PARALLEL_SYSTEMS:
+        raise ConfigError(
+            f"{key}={degree} runs under system={'/'.join(SEQUENCE_PARALLEL_SYSTEMS)} so far, not "
+            f"system={cfg.system!r}; set {key}=1 or change the system (docs/models.md, "
+            '"Sequence parallelism")'
+        )
+    if len(set(degrees.values())) > 1:
+        raise ConfigError(
+            f"trainer.sequence_parallel={cfg.trainer.sequence_parallel} and sampler.sequence_parallel="
+            f"{cfg.sampler.sequence_parallel} differ, but under system={cfg.system!r} the same ranks "
+            "generate and train with one model; set both to the same degree"
+        )
+    backend = cfg.trainer.backend
+    if cfg.trainer.mode != "lora" or backend in ("fsdp2", "deepspeed"):
+        raise ConfigError(
+            f"{key}={degree} is wired for replicated LoRA training (trainer.mode=lora, trainer.backend=auto, "
+            f"ddp or none), not trainer.mode={cfg.trainer.mode} trainer.backend={backend}; set {key}=1"
+        )
+    if cfg.colocated.split != "equal":
+        raise ConfigError(
+            f"{key}={degree} shares samples out equally per group; set colocated.split=equal "
+            f"(got {cfg.colocated.split!r})"
+        )
+    from digenrl.models.flow_model import token_count_for
+    from digenrl.models.sequence_parallel import sequence_parallel_problem
+    from digenrl.models.specs import get_model_spec
+
+    spec = get_model_spec(cfg.model.name)
+    height, width = cfg.model.height or spec.default_height, cfg.model.width or spec.default_width
+    problem = sequence_parallel_problem(
+        spec, degree, token_count_for(spec, height, width, cfg.model.frames), key
+    )
+    if problem:
+        raise ConfigError(problem)
+    if world_size is None:
+        return
+    if world_size % degree:
+        raise ConfigError(
+            f"{key}={degree} does not divide the {world_size} ranks; launch a multiple of {degree} ranks"
+        )
+    for first in range(0, world_size, degree):
+        nodes = {profile.node_of(r) for r in range(first, first + degree)}
+        if len(nodes) > 1:
+            raise ConfigError(
+                f"{key}={degree}: ranks {first}-{first + degree - 1} span nodes {sorted(nodes)} of "
+                f"profile={cfg.profile!r}; a group must stay inside one node (its all-to-alls run on the "
+                "intra-node link), so choose a degree that divides the devices per node"
+            )
 
 
 def check_hybrid_sharding(cfg: Config, profile: HardwareProfile, world_size: int | None) -> None:

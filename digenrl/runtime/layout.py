@@ -220,3 +220,57 @@ def build_process_groups(
         group = dist.new_group(list(ranks), **kwargs)
         handles[name] = group if rank in ranks else None
     return ProcessGroups(layout, rank, **handles)
+
+
+@dataclass(frozen=True)
+class SequenceGroups:
+    """This rank's sequence-parallel handles in a pool sharded ``degree`` ways (docs/models.md, "Sequence
+    parallelism"): ``degree`` consecutive ranks of the pool form one group that runs every transformer
+    forward together on the same samples (each holding 1/degree of the tokens), so the group is one
+    data-parallel member.
+
+    ``sequence_group``: this rank's group. ``single_rank_group``: this rank alone (the size-1 ``ring``
+    dimension of the diffusers mesh). ``data_group``: the pool's ranks at this rank's position in their
+    group, one per group: samples are shared out, counted and gathered over it, so each sample counts once.
+    ``member``: this rank's group's index in the pool (its data-parallel index), ``members`` their number.
+    """
+
+    degree: int
+    sequence_group: Any
+    single_rank_group: Any
+    data_group: Any
+    member: int
+    members: int
+
+
+def build_sequence_groups(
+    pool_ranks: tuple[int, ...], degree: int, rank: int, *, timeout_s: float | None = None
+) -> SequenceGroups | None:
+    """The sequence-parallel groups of one pool; a collective: **every rank of the world calls this**, with
+    the same arguments but its own ``rank`` (``dist.new_group`` is collective, module docstring). Returns
+    this rank's handles, None for ``degree`` 1 or a rank outside the pool. The caller has checked that
+    ``degree`` divides the pool (digenrl/validation.py)."""
+    if degree == 1:
+        return None
+    if len(pool_ranks) % degree:
+        raise ValueError(
+            f"sequence-parallel degree {degree} does not divide the pool's {len(pool_ranks)} ranks"
+        )
+    kwargs: dict[str, Any] = {} if timeout_s is None else {"timeout": timedelta(seconds=timeout_s)}
+    members = len(pool_ranks) // degree
+    ordered = [list(pool_ranks[m * degree : (m + 1) * degree]) for m in range(members)]
+    ordered += [list(pool_ranks[i::degree]) for i in range(degree)]
+    ordered += [[r] for r in pool_ranks]
+    handles = {tuple(ranks): dist.new_group(ranks, **kwargs) for ranks in ordered}  # same order everywhere
+    if rank not in pool_ranks:
+        return None
+    position = pool_ranks.index(rank)
+    member, local = divmod(position, degree)
+    return SequenceGroups(
+        degree=degree,
+        sequence_group=handles[tuple(ordered[member])],
+        single_rank_group=handles[(rank,)],
+        data_group=handles[tuple(pool_ranks[local::degree])],
+        member=member,
+        members=members,
+    )

@@ -26,6 +26,7 @@ from digenrl.rollout.scoring import Scorer
 from digenrl.runtime.batch_ledger import BatchLedger
 from digenrl.runtime.distributed import DistContext
 from digenrl.runtime.events import EventLogger
+from digenrl.runtime.layout import SequenceGroups
 from digenrl.runtime.metrics import MetricsWriter, open_tensorboard, open_wandb
 from digenrl.trainer.lora import prepare_generator_model
 from digenrl.trainer.run_dir import RunStart
@@ -72,6 +73,7 @@ def build_rank_components(
     process_group: torch.distributed.ProcessGroup | None = None,
     score: bool | None = None,
     generation_copy: bool = False,
+    sequence: SequenceGroups | None = None,
 ) -> RankComponents:
     """Build this rank's parts. The same seed gives every rank the same initial weights, so the
     policy is identical everywhere before the first update (checked by the weight checksum tests).
@@ -151,6 +153,12 @@ def build_rank_components(
             autocast=autocast,
             cudnn_sdpa=cfg.model.cudnn_sdpa,
         )
+    if sequence is not None:
+        from digenrl.models.sequence_parallel import enable_sequence_parallel
+
+        if generation_model is not None:
+            raise ValueError("sequence parallelism with a separate generation copy (colocated-engine)")
+        enable_sequence_parallel(bundle.flow_model, sequence.sequence_group, sequence.single_rank_group)
     engine = scorer = None
     prompt_sets = configured_prompt_sets(cfg.data)
     if score:
@@ -216,7 +224,7 @@ def build_rank_components(
             scorer,
             prompt_sets["data.eval_prompts"].prompts,
             device=ctx.device,
-            group=process_group,
+            group=process_group if sequence is None else sequence.data_group,
         )
     return RankComponents(
         cfg=cfg,
