@@ -435,10 +435,6 @@ def validate_config(cfg: Config, world_size: int | None = None) -> None:
         check_hybrid_sharding(cfg, profile, world_size)
 
 
-SEQUENCE_PARALLEL_SYSTEMS = ("colocated-sync",)
-"""Systems whose schedule shares samples out per sequence-parallel group (docs/models.md)."""
-
-
 def check_sequence_parallel(cfg: Config, profile: HardwareProfile, world_size: int | None) -> None:
     """``trainer.sequence_parallel`` / ``sampler.sequence_parallel``: a system that runs it, the same degree
     on the ranks that both generate and train, a model whose heads, tokens and diffusers plan allow it
@@ -451,28 +447,17 @@ def check_sequence_parallel(cfg: Config, profile: HardwareProfile, world_size: i
     if not on:
         return
     key, degree = next(iter(on.items()))
-    if cfg.system not in SEQUENCE_PARALLEL_SYSTEMS:
-        raise ConfigError(
-            f"{key}={degree} runs under system={'/'.join(SEQUENCE_PARALLEL_SYSTEMS)} so far, not "
-            f"system={cfg.system!r}; set {key}=1 or change the system (docs/models.md, "
-            '"Sequence parallelism")'
-        )
+    from digenrl.plan.sequence_shape import group_problem, support_problem
+
+    t = cfg.trainer
+    problem = support_problem(key, degree, cfg.system, t.mode, t.backend, cfg.colocated.split)
+    if problem:
+        raise ConfigError(problem)
     if len(set(degrees.values())) > 1:
         raise ConfigError(
             f"trainer.sequence_parallel={cfg.trainer.sequence_parallel} and sampler.sequence_parallel="
             f"{cfg.sampler.sequence_parallel} differ, but under system={cfg.system!r} the same ranks "
             "generate and train with one model; set both to the same degree"
-        )
-    backend = cfg.trainer.backend
-    if cfg.trainer.mode != "lora" or backend in ("fsdp2", "deepspeed"):
-        raise ConfigError(
-            f"{key}={degree} is wired for replicated LoRA training (trainer.mode=lora, trainer.backend=auto, "
-            f"ddp or none), not trainer.mode={cfg.trainer.mode} trainer.backend={backend}; set {key}=1"
-        )
-    if cfg.colocated.split != "equal":
-        raise ConfigError(
-            f"{key}={degree} shares samples out equally per group; set colocated.split=equal "
-            f"(got {cfg.colocated.split!r})"
         )
     from digenrl.models.flow_model import token_count_for
     from digenrl.models.sequence_parallel import sequence_parallel_problem
@@ -485,20 +470,10 @@ def check_sequence_parallel(cfg: Config, profile: HardwareProfile, world_size: i
     )
     if problem:
         raise ConfigError(problem)
-    if world_size is None:
-        return
-    if world_size % degree:
-        raise ConfigError(
-            f"{key}={degree} does not divide the {world_size} ranks; launch a multiple of {degree} ranks"
-        )
-    for first in range(0, world_size, degree):
-        nodes = {profile.node_of(r) for r in range(first, first + degree)}
-        if len(nodes) > 1:
-            raise ConfigError(
-                f"{key}={degree}: ranks {first}-{first + degree - 1} span nodes {sorted(nodes)} of "
-                f"profile={cfg.profile!r}; a group must stay inside one node (its all-to-alls run on the "
-                "intra-node link), so choose a degree that divides the devices per node"
-            )
+    if world_size is not None:
+        problem = group_problem(world_size, degree, profile.node_of, key)
+        if problem:
+            raise ConfigError(f"{problem} (profile={cfg.profile!r})")
 
 
 def check_hybrid_sharding(cfg: Config, profile: HardwareProfile, world_size: int | None) -> None:

@@ -48,6 +48,7 @@ class SimCluster:
         self.costs = costs
         self.workload = workload
         self.trainer_sharding = "flat"  # trainer.sharding of the plan (sim/training.py shard groups)
+        self.sequence_parallel = 1  # the plan's Ulysses degree (sim/training.py sequence_exchange_s)
         self.sim = Simulation()
         self.net = Network(profile)
         self.log = SpanLog(roles)

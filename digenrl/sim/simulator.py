@@ -177,6 +177,7 @@ def _simulate_once(
 ) -> SimResult:
     cluster = SimCluster(profile, costs, workload, _roles(profile, plan))
     cluster.trainer_sharding = plan.trainer_sharding
+    cluster.sequence_parallel = plan.sequence_parallel
     info = SCHEDULES[plan.system](cluster, plan) or {}
     makespan = cluster.sim.run()
     missing = [k for k in range(workload.iterations) if k not in cluster.iteration_end]
