@@ -22,6 +22,8 @@ Why not ``ModelMixin.enable_parallelism``: it builds the device as ``rank % torc
 (a division by zero on a CPU-only gloo run) and a mesh over the whole world (a pool is a subset of it).
 :func:`enable_sequence_parallel` makes the same three moves on a mesh of the group's ranks: the config set
 up on that mesh, handed to every attention processor, and ``apply_context_parallel`` with the model's plan.
+Every process group it uses is made beforehand on every rank (``dist.new_group`` is a collective over the
+world): :func:`digenrl.runtime.layout.build_sequence_groups`.
 """
 
 from __future__ import annotations
@@ -106,6 +108,13 @@ def enable_sequence_parallel(flow_model: FlowModel, group: Any, single_rank_grou
         device.type,
         mesh=torch.tensor([ranks]),
         mesh_dim_names=("ring", "ulysses"),
+    )
+    # diffusers' setup flattens ("ring", "ulysses"), and DeviceMesh._flatten would make a new process group:
+    # a collective only this group's ranks reach while every other group's ranks make theirs, so the groups'
+    # rendezvous cross-wire (seen with two groups on gloo). The flattened mesh is the sequence group itself:
+    # registered first, _flatten returns it (torch DeviceMesh._create_flatten_mesh).
+    mesh._flatten_mapping["ring_ulysses"] = DeviceMesh.from_group(
+        group, device.type, mesh_dim_names=("ring_ulysses",)
     )
     cp = ContextParallelConfig(ulysses_degree=len(ranks), mesh=mesh)
     config = ParallelConfig(context_parallel_config=cp)

@@ -109,9 +109,11 @@ class RunPlan:
     ``samples_per_forward`` (None = the workload's ``trainer.micro_batch_size`` /
     ``trainer.activation_checkpointing`` / ``sampler.samples_per_forward``; a run's plan holds the values;
     the planner lowers them where memory requires, :mod:`digenrl.planning.memory`).
-    ``sequence_parallel`` (``colocated-sync``: ``trainer.sequence_parallel`` = ``sampler.sequence_parallel``):
-    groups of that many consecutive ranks shard every forward's tokens (Ulysses) and act as one
-    data-parallel member (:mod:`digenrl.plan.sequence_shape`, docs/models.md "Sequence parallelism").
+    ``sequence_parallel`` (``trainer.sequence_parallel``; ``colocated-sync``: also
+    ``sampler.sequence_parallel``) and ``generator_sequence_parallel`` (``separate-sync``'s generator pool:
+    ``sampler.sequence_parallel``): groups of that many consecutive ranks of the pool shard every forward's
+    tokens (Ulysses) and act as one data-parallel member (:mod:`digenrl.plan.sequence_shape`, docs/models.md
+    "Sequence parallelism").
     ``colocated-*``: ``train_resident`` / ``reward_resident`` (``residency.*``: False parks the optimizer
     state during generation, and the reward weights outside scoring; :mod:`digenrl.sim.residency`),
     ``work_split`` (``colocated.split``, :data:`WORK_SPLITS`), ``overlap_sub_batches`` (``colocated-overlap``:
@@ -146,6 +148,7 @@ class RunPlan:
     activation_checkpointing: bool | None = None
     samples_per_forward: int | None = None
     sequence_parallel: int = 1
+    generator_sequence_parallel: int = 1
     train_resident: bool = True
     reward_resident: bool = True
     work_split: str = "equal"
@@ -189,6 +192,7 @@ class RunPlan:
             "tsp_stages",
             "max_inflight",
             "sequence_parallel",
+            "generator_sequence_parallel",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -256,6 +260,9 @@ class RunPlan:
                 pools.trainers, pools.generators, pools.scorers, profile.world_size
             )
             knobs |= {"trainers": trainers, "generators": generators, "scorers": scorers}
+            if cfg.system == "separate-sync":
+                knobs["sequence_parallel"] = cfg.trainer.sequence_parallel
+                knobs["generator_sequence_parallel"] = cfg.sampler.sequence_parallel
         if cfg.system == "separate-async":
             knobs |= {
                 "max_staleness": cfg.asynchrony.max_staleness,
@@ -322,6 +329,10 @@ class RunPlan:
                 out["trainer.sequence_parallel"] = out["sampler.sequence_parallel"] = self.sequence_parallel
             return out
         out |= {"pools.trainers": self.trainers, "pools.generators": self.generators}
+        if self.sequence_parallel > 1:
+            out["trainer.sequence_parallel"] = self.sequence_parallel
+        if self.generator_sequence_parallel > 1:
+            out["sampler.sequence_parallel"] = self.generator_sequence_parallel
         if self.scorers:
             out["pools.scorers"] = self.scorers
         if self.system == "separate-async":
@@ -502,6 +513,30 @@ class RunPlan:
         )
         return [members[rank // n] for rank in range(len(speeds))]
 
+    def _check_sequence_parallel(
+        self, world_size: int, workload: Workload, node_of: Callable[[int], int]
+    ) -> None:
+        """The runtime's start-up checks of the two degrees (digenrl/validation.py
+        ``check_sequence_parallel``) that a plan can violate."""
+        if self.colocated and self.generator_sequence_parallel != 1:
+            raise ValueError(
+                "RunPlan.generator_sequence_parallel is for separate-sync's generator pool; a colocated "
+                "plan's ranks generate with sequence_parallel"
+            )
+        pools = {"sequence_parallel": self.trainer_ranks(world_size)}
+        pools["generator_sequence_parallel"] = self.generator_ranks(world_size)
+        split = self.work_split if self.colocated else "equal"
+        for key, ranks in pools.items():
+            degree = getattr(self, key)
+            mode, backend = workload.trainer_mode, self.trainer_backend
+            problem = support_problem(key, degree, self.system, mode, backend, split)
+            if problem is None and degree > 1:
+                problem = group_problem(ranks, degree, node_of, key)
+            if problem:
+                raise ValueError(problem)
+        if self.generator_sequence_parallel > 1 and self.scorers:
+            raise ValueError("generator_sequence_parallel > 1 with scorer ranks (one request per fragment)")
+
     def check(
         self,
         world_size: int,
@@ -525,18 +560,7 @@ class RunPlan:
                 if problem:
                     raise ValueError(problem)
         p = workload.prompts_per_iteration
-        problem = support_problem(
-            "sequence_parallel",
-            self.sequence_parallel,
-            self.system,
-            workload.trainer_mode,
-            self.trainer_backend,
-            self.work_split,
-        )
-        if problem is None and self.sequence_parallel > 1:
-            problem = group_problem(world_size, self.sequence_parallel, node_of or (lambda rank: 0))
-        if problem:
-            raise ValueError(problem)
+        self._check_sequence_parallel(world_size, workload, node_of or (lambda rank: 0))
         if self.colocated:
             try:
                 self.colocated_shares(workload, [1.0] * world_size if speeds is None else speeds)
@@ -562,15 +586,18 @@ class RunPlan:
             )
         if self.system in ("separate-sync", "separate-async"):  # digenrl/systems/separate.py
             samples = p * workload.group_size
-            if samples % self.generators:
+            # a sequence-parallel group is one member of its pool
+            generators = self.generators // self.generator_sequence_parallel
+            trainers = self.trainers // self.sequence_parallel
+            if samples % generators:
                 raise ValueError(
-                    f"P·G={samples} samples are not divisible by {self.generators} generators (the same "
+                    f"P·G={samples} samples are not divisible by {generators} generators (the same "
                     "number of samples each)"
                 )
-            per_generator = samples // self.generators
-            if per_generator < self.trainers:
+            per_generator = samples // generators
+            if per_generator < trainers:
                 raise ValueError(
-                    f"each generator produces {per_generator} samples, fewer than {self.trainers} trainers"
+                    f"each generator produces {per_generator} samples, fewer than {trainers} trainers"
                 )
         if self.system == "digenrl":
             if self.generators % self.tsp_stages:
@@ -671,6 +698,8 @@ class RunPlan:
             knobs.append(f"{self.trainer_sharding} sharding")
         if self.sequence_parallel > 1:
             knobs.append(f"sequence parallel {self.sequence_parallel}")
+        if self.generator_sequence_parallel > 1:
+            knobs.append(f"generator sequence parallel {self.generator_sequence_parallel}")
         if self.samples_per_forward:
             knobs.append(f"{self.samples_per_forward} samples/forward")
         return knobs

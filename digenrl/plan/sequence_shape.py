@@ -17,7 +17,7 @@ model specs (``tests/plan/test_sequence_shape.py`` checks they agree), as
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 
@@ -83,36 +83,40 @@ def sequence_degrees(
 
 
 def group_problem(
-    world_size: int, degree: int, node_of: Callable[[int], int], key: str = "sequence_parallel"
+    ranks: Sequence[int], degree: int, node_of: Callable[[int], int], key: str = "sequence_parallel"
 ) -> str | None:
-    """Why groups of ``degree`` consecutive ranks cannot cover ``world_size`` ranks inside nodes (None: they
-    can); ``node_of``: rank → node (the profile's); ``key`` names the knob in the message."""
-    if world_size % degree:
-        return f"{key}={degree} does not divide the {world_size} ranks; launch a multiple of {degree} ranks"
-    for first in range(0, world_size, degree):
-        nodes = {node_of(r) for r in range(first, first + degree)}
+    """Why groups of ``degree`` consecutive ranks of a pool (``ranks``) cannot cover it inside nodes (None:
+    they can); ``node_of``: rank → node (the profile's); ``key`` names the knob in the message."""
+    ranks = tuple(ranks)
+    if len(ranks) % degree:
+        return f"{key}={degree} does not divide the pool's {len(ranks)} ranks; use a divisor of {len(ranks)}"
+    for first in range(0, len(ranks), degree):
+        group = ranks[first : first + degree]
+        nodes = {node_of(r) for r in group}
         if len(nodes) > 1:
             return (
-                f"{key}={degree}: ranks {first}-{first + degree - 1} span nodes {sorted(nodes)}; a "
-                "group must stay inside one node (its all-to-alls run on the intra-node link), so choose a "
-                "degree that divides the devices per node"
+                f"{key}={degree}: ranks {group[0]}-{group[-1]} span nodes {sorted(nodes)}; a group must stay "
+                "inside one node (its all-to-alls run on the intra-node link), so choose a degree that "
+                "divides the pool's devices per node"
             )
     return None
 
 
-#: Systems whose schedule shares samples out per sequence-parallel group (the runtime's: colocated_sync.py).
-SEQUENCE_PARALLEL_SYSTEMS = ("colocated-sync",)
+#: Systems whose schedule shares samples out per sequence-parallel group (the runtime's: colocated_sync.py,
+#: separate_sync.py).
+SEQUENCE_PARALLEL_SYSTEMS = ("colocated-sync", "separate-sync")
 
 
 def support_problem(key: str, degree: int, system: str, mode: str, backend: str, split: str) -> str | None:
     """Why a run of ``system`` (trainer ``mode`` / ``backend``, ``colocated.split``) cannot shard its sequence
     ``degree`` ways (None: it can), naming ``key``: the runtime wires it for ``colocated-sync`` with
-    replicated LoRA training and an equal split so far (docs/models.md, "Sequence parallelism")."""
+    replicated LoRA training (and, colocated, an equal split) so far (docs/models.md, "Sequence
+    parallelism")."""
     if degree == 1:
         return None
     if system not in SEQUENCE_PARALLEL_SYSTEMS:
         return (
-            f"{key}={degree} runs under system={'/'.join(SEQUENCE_PARALLEL_SYSTEMS)} so far, not "
+            f"{key}={degree} runs under system={' or '.join(SEQUENCE_PARALLEL_SYSTEMS)} so far, not "
             f'system={system!r}; set {key}=1 or change the system (docs/models.md, "Sequence parallelism")'
         )
     if mode != "lora" or backend in ("fsdp2", "deepspeed"):

@@ -232,7 +232,8 @@ class SequenceGroups:
     ``sequence_group``: this rank's group. ``single_rank_group``: this rank alone (the size-1 ``ring``
     dimension of the diffusers mesh). ``data_group``: the pool's ranks at this rank's position in their
     group, one per group: samples are shared out, counted and gathered over it, so each sample counts once.
-    ``member``: this rank's group's index in the pool (its data-parallel index), ``members`` their number.
+    ``member``: this rank's group's index in the pool (its data-parallel index), ``members`` their number;
+    ``local``: this rank's position in its group (0: the group's first rank, the one that ships its data).
     """
 
     degree: int
@@ -241,6 +242,7 @@ class SequenceGroups:
     data_group: Any
     member: int
     members: int
+    local: int
 
 
 def build_sequence_groups(
@@ -273,4 +275,5 @@ def build_sequence_groups(
         data_group=handles[tuple(pool_ranks[local::degree])],
         member=member,
         members=members,
+        local=local,
     )

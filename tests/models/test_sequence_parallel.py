@@ -54,7 +54,7 @@ def _cfg(**overrides: object) -> Config:
     [
         ({"sampler__sequence_parallel": 1}, 2, "differ"),
         ({"trainer__backend": "fsdp2"}, 2, "trainer.backend=fsdp2"),
-        ({}, 3, "does not divide the 3 ranks"),
+        ({}, 3, "does not divide the pool's 3 ranks"),
         ({"model__height": 48, "model__width": 48, "model__frames": 1}, 2, "does not divide the 9 tokens"),
     ],
 )
@@ -67,9 +67,21 @@ def test_startup_errors_name_the_key(overrides, world, message):
 
 def test_other_systems_are_refused():
     cfg = _cfg()
-    cfg.system = "separate-sync"
-    with pytest.raises(ConfigError, match="runs under system=colocated-sync so far"):
+    cfg.system = "digenrl"
+    with pytest.raises(ConfigError, match="runs under system=colocated-sync or separate-sync so far"):
         validate_config(cfg)
+
+
+def test_separate_pools_are_checked_each_with_its_own_degree():
+    cfg = _cfg()
+    cfg.system, cfg.profile = "separate-sync", "cpu-4"
+    cfg.pools.trainers, cfg.pools.generators = 1, 3
+    cfg.trainer.sequence_parallel = 1
+    with pytest.raises(ConfigError, match=r"sampler\.sequence_parallel=2 does not divide the pool.s 3 ranks"):
+        validate_config(cfg, 4)
+    cfg.pools.trainers, cfg.pools.generators = 2, 2
+    cfg.sampler.sequence_parallel, cfg.trainer.sequence_parallel = 1, 2  # they may differ on disjoint pools
+    validate_config(cfg, 4)
 
 
 def test_a_group_across_nodes_is_refused(tmp_path):
@@ -80,7 +92,7 @@ def test_a_group_across_nodes_is_refused(tmp_path):
     profile.write_text(text.replace("name: cpu-2", "name: two-nodes"))
     cfg = _cfg()
     cfg.profile = str(profile)
-    with pytest.raises(ConfigError, match="span nodes"):
+    with pytest.raises(ConfigError, match=r"trainer\.sequence_parallel=2: ranks 0-1 span nodes"):
         validate_config(cfg, 2)
 
 

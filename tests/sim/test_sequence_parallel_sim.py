@@ -108,7 +108,13 @@ def test_the_plan_is_the_configs_and_is_refused_where_the_runtime_cannot_run_it(
     assert RunPlan.from_config(plan.to_config(cfg), load_profile("cpu-2")) == plan
     with pytest.raises(ValueError, match="runs under system=colocated-sync"):
         RunPlan("colocated-overlap", sequence_parallel=2).check(8, W)
-    with pytest.raises(ValueError, match="does not divide the 6 ranks"):
+    separate = RunPlan("separate-sync", trainers=4, generators=4, generator_sequence_parallel=2)
+    separate.check(8, W)
+    assert separate.config_items()["sampler.sequence_parallel"] == 2
+    assert "trainer.sequence_parallel" not in separate.config_items()
+    with pytest.raises(ValueError, match="generator_sequence_parallel=4 does not divide the pool's 6 ranks"):
+        RunPlan("separate-sync", trainers=2, generators=6, generator_sequence_parallel=4).check(8, W)
+    with pytest.raises(ValueError, match="does not divide the pool's 6 ranks"):
         RunPlan("colocated-sync", sequence_parallel=4).check(6, W)
     with pytest.raises(ValueError, match="span nodes"):
         RunPlan("colocated-sync", sequence_parallel=4).check(8, W, node_of=lambda rank: rank // 2)
