@@ -235,7 +235,8 @@ def _loads(plan: RunPlan, w: Workload, profile: HardwareProfile, choice: tuple) 
     if plan.system == "digenrl":
         gen_batch = cap(plan.fragment_size(w))
     else:
-        gen_batch = cap(-(-w.prompts_per_iteration * w.group_size // len(generators)))  # separate.py
+        members = len(generators) // plan.generator_sequence_parallel  # a group generates one fragment
+        gen_batch = cap(-(-w.prompts_per_iteration * w.group_size // members))  # separate.py
     tag = plan.system == "digenrl" and plan.tag
     trainer = RankLoad(
         "trainer",
@@ -246,8 +247,11 @@ def _loads(plan: RunPlan, w: Workload, profile: HardwareProfile, choice: tuple) 
         gen_batch if tag else 0,
         len(shard_group(trainers, trainers[0], profile.node_of, plan.trainer_sharding)),
         grads_while_generating=tag and not plan.park_grads,
+        sequence_parallel=plan.sequence_parallel,
     )
-    generator = RankLoad("generator", False, True, gen_batch=gen_batch)
+    generator = RankLoad(
+        "generator", False, True, gen_batch=gen_batch, sequence_parallel=plan.generator_sequence_parallel
+    )
     return {**dict.fromkeys(trainers, trainer), **dict.fromkeys(generators, generator)}
 
 

@@ -329,7 +329,19 @@ class Planner:
             return [plan.with_(samples_per_forward=s) for s in self._overlap_sub_batch_sizes(plan)]
         splits = range(1, world)
         if system == "separate-sync":
-            return [RunPlan(system, trainers=n, generators=world - n) for n in splits]
+            # Ulysses degrees of a video model: the trainer pool's, with the generators whole or sharded alike
+            pairs = [(1, 1)] + [(d, g) for d in self.sequence_degrees() for g in (1, d)]
+            return [
+                RunPlan(
+                    system,
+                    trainers=n,
+                    generators=world - n,
+                    sequence_parallel=d,
+                    generator_sequence_parallel=g,
+                )
+                for n in splits
+                for d, g in pairs
+            ]
         if system == "separate-async":
             return [
                 RunPlan(system, trainers=n, generators=world - n, max_staleness=max_staleness) for n in splits
@@ -338,9 +350,10 @@ class Planner:
 
     def sequence_degrees(self) -> list[int]:
         """Ulysses degrees worth trying for this workload's model (:func:`sequence_degrees`): a video model
-        whose activations may not fit one device, sharded over groups inside a node. Each is scored like any
-        plan, so it is chosen only where it fits when N = 1 does not, or runs faster (a larger micro-batch,
-        no checkpointing) despite its all-to-alls."""
+        whose activations may not fit one device, sharded over groups inside a node (``colocated-sync``, and
+        ``separate-sync``'s trainer pool with its generators whole or sharded alike). Each is scored like
+        any plan, so it is chosen only where it fits when N = 1 does not, or runs faster (a larger
+        micro-batch, no checkpointing) despite its all-to-alls."""
         if self.workload.trainer_mode != "lora":
             return []
         cost = self.costs.for_rank(0)

@@ -48,13 +48,18 @@ class SimCluster:
         self.costs = costs
         self.workload = workload
         self.trainer_sharding = "flat"  # trainer.sharding of the plan (sim/training.py shard groups)
-        self.sequence_parallel = 1  # the plan's Ulysses degree (sim/training.py sequence_exchange_s)
+        #: each rank's Ulysses group (the plan's degrees over its pools; sim/training.py), absent = alone
+        self.sequence_groups: dict[int, tuple[int, ...]] = {}
         self.sim = Simulation()
         self.net = Network(profile)
         self.log = SpanLog(roles)
         self.iteration_end: dict[int, float] = {}
         self._rendezvous: dict[Hashable, _Rendezvous] = {}
         self._channels: dict[Hashable, Channel] = {}
+
+    def sequence_degree(self, rank: int) -> int:
+        """How many ranks shard ``rank``'s sequence (1: no sequence parallelism)."""
+        return len(self.sequence_groups.get(rank, (rank,)))
 
     @property
     def now(self) -> float:

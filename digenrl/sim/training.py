@@ -17,9 +17,9 @@
   with the sharded model, so every forward gathers the weights once (the gather of FSDP shards for
   generation that a colocated system pays and a dedicated generator, holding whole weights, does not).
 * :func:`sequence_exchange_s`: with Ulysses sequence parallelism over groups of N ranks
-  (``RunPlan.sequence_parallel``) a rank computes 1/N of every forward and backward of its group's
-  samples and adds the all-to-alls of the activations over the intra-node link, not overlapped with the
-  compute (diffusers runs them in line): per transformer pass the bytes of
+  (``RunPlan.sequence_parallel`` / ``generator_sequence_parallel``) a rank computes 1/N of every forward
+  and backward of its group's samples and adds the all-to-alls of the activations over the intra-node
+  link, not overlapped with the compute (diffusers runs them in line): per transformer pass the bytes of
   :meth:`~digenrl.plan.sequence_shape.SequenceShape.exchange_bytes` (arXiv 2309.14509). A training
   micro-batch makes a forward and a backward pass (a checkpointed forward once more; with CFG the
   detached unconditional forward too), a denoising step one forward (of both CFG halves).
@@ -59,10 +59,10 @@ def fsdp_gather_s(cluster: SimCluster, group: Sequence[int], nbytes: float, rank
 
 def sequence_exchange_s(cluster: SimCluster, rank: int, samples: int, passes: int) -> float:
     """Seconds of ``rank``'s Ulysses all-to-alls over ``passes`` transformer passes of ``samples`` samples
-    (module docstring); 0 without sequence parallelism. The group is the N consecutive ranks around
-    ``rank``; each all-to-all is limited by the slowest link from ``rank`` to a peer (nccl-tests
+    (module docstring); 0 without sequence parallelism. Each all-to-all over ``rank``'s group
+    (``cluster.sequence_groups``) is limited by the slowest link from ``rank`` to a peer (nccl-tests
     PERFORMANCE.md: an all-to-all moves (n−1)/n of the bytes over each rank's link)."""
-    n = cluster.sequence_parallel
+    n = cluster.sequence_degree(rank)
     if n == 1 or samples <= 0:
         return 0.0
     cost = cluster.cost(rank)
@@ -73,8 +73,8 @@ def sequence_exchange_s(cluster: SimCluster, rank: int, samples: int, passes: in
             f"sequence_parallel={n}: no sequence shape for {cost.model!r} (digenrl/plan/sequence_shape.py) "
             "or no meta['latent_shape'] in its cost file; its all-to-alls cannot be priced"
         )
-    first = rank - rank % n
-    rate = min(cluster.net.bytes_per_s(rank, peer) for peer in range(first, first + n) if peer != rank)
+    peers = [peer for peer in cluster.sequence_groups[rank] if peer != rank]
+    rate = min(cluster.net.bytes_per_s(rank, peer) for peer in peers)
     return shape.exchange_bytes(samples, shape.tokens(latent), n, passes) / rate
 
 
@@ -82,9 +82,10 @@ def micro_batch_s(cluster: SimCluster, rank: int, group: Sequence[int], units: i
     """Seconds of one micro-batch of ``units`` units on ``rank`` whose trainer group is ``group``."""
     w = cluster.workload
     compute = w.micro_batch_s(cluster.cost(rank), units)
-    if cluster.sequence_parallel > 1:
+    n = cluster.sequence_degree(rank)
+    if n > 1:
         passes = 2 + int(w.activation_checkpointing) + int(w.cfg)
-        return compute / cluster.sequence_parallel + sequence_exchange_s(cluster, rank, units, passes)
+        return compute / n + sequence_exchange_s(cluster, rank, units, passes)
     if not units or not sharded(cluster, group):
         return compute
     return max(compute, 3 * fsdp_gather_s(cluster, group, cluster.cost(rank).param_bytes, rank))
@@ -97,11 +98,12 @@ def generation_s(
     ``group`` when the workload is a full fine-tune and ``group`` has several ranks."""
     w = cluster.workload
     cost = cluster.cost(rank)
-    if cluster.sequence_parallel > 1:
+    n = cluster.sequence_degree(rank)
+    if n > 1:
         steps = w.num_steps if steps is None else steps
         through = samples * (2 if w.cfg else 1)  # both CFG halves go through the transformer
         exchange = sequence_exchange_s(cluster, rank, through, 1)
-        return w.generation_s(cost, samples, steps) / cluster.sequence_parallel + steps * exchange
+        return w.generation_s(cost, samples, steps) / n + steps * exchange
     if not sharded(cluster, group) or samples <= 0:
         return w.generation_s(cost, samples, steps)
     chunk = w.samples_per_forward or samples

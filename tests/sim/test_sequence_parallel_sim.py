@@ -97,6 +97,24 @@ def test_a_rank_computes_half_its_groups_samples_and_pays_the_all_to_alls():
     assert act[2].parts["train: activations"] == pytest.approx(act[1].parts["train: activations"] / 2)
 
 
+def test_separate_sync_groups_generate_and_train_their_members_share():
+    plan = RunPlan(
+        "separate-sync", trainers=4, generators=4, sequence_parallel=2, generator_sequence_parallel=2, **KNOBS
+    )
+    result = simulate(H200, WAN, W, plan)
+    tokens = 9 * 30 * 52
+    one_pass = 40 * 6 * (tokens / 2 * 5120 * 2) / 2 / 450e9  # one sample's all-to-alls, N = 2
+    # 32 samples over 2 generator groups: each of the 4 generator ranks generates 16 at half the compute
+    generate = 20 * (WAN.generator_step_s(16, False) / 2 + 16 * one_pass)
+    assert result.phase_seconds["generator"]["generate"] / 4 == pytest.approx(generate, rel=1e-9)
+    # each of the 4 trainer ranks trains its group's 16 units (forward, backward, recomputation)
+    train = 16 * (WAN.train_micro_batch_s(1, False, True) / 2 + 3 * one_pass)
+    assert result.phase_seconds["trainer"]["train"] / 4 == pytest.approx(train, rel=1e-9)
+    # only a group's first rank ships: 2 fragments, each to the 4 trainer ranks
+    sends = [s for s in result.spans if s["phase"] == "transfer" and s["iteration"] == 1]
+    assert len(sends) == 8 and {s["rank"] for s in sends} == {4, 6}
+
+
 def test_the_plan_is_the_configs_and_is_refused_where_the_runtime_cannot_run_it():
     cfg = load_config(REPO / "experiments/configs/tiny.yaml")
     cfg.system, cfg.profile = "colocated-sync", "cpu-2"
@@ -126,7 +144,11 @@ def test_a_long_wan_clip_that_fits_no_h100_is_planned_with_sequence_parallelism(
     costs = extrapolation.reshape(WAN, 193)  # a 12 s clip at 16 fps: 49 latent frames, 76440 tokens
     factor = 1 / h100.gpu_types["h100"].relative_speed
     planner = Planner(h100, costs.scaled(factor, factor, "h100"), replace(W, micro_batch_size=1))
-    best = planner.baselines()["colocated-sync"]
+    baselines = planner.baselines()
     rejected = planner.rejected[RunPlan("colocated-sync").describe()]
     assert "does not fit even at micro-batch 1 with activation checkpointing" in rejected
+    best = baselines["colocated-sync"]
     assert best is not None and best.plan.sequence_parallel >= 2, best
+    # the separate pools' trainers do not fit alone either: the best split shards them
+    separate = baselines["separate-sync"]
+    assert separate is not None and separate.plan.sequence_parallel >= 2, separate
