@@ -16,8 +16,12 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["digenrl", "digenrl.*"]),
-    # the hardware profiles (digenrl/runtime/profiles.py loads profile=NAME from there)
-    package_data={"digenrl.runtime": ["hardware_profiles/*.yaml", "hardware_profiles/README.md"]},
+    # the hardware profiles (digenrl/runtime/hardware/profiles.py loads profile=NAME from there)
+    # and the published recipes' prompt sets (digenrl/data/prompts.py SHIPPED_SETS)
+    package_data={
+        "digenrl.runtime.hardware": ["hardware_profiles/*.yaml", "hardware_profiles/README.md"],
+        "digenrl.data": ["prompt_sets/README.md", "prompt_sets/*/*"],
+    },
     install_requires=[
         "torch>=2.6",
         "diffusers>=0.42,<0.43",
@@ -45,8 +49,8 @@ setup(
         "deepspeed": ["deepspeed>=0.19.8"],  # managed_gradient_accumulation=false (trainer/parallel/)
         # model.fp8: torchao's float8 training for the frozen base weights of LoRA runs (models/fp8.py)
         "fp8": ["torchao>=0.18,<0.19"],
-        # optional loggers (digenrl/runtime/metrics.py): TensorBoard is used whenever installed, Weights &
-        # Biases only with logger.wandb=true (never imported otherwise)
+        # optional loggers (digenrl/runtime/observe/metrics.py): TensorBoard is used whenever installed,
+        # Weights & Biases only with logger.wandb=true (never imported otherwise)
         "tensorboard": ["tensorboard>=2.14"],
         "wandb": ["wandb>=0.17"],
     },

@@ -232,8 +232,9 @@ class TrainerConfig:
     """How the policy is updated."""
 
     mode: str = field(default="lora", metadata=among(TRAINER_MODES))
-    # full fine-tuning with FSDP2: flat = shard over every trainer rank; hybrid = shard inside each node and
-    # replicate across nodes (HSDP: per-micro-batch gathers stay on NVLink, one gradient all-reduce per step)
+    # full fine-tuning with FSDP2: flat = shard over every trainer rank; hybrid = shard inside each node of
+    # the profile and replicate across nodes (HSDP: per-micro-batch gathers stay on NVLink, one gradient
+    # all-reduce per step across nodes; runtime: digenrl/trainer/parallel/fsdp2.py, docs/operations.md)
     sharding: str = field(default="flat", metadata=among(TRAINER_SHARDINGS))
     lora_rank: int = field(default=32, metadata=within(1, 65536))
     lora_alpha: int = field(default=64, metadata=within(1, 1_000_000))
@@ -297,11 +298,13 @@ class RewardConfig:
 @dataclass
 class DataConfig:
     """Prompt sets (docs/rewards.md, "Prompt sets"): ``builtin`` / ``builtin:eval`` (small fixed lists
-    shipped with the package), a ``.txt`` file (one prompt per line) or a ``.jsonl`` file (a ``prompt``
-    field plus metadata for the rewards)."""
+    shipped with the package), a published recipe's set ``NAME:SPLIT`` (``pickscore``, ``geneval``,
+    ``ocr``, ``drawbench``; ``train`` / ``eval``), a ``.txt`` file (one prompt per line) or a ``.jsonl``
+    file (a ``prompt`` field plus metadata for the rewards)."""
 
-    prompts: str = "builtin"  # training prompts
-    eval_prompts: str = "builtin:eval"  # held-out prompts for evaluation
+    # training prompts: builtin, a shipped set NAME[:SPLIT] (pickscore, geneval, ocr, drawbench) or a file
+    prompts: str = "builtin"
+    eval_prompts: str = "builtin:eval"  # held-out prompts for evaluation (same forms; e.g. geneval:eval)
 
 
 @dataclass
@@ -437,8 +440,8 @@ class EngineConfig:
 
 #: The smallest ``runtime.timeout_s`` a run accepts: it bounds every distributed wait, the process group's
 #: start included, while ranks still import, build their models and meet in c10d's rendezvous seconds apart,
-#: and the hang watchdog declares a rank hung after a third of it (digenrl/runtime/watchdog.py): 1 s killed
-#: a healthy run during setup, 0.001 s failed inside c10d.
+#: and the hang watchdog declares a rank hung after a third of it (digenrl/runtime/faults/watchdog.py): 1 s
+#: killed a healthy run during setup, 0.001 s failed inside c10d.
 MIN_TIMEOUT_S = 10.0
 _TIMEOUT_WHY = (
     "it bounds every distributed wait, including the start of the process group while the ranks still "
@@ -470,7 +473,8 @@ class RuntimeConfig:
     # two runs, or two schedules, then round alike; slower, and an op without a deterministic kernel raises
     deterministic: bool = False
     # write out_dir/batches/rank<r>.jsonl: which samples each forward, decode and micro-batch ran on, in
-    # order (digenrl/runtime/batch_ledger.py), to check that two schedules compute on the same batches
+    # order (digenrl/runtime/reproducibility/batch_ledger.py), to check that two schedules compute on the same
+    # batches
     record_batches: bool = False
     # profile this iteration on every rank with torch.profiler: device time per phase and kind of kernel in
     # out_dir/profile/rank<r>.{json,md} and the trace (docs/operations.md, "Profiling an iteration")
@@ -544,8 +548,8 @@ class Config:
     """One experiment."""
 
     system: str = field(default="colocated-sync", metadata=among(SYSTEMS))
-    # auto: this node's devices (digenrl/runtime/profiles.py auto_profile); multi-node or mixed clusters
-    # name a profile (hardware_profiles/*.yaml) or a YAML file
+    # auto: this node's devices (digenrl/runtime/hardware/profiles.py auto_profile); multi-node or mixed
+    # clusters name a profile (hardware_profiles/*.yaml) or a YAML file
     profile: str = "auto"
     iterations: int = field(default=10, metadata=within(1, 10_000_000))
     seed: int = field(default=0, metadata=_SEED)
@@ -876,8 +880,8 @@ def save_config(cfg: Config, path: str | Path, *, run_id: str | None = None) -> 
 
 def config_yaml(cfg: Config, *, run_id: str | None = None) -> str:
     """``cfg`` as the YAML text :func:`save_config` writes, every key in declaration order (a run's own
-    ``config.yaml`` is written from it without following links, digenrl/runtime/run_files.py; also what
-    ``run_train.py --print-config`` prints)."""
+    ``config.yaml`` is written from it without following links, digenrl/runtime/run_folder/run_files.py; also
+    what ``run_train.py --print-config`` prints)."""
     header = f"{RUN_ID_HEADER}{run_id}\n" if run_id else ""
     return header + yaml.safe_dump(cfg.to_dict(), sort_keys=False)
 

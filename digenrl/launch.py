@@ -2,12 +2,12 @@
 
 A failing rank prints its failure once, publishes it on torchrun's store and ends its process at once, so
 peers blocked in a collective do not hang; a heartbeat watchdog names a rank that stops answering, with
-its role and phase, before the backend's timeout (``digenrl/runtime/watchdog.py``, docs/design.md §2).
+its role and phase, before the backend's timeout (``digenrl/runtime/faults/watchdog.py``, docs/design.md §2).
 A config error is printed once (per node), before any worker process or process group exists. A plain
 ``python run_train.py`` (or ``python -m digenrl.launch``) of a multi-rank profile starts torchrun itself
 (:func:`launch_torchrun`, whose workers run ``python -m digenrl.launch``): its workers run in the user's
 working directory, and a signal to the command stops torchrun and every worker
-(``digenrl/runtime/job.py``).
+(``digenrl/runtime/launch/job.py``).
 """
 
 from __future__ import annotations
@@ -22,14 +22,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from digenrl.config import ConfigError, config_yaml, load_config, parse_override
+from digenrl.dependency_logs import quiet_dependency_logs
 from digenrl.validation import hardware_profile, validate_config, validate_devices
 
 if TYPE_CHECKING:
-    from digenrl.runtime.distributed import DistContext
+    from digenrl.runtime.comm.distributed import DistContext
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    from digenrl.runtime.knob_help import knob_help
+    from digenrl.runtime.launch.knob_help import knob_help
 
     parser = argparse.ArgumentParser(
         prog="run_train.py",
@@ -89,7 +90,7 @@ def auto_cpu_ranks(cfg) -> int | None:
     given, else the fewest the system runs on: one colocated, a trainer and each TSP stage's generator
     otherwise); None where the profile is not ``auto`` on a CPU."""
     from digenrl.config import COLOCATED_SYSTEMS
-    from digenrl.runtime.profiles import AUTO
+    from digenrl.runtime.hardware.profiles import AUTO
 
     if cfg.profile != AUTO or "RANK" in os.environ:
         return None
@@ -111,10 +112,10 @@ def ranks_to_start(cfg) -> int:
     """How many worker processes a plain ``python run_train.py`` starts for ``cfg``: the pools' sum when
     given, else every device of a one-node profile (a multi-node profile needs torchrun on each node);
     ``profile=auto`` on a CPU: :func:`auto_cpu_ranks`, which every process of the job then reads from
-    the environment (digenrl/runtime/profiles.py ``AUTO_WORKERS_ENV``)."""
+    the environment (digenrl/runtime/hardware/profiles.py ``AUTO_WORKERS_ENV``)."""
     cpu_ranks = auto_cpu_ranks(cfg)
     if cpu_ranks is not None:
-        from digenrl.runtime.profiles import AUTO_WORKERS_ENV
+        from digenrl.runtime.hardware.profiles import AUTO_WORKERS_ENV
 
         os.environ[AUTO_WORKERS_ENV] = str(cpu_ranks)
     profile = hardware_profile(cfg)
@@ -138,6 +139,7 @@ CONFIG_ERROR_GRACE_S = 10.0
 
 
 def main(argv: list[str]) -> int:
+    quiet_dependency_logs()
     args = parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
     logging.basicConfig(
@@ -156,7 +158,7 @@ def main(argv: list[str]) -> int:
         validate_config(cfg, world_size=world)
         validate_devices(cfg, world, distributed=under_torchrun or world > 1)
         if not under_torchrun and world > 1:
-            from digenrl.runtime.run_lock import TOKEN_ENV, acquire_run_lock
+            from digenrl.runtime.run_folder.run_lock import TOKEN_ENV, acquire_run_lock
             from digenrl.trainer.run_dir import plan_run_start
 
             # one job per out_dir: held until this launcher exits; its workers inherit it by the token
@@ -180,25 +182,25 @@ def main(argv: list[str]) -> int:
     if not under_torchrun and world > 1:
         # One command for a multi-process run: start the workers under torchrun, output streamed here.
         print(f"[digenrl] starting {world} worker processes (torchrun --nproc_per_node={world})", flush=True)
-        from digenrl.runtime.job import LaunchInterrupted
+        from digenrl.runtime.launch.job import LaunchInterrupted
 
         try:
             launch_torchrun(args.overrides, nproc=world, config=args.config, stream=True, timeout_s=None)
         except SystemExit as exc:
             print(exc, file=sys.stderr)
             return 1
-        except LaunchInterrupted as exc:  # torchrun and every worker are gone (digenrl/runtime/job.py)
+        except LaunchInterrupted as exc:  # torchrun and every worker are gone (digenrl/runtime/launch/job.py)
             print(f"[digenrl] {exc}", file=sys.stderr)
             return 128 + exc.signum
         return 0
 
-    from digenrl.runtime.distributed import configured_backend, init_distributed, shutdown_distributed
-    from digenrl.runtime.fault_injection import inject_delay
-    from digenrl.runtime.job import exit_with_launcher
-    from digenrl.runtime.profiles import load_profile
-    from digenrl.runtime.run_lock import TOKEN_ENV, register_worker, release_run_locks
-    from digenrl.runtime.stop_request import STOP
-    from digenrl.runtime.watchdog import end_process, start_watchdog
+    from digenrl.runtime.comm.distributed import configured_backend, init_distributed, shutdown_distributed
+    from digenrl.runtime.faults.fault_injection import inject_delay
+    from digenrl.runtime.faults.stop_request import STOP
+    from digenrl.runtime.faults.watchdog import end_process, start_watchdog
+    from digenrl.runtime.hardware.profiles import load_profile
+    from digenrl.runtime.launch.job import exit_with_launcher
+    from digenrl.runtime.run_folder.run_lock import TOKEN_ENV, register_worker, release_run_locks
     from digenrl.systems import get_system
     from digenrl.trainer.run_dir import agree_run_start
 
@@ -207,7 +209,7 @@ def main(argv: list[str]) -> int:
         register_worker(cfg.out_dir)
     # the hardware profile says what the devices are: a CPU profile runs gloo on CPUs even where CUDA exists
     if cfg.runtime.deterministic:  # before any CUDA work: cuBLAS reads its workspace setting once
-        from digenrl.runtime.determinism import use_deterministic_kernels
+        from digenrl.runtime.reproducibility.determinism import use_deterministic_kernels
 
         use_deterministic_kernels()
     share = cfg.runtime.share_device
@@ -279,7 +281,7 @@ def _require_shared_out_dir(out_dir: str, ctx: DistContext, timeout_s: float) ->
 
     import torch.distributed as dist
 
-    from digenrl.runtime.run_files import ensure_dir, open_new
+    from digenrl.runtime.run_folder.run_files import ensure_dir, open_new
 
     store = dist.distributed_c10d._get_default_store()
     # One key per torchrun attempt: an elastic restart reuses the store and must not read an old token.
@@ -339,13 +341,13 @@ def launch_torchrun(
     The workers run in the caller's working directory, so a relative ``config``, ``out_dir``,
     ``data.prompts`` or model path means what it meant to the caller (and to its startup validation).
     Nothing outlives the launch: SIGTERM, SIGINT or SIGHUP to this process, a timeout or an error stops
-    torchrun and every worker, then raises (``digenrl/runtime/job.py``).
+    torchrun and every worker, then raises (``digenrl/runtime/launch/job.py``).
     """
     import subprocess
     from pathlib import Path
 
-    from digenrl.runtime.distributed import disable_nvlink_multicast
-    from digenrl.runtime.job import Job
+    from digenrl.runtime.comm.distributed import disable_nvlink_multicast
+    from digenrl.runtime.launch.job import Job
 
     for name, value in (("nproc", nproc), ("nnodes", nnodes)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -438,14 +440,14 @@ def _launch_nodes(
     The first group that exits non-zero fails the job: the others get ``_PEER_EXIT_GRACE_S`` to exit by
     themselves, are then stopped, and SystemExit names the failed node(s), the failure line of every
     rank that reported one, and the log tails (``_failure_report``). A timeout, a signal to this process or
-    an error stops every group and its workers (``digenrl/runtime/job.py``).
+    an error stops every group and its workers (``digenrl/runtime/launch/job.py``).
     """
     import socket
     import tempfile
     import uuid
     from pathlib import Path
 
-    from digenrl.runtime.job import Job
+    from digenrl.runtime.launch.job import Job
 
     if nnodes > 155:
         raise ValueError(f"nnodes must be at most 155 on one host (127.0.0.100-254), got {nnodes}")

@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from digenrl.models.spec_types import ModelSpec
-    from digenrl.runtime.profiles import HardwareProfile
+    from digenrl.runtime.hardware.profiles import HardwareProfile
 
 #: Sections (and keys) that only some systems read; everything else is shared by every system.
 SYSTEM_SPECIFIC = (
@@ -152,7 +152,7 @@ def _reward_runs_a_model(cfg: Config) -> bool:
 
 
 def _gpu_profile(cfg: Config) -> bool:
-    from digenrl.runtime.profiles import load_profile
+    from digenrl.runtime.hardware.profiles import load_profile
 
     try:
         return load_profile(cfg.profile).backend == "nccl"
@@ -379,7 +379,7 @@ def validate_config(cfg: Config, world_size: int | None = None) -> None:
             "its 16-bit dtype); got model.dtype=float32"
         )
     check_reward(cfg)
-    from digenrl.runtime.weight_sync import resolve_sync_mode
+    from digenrl.runtime.comm.weight_sync import resolve_sync_mode
 
     try:
         resolve_sync_mode(cfg)
@@ -502,28 +502,27 @@ def check_sequence_parallel(cfg: Config, profile: HardwareProfile, world_size: i
 
 
 def check_hybrid_sharding(cfg: Config, profile: HardwareProfile, world_size: int | None) -> None:
-    """``trainer.sharding=hybrid``: the trainer ranks must span two or more nodes with the same count on
-    each (digenrl/rules/schedule.py); the simulator and the planner price it, and the runtime says plainly
-    that it does not run it yet (its FSDP2 backend shards over the whole trainer group)."""
+    """``trainer.sharding=hybrid``: FSDP2 (``trainer.backend`` fsdp2 or auto) on trainer ranks that span two
+    or more nodes of the profile with the same count on each (one rule:
+    :func:`digenrl.rules.schedule.hybrid_sharding_problem`, which the planner checks too)."""
     from digenrl.plan import RunPlan
     from digenrl.rules.schedule import hybrid_sharding_problem
 
-    if world_size is not None:
-        ranks = RunPlan.from_config(cfg, profile).trainer_ranks(world_size)
-        problem = hybrid_sharding_problem(ranks, profile.node_of)
-        if problem:
-            raise ConfigError(problem)
-    raise ConfigError(
-        "trainer.sharding=hybrid (shard inside a node, replicate across nodes) is priced by the simulator "
-        "and the planner (python experiments/simulate.py plan), but run_train.py's FSDP2 backend shards over "
-        "the whole trainer group so far; use trainer.sharding=flat"
+    ranks = RunPlan.from_config(cfg, profile).trainer_ranks(world_size) if world_size is not None else ()
+    problem = hybrid_sharding_problem(
+        ranks,
+        profile.node_of if world_size is not None else None,
+        mode=cfg.trainer.mode,
+        backend=cfg.trainer.backend,
     )
+    if problem:
+        raise ConfigError(problem)
 
 
 def hardware_profile(cfg: Config) -> HardwareProfile:
     """The hardware profile ``profile`` names: a shipped one by name, or a YAML file (errors name the key
     and the file)."""
-    from digenrl.runtime.profiles import AUTO, available_profiles, is_profile_path, load_profile
+    from digenrl.runtime.hardware.profiles import AUTO, available_profiles, is_profile_path, load_profile
 
     if not is_profile_path(cfg.profile):
         one_of("profile", cfg.profile, [AUTO, *available_profiles()])
@@ -866,7 +865,7 @@ def _run_folder_evidence(folder: Path) -> str:
     ``checkpoints/``). One marker alone is not enough: other tools keep ``.lock`` files, and a resolved
     config is often copied elsewhere to start a new run from."""
     from digenrl.config import RUN_ID_HEADER
-    from digenrl.runtime.run_lock import LOCK_FILE
+    from digenrl.runtime.run_folder.run_lock import LOCK_FILE
     from digenrl.trainer.run_dir import CHECKPOINT_DIR, CONFIG_FILE, EVENTS_SUBDIR, METRICS_FILE
 
     try:
@@ -963,7 +962,7 @@ def validate_devices(
     """
     import torch
 
-    from digenrl.runtime.distributed import planned_device_type
+    from digenrl.runtime.comm.distributed import planned_device_type
 
     gpus = torch.cuda.device_count() if cuda_devices is None else cuda_devices
     if cfg.runtime.backend == "nccl" and not distributed:
@@ -971,8 +970,8 @@ def validate_devices(
             "runtime.backend=nccl needs a process group, but this is a single process; launch with "
             "torchrun (or more than one rank), or leave runtime.backend unset"
         )
-    from digenrl.runtime.distributed import configured_backend
-    from digenrl.runtime.profiles import load_profile
+    from digenrl.runtime.comm.distributed import configured_backend
+    from digenrl.runtime.hardware.profiles import load_profile
 
     share = cfg.runtime.share_device
     # as digenrl/launch.py starts it
@@ -1012,13 +1011,13 @@ def validate_devices(
 
 
 def check_profile_device(cfg: Config, device_type: str, *, computes_here: bool, gpus: int) -> str | None:
-    """This process's real device against the one the profile gives its rank (digenrl/runtime/profiles.py
-    ``device_mismatch``): a ConfigError naming both and the fix, or with ``runtime.allow_profile_mismatch``
-    the mismatch as a note (None: they match, or this process is a launcher that computes nothing — its
-    workers check their own devices)."""
+    """This process's real device against the one the profile gives its rank
+    (digenrl/runtime/hardware/profiles.py ``device_mismatch``): a ConfigError naming both and the fix, or with
+    ``runtime.allow_profile_mismatch`` the mismatch as a note (None: they match, or this process is a launcher
+    that computes nothing — its workers check their own devices)."""
     if not computes_here:
         return None
-    from digenrl.runtime.profiles import detect_device, device_mismatch, matching_profiles
+    from digenrl.runtime.hardware.profiles import detect_device, device_mismatch, matching_profiles
 
     profile = hardware_profile(cfg)
     rank = int(os.environ.get("RANK", "0"))
@@ -1059,7 +1058,7 @@ def _checks_memory_here(distributed: bool) -> bool:
 def _free_gpu_bytes() -> float:
     import torch
 
-    from digenrl.runtime.memory import free_device_bytes
+    from digenrl.runtime.hardware.memory import free_device_bytes
 
     return float(free_device_bytes(torch.device("cuda", 0)))
 

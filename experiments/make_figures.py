@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from digenrl.runtime.chrome_trace import merge_chrome_trace, trace_is_stale  # noqa: E402
+from digenrl.runtime.observe.chrome_trace import merge_chrome_trace, trace_is_stale  # noqa: E402
 from paper_figures.make_all import make_all  # noqa: E402
 from paper_figures.style import DEFAULT_DPI  # noqa: E402
 

@@ -6,6 +6,8 @@
     python experiments/measure.py trainer    --model flux.1-dev --compile --autocast   # trainer benchmark
     python experiments/measure.py reward     --reward vlm-judge --batch-sizes 1,4,8,16  # reward benchmark
     python experiments/measure.py switch     --model flux.1-dev --modes lora,full  # colocated-engine switch
+    python experiments/measure.py reward-latency --reward vlm-judge --lengths 1,16,64,256  # judge per sample
+    python experiments/measure.py sample-costs --model wan2.1-14b --frames 33,49,65,81  # step per frame count
     python experiments/measure.py backends   --config experiments/configs/sd35-medium-lora.yaml  # vs ZeRO
     python experiments/measure.py emit       --generator G.json --trainer T.json --device-name h200
     python experiments/measure.py missing                                    # stale cost points to re-measure
@@ -43,6 +45,8 @@ COMMANDS = {
     "reward": "digenrl.perf.bench_reward",
     "backends": "digenrl.perf.bench_backends",
     "switch": "digenrl.perf.measure_switch",
+    "reward-latency": module_main("digenrl.perf.measure_sample_costs", kind="reward"),
+    "sample-costs": module_main("digenrl.perf.measure_sample_costs", kind="generator"),
     "emit": "digenrl.perf.emit_costs",
     "missing": partial(missing, folders=FOLDERS),
     "ablation": module_main("digenrl.perf.ablation", config=TINY_CONFIG, out=FOLDERS.runs / "ablation"),

@@ -5,9 +5,9 @@ and beside them, where the run evaluated (``eval.every``), the held-out evaluati
 An evaluation of policy θ_v (``eval_policy_version`` v) is drawn at iteration v, where the training reward
 is that of the rollouts θ_v generated; the final policy's evaluation sits one past the last iteration.
 The band is the spread of rewards *within* an iteration's batch (``reward_std`` as the trainer logs it,
-digenrl/runtime/metrics.py), not a confidence interval over seeds. ``x="wall"`` plots against cumulative
-``wall_s`` instead of the iteration index, which is the fair axis when comparing a faster schedule (or an
-asynchronous one, whose iterations overlap) against a synchronous baseline.
+digenrl/runtime/observe/metrics.py), not a confidence interval over seeds. ``x="wall"`` plots against
+cumulative ``wall_s`` instead of the iteration index, which is the fair axis when comparing a faster schedule
+(or an asynchronous one, whose iterations overlap) against a synchronous baseline.
 
 Usage: ``python paper_figures/learning.py RUN_DIR [RUN_DIR ...] --out learning.png [--x wall]``
 """
@@ -39,7 +39,9 @@ def reward_curve(metrics: Sequence[dict[str, Any]], x: str = "iteration") -> tup
         raise ValueError(f"x={x!r}; allowed: {list(X_AXES)}")
     for key in ("iteration", "reward_mean", "reward_std", "wall_s"):
         if any(key not in record for record in metrics):
-            raise ValueError(f"a metrics record lacks key '{key}' (digenrl/runtime/metrics.py REQUIRED_KEYS)")
+            raise ValueError(
+                f"a metrics record lacks key '{key}' (digenrl/runtime/observe/metrics.py REQUIRED_KEYS)"
+            )
     clock = list(accumulate(float(r["wall_s"] or 0.0) for r in metrics))
     xs, means, stds = [], [], []
     for record, elapsed in zip(metrics, clock, strict=True):

@@ -2,7 +2,8 @@
 
 A *run directory* is what ``experiments/run_train.py`` writes (docs/operations.md, "Reading a run"):
 ``config.yaml``, ``metrics.jsonl`` and ``events/rank<r>.jsonl``. Span records are parsed by the library's own
-reader (``digenrl.runtime.event_records``), so the figures and the runtime can never disagree on the format.
+reader (``digenrl.runtime.observe.event_records``), so the figures and the runtime can never disagree on the
+format.
 
 A *results table* is a CSV or JSON file of rows, one per (model, system[, GPU count / split]) measurement or
 simulation; the columns are documented in ``paper_figures/README.md`` and validated here with errors that
@@ -23,8 +24,8 @@ from typing import Any
 
 import yaml
 
-from digenrl.runtime.event_records import EVENTS_SUBDIR, load_events
-from digenrl.runtime.metrics import read_metrics
+from digenrl.runtime.observe.event_records import EVENTS_SUBDIR, load_events
+from digenrl.runtime.observe.metrics import read_metrics
 
 THROUGHPUT_METRICS = ("samples_per_s", "images_per_gpu_s")
 SOURCES = ("measured", "simulated")

@@ -12,7 +12,8 @@ Inputs are found recursively under each ``--logs`` folder (see paper_figures/REA
 - results tables (``*.csv`` / ``*.json`` outside the run directories' own files, including the
   ``ablation.json`` of ``experiments/measure.py ablation``) -> ``<table>_throughput.png``,
   ``<table>_ablation.png``, ``<table>_scaling.png``, ``<table>_split.png`` for the experiment kinds the
-  table has rows of.
+  table has rows of, and ``<table>_fair_ratio.png`` (DigenRL ÷ best fair baseline per regime,
+  :mod:`paper_figures.fair_ratio`) for a throughput table with that column.
 
 A bad input never stops the others: its ValueError becomes a "skipped" line. Exit status 1 when nothing
 was made (so a CI step notices an empty or wrong folder), else 0.
@@ -31,6 +32,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from paper_figures.ablation import plot_ablation
+from paper_figures.fair_ratio import panel_ratios, plot_fair_ratio
 from paper_figures.learning import plot_learning
 from paper_figures.logs import (
     EXPERIMENTS,
@@ -199,6 +201,11 @@ def draw_tables(report: Report, root: Path, label: str, run_dirs: Sequence[Path]
             report.make(
                 f"{figure} from {table}",
                 lambda render=render, rows=rows, path=out / f"{name}_{figure}.png": render(rows, path),
+            )
+        if panel_ratios(rows):  # a throughput table with the fair-baseline columns (issue 34)
+            report.make(
+                f"fair ratio from {table}",
+                lambda rows=rows, path=out / f"{name}_fair_ratio.png": plot_fair_ratio(rows, path),
             )
 
 

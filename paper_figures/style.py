@@ -17,6 +17,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from digenrl.config import SYSTEMS
+from digenrl.runtime.observe.span_phases import Phase
 
 DEFAULT_DPI = 150
 SIMULATED_HATCH = "///"
@@ -26,25 +27,22 @@ BUBBLE_HATCH = "xx"
 #: legend entry of a trainer rank's TAG generation (a ``generate`` span with ``extra.helper``)
 HELPER_GENERATE = "generate (TAG helper)"
 
-# Colours of the phases the runtime writes (digenrl/systems/*.py); others get a stable palette slot.
+# Colours of the work phases runs and the simulator write (digenrl.runtime.observe.span_phases.Phase); others
+# get a stable palette slot, idle phases are grey.
 PHASE_COLORS = {
-    "generate": "#1f77b4",
-    "generate (TAG helper)": "#6baed6",
-    "decode": "#9ecae1",
-    "score": "#ff7f0e",
-    "reward": "#ff7f0e",
-    "train": "#2ca02c",
-    "optimizer": "#145a32",
-    "weight_sync": "#9467bd",
-    "sync": "#9467bd",
-    "publish": "#9467bd",
-    "send": "#8c564b",
-    "recv": "#c49c94",
-    "transfer": "#8c564b",
-    "park": "#e377c2",
-    "unpark": "#f7b6d2",
-    "checkpoint": "#7f7f7f",
-    "eval": "#bcbd22",  # held-out evaluation (eval.every; digenrl/rollout/evaluate.py)
+    Phase.GENERATE: "#1f77b4",
+    HELPER_GENERATE: "#6baed6",
+    Phase.SCORE: "#ff7f0e",
+    Phase.TRAIN: "#2ca02c",
+    Phase.OPTIMIZER: "#145a32",
+    Phase.SYNC: "#9467bd",
+    Phase.TRANSFER: "#8c564b",
+    Phase.RESIDENCY: "#e377c2",
+    Phase.OFFLOAD: "#e377c2",
+    Phase.ONLOAD: "#f7b6d2",
+    Phase.RESHARD: "#c49c94",
+    Phase.TAG_SWITCH: "#7f7f7f",
+    Phase.EVAL: "#bcbd22",  # held-out evaluation (eval.every; digenrl/rollout/evaluate.py)
 }
 IDLE_COLOR = "#bdbdbd"
 

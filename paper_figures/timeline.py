@@ -2,8 +2,8 @@
 
 One row per rank, labelled ``rank r (role)`` with its busy fraction; one colour per phase. Time on a rank
 not covered by any *work* span is shaded as a bubble (hatched grey); explicit idle spans (``idle``,
-``wait*``: ``digenrl.runtime.event_records.is_idle_phase``) are drawn in grey with their own legend entry.
-Spans that overlap on one rank (e.g. a background scoring thread beside generation) are stacked in
+``wait*``: ``digenrl.runtime.observe.span_phases.is_idle_phase``) are drawn in grey with their own legend
+entry. Spans that overlap on one rank (e.g. a background scoring thread beside generation) are stacked in
 sub-lanes rather than painted over each other. ``iteration`` marker spans are not drawn as bars; they
 give the dotted iteration boundaries. Spans carrying a fragment index are labelled ``f<i>`` when wide
 enough (optionally ``f<i> v<policy_version>``, which makes TCSS's one-version lag visible).
@@ -27,8 +27,8 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 from matplotlib.colors import to_rgb
 from matplotlib.patches import Patch
 
-from digenrl.runtime.event_records import ITERATION_PHASE, is_idle_phase, is_work_phase
-from digenrl.runtime.event_summary import union_length
+from digenrl.runtime.observe.event_summary import union_length
+from digenrl.runtime.observe.span_phases import Phase, is_idle_phase, is_work_phase
 from paper_figures.logs import RunLog, load_run
 from paper_figures.style import (
     BUBBLE_COLOR,
@@ -63,7 +63,7 @@ def parse_iteration_window(text: str) -> tuple[int, int]:
 
 def time_window(spans: Sequence[dict[str, Any]], iterations: tuple[int, int] | None) -> tuple[float, float]:
     """Time extent of the chosen iterations (their ``iteration`` markers if present, else all their spans,
-    as in ``digenrl.runtime.event_summary``); the whole log when ``iterations`` is None."""
+    as in ``digenrl.runtime.observe.event_summary``); the whole log when ``iterations`` is None."""
     if not spans:
         raise ValueError("the run has no spans to draw")
     chosen = list(spans)
@@ -73,7 +73,7 @@ def time_window(spans: Sequence[dict[str, Any]], iterations: tuple[int, int] | N
         if not chosen:
             present = sorted({int(s["iteration"]) for s in spans if s.get("iteration") is not None})
             raise ValueError(f"iterations={lo}:{hi} match no spans; the log has iterations {present}")
-        chosen = [s for s in chosen if s["phase"] == ITERATION_PHASE] or chosen
+        chosen = [s for s in chosen if s["phase"] == Phase.ITERATION] or chosen
     return min(float(s["t_start"]) for s in chosen), max(float(s["t_end"]) for s in chosen)
 
 
@@ -146,14 +146,14 @@ def timeline_rows(
     """One ``RankRow`` per rank (every rank that wrote a log, even if idle in the window), and the window.
 
     The busy fraction is the union of the rank's work spans in the window over the window length, the
-    same definition as ``digenrl.runtime.event_summary`` uses per iteration."""
+    same definition as ``digenrl.runtime.observe.event_summary`` uses per iteration."""
     if not run.spans:
         raise ValueError(f"run '{run.path}' has no span records in events/rank<r>.jsonl")
     t0, t1 = time_window(run.spans, iterations)
     width = t1 - t0
     by_rank: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for span in run.spans:
-        if span["phase"] != ITERATION_PHASE and float(span["t_end"]) > t0 and float(span["t_start"]) < t1:
+        if span["phase"] != Phase.ITERATION and float(span["t_end"]) > t0 and float(span["t_start"]) < t1:
             by_rank[int(span["rank"])].append(span)
     rows = []
     for rank in sorted(set(run.roles) | set(by_rank)):
@@ -170,7 +170,7 @@ def timeline_rows(
 def legend_phase(span: dict[str, Any]) -> str:
     """The legend entry of a span: its phase, with a TAG helper's generation (a trainer rank generating,
     ``extra.helper``) shown apart from the generator pool's."""
-    if span["phase"] == "generate" and (span.get("extra") or {}).get("helper"):
+    if span["phase"] == Phase.GENERATE and (span.get("extra") or {}).get("helper"):
         return HELPER_GENERATE
     return str(span["phase"])
 
@@ -249,7 +249,7 @@ def plot_timeline(
 def _draw_iteration_boundaries(axes: Any, spans: Sequence[dict[str, Any]], t0: float, t1: float) -> None:
     """A dotted line and an ``it k`` tag where each iteration starts inside the window."""
     starts: dict[int, float] = {}
-    markers = [s for s in spans if s["phase"] == ITERATION_PHASE and s.get("iteration") is not None]
+    markers = [s for s in spans if s["phase"] == Phase.ITERATION and s.get("iteration") is not None]
     for span in markers or [s for s in spans if s.get("iteration") is not None]:
         k = int(span["iteration"])
         starts[k] = min(starts.get(k, float("inf")), float(span["t_start"]))

@@ -181,7 +181,7 @@ def test_the_checker_finds_names_that_moved():
         "`digenrl/costs/cost_model.py`",
         "`digenrl.costs.CostModel.load`",  # a re-exported class and its method
         "`digenrl.trainer.full_trainer_state`",
-        "`digenrl/runtime/hardware_profiles/*.yaml`",
+        "`digenrl/runtime/hardware/hardware_profiles/*.yaml`",
         "`experiments/results/costs/h200-{sd3.5-medium,qwen-image}.json`",
         "`digenrl/models/families/<family>.py`",
         "`python -m digenrl.rewards.serve --port P`",

@@ -16,7 +16,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "digenrl"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("config",),
+    ("config", "dependency_logs"),
     ("data", "algo", "rules"),
     ("models", "rewards"),
     ("runtime",),
@@ -115,6 +115,22 @@ def test_no_folder_level_import_cycle():
             if _folder(target) != _folder(module):
                 folders[_folder(module)].add(_folder(target))
     assert _cycles(dict(folders)) == []
+
+
+def test_no_import_cycle_between_the_subfolders_of_a_folder():
+    """Inside a folder, its subfolders (``runtime/comm``, ``runtime/observe``, …) import each other one way
+    only, so each reads as one job built on the ones below it."""
+    for top in sorted({_folder(m) for m in MODULES}):
+        subfolders: dict[str, set[str]] = defaultdict(set)
+        for module, targets in GRAPH.items():
+            parts = module.split(".")
+            if parts[1:2] != [top] or len(parts) < 4:
+                continue
+            for target in targets:
+                other = target.split(".")
+                if other[1:2] == [top] and len(other) >= 4 and other[2] != parts[2]:
+                    subfolders[parts[2]].add(other[2])
+        assert _cycles(dict(subfolders)) == [], top
 
 
 def _layer(folder: str) -> int | None:

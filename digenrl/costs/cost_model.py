@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 from digenrl.data.micro_batches import split_units
 
 if TYPE_CHECKING:
-    from digenrl.runtime.profiles import GpuType
+    from digenrl.runtime.hardware.profiles import GpuType
 
 CFG_KEYS = {True: "cfg", False: "no_cfg"}
 #: The CostModel fields that count bytes (validated as ints >= 0, printed in bytes).

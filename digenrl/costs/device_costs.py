@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from digenrl.costs.cost_model import CostModel
-from digenrl.runtime.profiles import HardwareProfile
+from digenrl.runtime.hardware.profiles import HardwareProfile
 
 SCALINGS = ("relative_speed", "spec")
 

@@ -45,7 +45,7 @@ HEAVY_REWARD_PARAMS = 8.3e9
 HEAVY_REWARD_TOKENS = 600
 #: AdamW reads weights, gradients and two moments and writes weights and moments: ≈ 7 passes of the
 #: weights' bytes (16-bit states), at the H200's HBM bandwidth (spec sheet,
-#: digenrl/runtime/hardware_profiles/h200-1.yaml).
+#: digenrl/runtime/hardware/hardware_profiles/h200-1.yaml).
 ADAMW_PASSES = 7
 H200_HBM_BYTES_PER_S = 4.8e12
 
@@ -139,7 +139,7 @@ def _activations(peaks: dict[str, dict[int, int]], static: float, new_static: fl
 
 
 def _trajectory_bytes(latent: int, cond: int, train_steps: int) -> dict[str, int]:
-    """Wire bytes of a sample record and of a unit row (``digenrl.runtime.transfer`` encoding: bf16
+    """Wire bytes of a sample record and of a unit row (``digenrl.runtime.comm.transfer`` encoding: bf16
     latents, the condition, 4-byte log-prob / sigma / step index / advantage entries)."""
     return {
         "fragment_bytes_per_sample": 2 * train_steps * latent + cond + 16 * train_steps,

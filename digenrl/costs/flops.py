@@ -24,7 +24,7 @@ the bound read high by up to 4/3; loop reports written before then carry that co
 
 The loop's fraction of its bound = model FLOPs / (seconds x ceiling): per iteration over ``wall_s`` and the
 GPUs the run occupies, per phase over the device-seconds its spans took (``phase_seconds``, summed over
-ranks; :func:`digenrl.runtime.metrics.fractions_by_phase`). The ceiling is the profile's measured bf16
+ranks; :func:`digenrl.runtime.observe.metrics.fractions_by_phase`). The ceiling is the profile's measured bf16
 matmul rate (``gpu_types.<type>.measured_bf16_tflops``: an 8192³ ``torch.matmul``, as
 :func:`digenrl.perf.roofline.matmul_ceiling` measures it); a device without a measured ceiling (every CPU
 profile: their numbers are planning placeholders) gets FLOPs but no fraction, with the reason
@@ -115,10 +115,10 @@ def iteration_flops(
 
 def loop_ceiling(profile: Any, device_type: str, device: Any = None) -> tuple[float | None, str]:
     """(ceiling in TFLOP/s or None, where it comes from / why there is none) for a run on ``device_type``
-    with hardware profile ``profile``. ``device`` (a :class:`~digenrl.runtime.profiles.DetectedDevice`):
-    the real device, whose own measured ceiling counts where it is not the profile's (a run with
-    ``runtime.allow_profile_mismatch``)."""
-    from digenrl.runtime.profiles import known_device_type, type_matches
+    with hardware profile ``profile``. ``device`` (a
+    :class:`~digenrl.runtime.hardware.profiles.DetectedDevice`): the real device, whose own measured ceiling
+    counts where it is not the profile's (a run with ``runtime.allow_profile_mismatch``)."""
+    from digenrl.runtime.hardware.profiles import known_device_type, type_matches
 
     gpu = profile.device_type(0)
     if device_type != "cuda":

@@ -5,6 +5,9 @@ docs/rewards.md, "Prompt sets"):
 
 * ``builtin`` (= ``builtin:train``): the small list :data:`BUILTIN_PROMPTS` shipped with the package;
   ``builtin:eval``: :data:`BUILTIN_EVAL_PROMPTS`, held out from it (no prompt in common);
+* a published recipe's set shipped as a data file, ``NAME:SPLIT`` (``NAME`` alone = ``NAME:train``):
+  :data:`SHIPPED_SETS` (``pickscore``, ``geneval``, ``ocr``, ``drawbench``; sources, commits and
+  licences in digenrl/data/prompt_sets/README.md);
 * a ``.jsonl`` file: one JSON object per line with a string field ``prompt``; every other field is the
   prompt's metadata, handed to the reward beside the prompt (e.g. ``text``, what an OCR reward expects
   the image to show);
@@ -95,6 +98,25 @@ BUILTIN_SETS: dict[str, tuple[str, ...]] = {
 }
 PROMPT_FIELD = "prompt"
 
+#: The folder of the shipped recipe prompt sets (package data; one README per set names its source).
+PROMPT_SET_DIR = Path(__file__).with_name("prompt_sets")
+#: Published recipes' prompt sets: name → split → file under :data:`PROMPT_SET_DIR`. A split the public
+#: sources did not give us is absent; asking for it names where to get it (:data:`MISSING_SPLITS`).
+SHIPPED_SETS: dict[str, dict[str, str]] = {
+    "pickscore": {"train": "pickscore/train.txt", "eval": "pickscore/eval.txt"},
+    "geneval": {"train": "geneval/train.jsonl", "eval": "geneval/eval.jsonl"},
+    "ocr": {"eval": "ocr/eval.txt"},
+    "drawbench": {"eval": "drawbench/eval.jsonl"},
+}
+MISSING_SPLITS: dict[str, str] = {
+    "ocr:train": (
+        "FlowGRPO's OCR training prompts (github.com/yifan123/flow_grpo dataset/ocr/train.txt) are not "
+        "shipped: the public snapshot this package was built from lacked that file; download it and give its "
+        "path (data.prompts=/path/to/train.txt)"
+    ),
+    "drawbench:train": "DrawBench is an evaluation benchmark (200 prompts) with no training split",
+}
+
 
 #: The longest prompt accepted, in characters: far beyond what any text encoder reads (T5's 512 tokens
 #: are ~2,000 characters); a longer "prompt" is a wrong file, and would be tokenised whole every iteration.
@@ -116,12 +138,12 @@ class PromptSet:
         if source in BUILTIN_SETS:
             prompts = BUILTIN_SETS[source]
             return cls(prompts, tuple({} for _ in prompts), source)
-        path = Path(source)
+        path = shipped_set_path(source, key) or Path(source)
         if not path.is_file():
             raise ValueError(
-                f"{key}={source!r} is neither 'builtin' nor an existing file; give a built-in set "
-                f"({', '.join(BUILTIN_SETS)}), a .txt file (one prompt per line) or a .jsonl file (a "
-                "'prompt' field per line)"
+                f"{key}={source!r} is neither a shipped set nor an existing file; give a built-in set "
+                f"({', '.join(BUILTIN_SETS)}), a shipped one ({', '.join(shipped_set_names())}), a .txt file "
+                "(one prompt per line) or a .jsonl file (a 'prompt' field per line)"
             )
         rows = _read_jsonl(path, key) if path.suffix == ".jsonl" else _read_text(path, key)
         if not rows:
@@ -141,6 +163,28 @@ class PromptSet:
 
     def __len__(self) -> int:
         return len(self.prompts)
+
+
+def shipped_set_names() -> list[str]:
+    """Every ``NAME:SPLIT`` of :data:`SHIPPED_SETS`."""
+    return [f"{name}:{split}" for name, splits in SHIPPED_SETS.items() for split in splits]
+
+
+def shipped_set_path(source: str, key: str) -> Path | None:
+    """The data file of a shipped set (``NAME`` or ``NAME:SPLIT``), or ``None`` when ``source`` names none
+    (then it is a path). A known name with a split that is not shipped is an error naming ``key``."""
+    name, _, split = source.partition(":")
+    if name not in SHIPPED_SETS or Path(source).exists():
+        return None
+    split = split or "train"
+    spec = f"{name}:{split}"
+    if split not in SHIPPED_SETS[name]:
+        why = MISSING_SPLITS.get(spec, f"{name!r} has no split {split!r}")
+        raise ValueError(
+            f"{key}={source!r}: {why}; shipped splits of {name!r}: "
+            f"{', '.join(f'{name}:{s}' for s in SHIPPED_SETS[name])}"
+        )
+    return PROMPT_SET_DIR / SHIPPED_SETS[name][split]
 
 
 def _read_text(path: Path, key: str) -> list[tuple[int, str, Mapping[str, Any]]]:

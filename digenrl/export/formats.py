@@ -1,6 +1,6 @@
 """Writing a trained policy (:class:`~digenrl.export.trained.TrainedPolicy`) where diffusers and peft load it.
 
-* a LoRA run: the adapter in diffusers' or peft's format (digenrl/trainer/lora_export.py);
+* a LoRA run: the adapter in diffusers', peft's or kohya's (ComfyUI) format (digenrl/trainer/lora_export.py);
 * a full fine-tuning run: the transformer with diffusers' ``save_pretrained``;
 * ``pipeline=True``: a whole diffusers pipeline directory (``Pipeline.from_pretrained(dir)``): the base
   components from ``model.pretrained_path``, or the run's random base rebuilt from its seed exactly as a
@@ -30,17 +30,19 @@ from digenrl.models.construction import resolve_class
 from digenrl.models.flow_model import FlowModel, build_flow_model
 from digenrl.models.specs import get_family
 from digenrl.trainer.lora import enable_full_finetune
-from digenrl.trainer.lora_export import run_lora_config, save_diffusers_lora, save_peft_lora
+from digenrl.trainer.lora_export import run_lora_config, save_diffusers_lora, save_kohya_lora, save_peft_lora
 from digenrl.trainer.parallel import wrap_for_training
 
-FORMATS = ("diffusers", "peft")
+FORMATS = ("diffusers", "peft", "kohya")
 
 
 def write_adapter(policy: TrainedPolicy, out: Path, fmt: str) -> None:
-    """A LoRA run's adapter in ``fmt`` (diffusers | peft) into ``out``."""
+    """A LoRA run's adapter in ``fmt`` (diffusers | peft | kohya) into ``out``."""
     config = run_lora_config(policy.cfg)
     if fmt == "diffusers":
         save_diffusers_lora(out, policy.weights, config, policy.spec.family)
+    elif fmt == "kohya":
+        save_kohya_lora(out, policy.weights, config, policy.spec.family)
     else:
         save_peft_lora(out, policy.weights, config, base_model=policy.cfg.model.pretrained_path)
 
@@ -94,7 +96,7 @@ def rebuild_base(policy: TrainedPolicy, device: str) -> ModelBundle:
 
 def run_device_type(policy: TrainedPolicy) -> str:
     """``cuda`` for a run whose ranks talk NCCL (its profile's or ``runtime.backend``), else ``cpu``."""
-    from digenrl.runtime.profiles import load_profile
+    from digenrl.runtime.hardware.profiles import load_profile
 
     cfg = policy.cfg
     backend = cfg.runtime.backend
@@ -137,6 +139,10 @@ def assemble_pipeline(bundle: ModelBundle, scheduler: Any) -> Any:
     for component in bundle.text_encoder.components:
         components[component.spec.subfolder] = component.model
         components[component.spec.tokenizer_subfolder] = component.tokenizer
+        # the saved tokenizer reads what the run's encoder read (digenrl/models/text.py pads and truncates
+        # to this length): a stand-in tokenizer's own 512 would overflow a tiny encoder's 16 positions
+        drop = component.spec.template_drop_tokens if component.spec.prompt_template else 0
+        component.tokenizer.model_max_length = component.spec.max_length + drop
     accepted = inspect.signature(cls.__init__).parameters
     unknown = sorted(set(components) - set(accepted))
     if unknown:  # pragma: no cover - a spec whose folder names the pipeline does not have

@@ -32,7 +32,8 @@ from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.gap.stream import FragmentStream
 from digenrl.gap.unit_packer import UnitPacker
 from digenrl.rules import fragment_size
-from digenrl.runtime.events import EventLogger
+from digenrl.runtime.observe.events import EventLogger
+from digenrl.runtime.observe.span_phases import Phase
 
 #: a received fragment's tags that go into its ``wait_fragment`` span: who made it and what it measured
 PRODUCER_TAGS = ("producer", "steps_s", "score_s")
@@ -153,7 +154,7 @@ class FragmentConsumer:
     def receive(self, fragment: int) -> TrajectoryBatch:
         """Wait for this rank's shard of ``fragment``, check its versions, and — GAP on — train it now."""
         with self.events.span(
-            "wait_fragment", iteration=self.iteration, fragment=fragment, policy_version=self.version
+            Phase.WAIT_FRAGMENT, iteration=self.iteration, fragment=fragment, policy_version=self.version
         ) as span:
             shard, transfer = self.stream.receive(self.iteration, fragment)
             span.update({k: transfer.tags[k] for k in PRODUCER_TAGS if k in transfer.tags})

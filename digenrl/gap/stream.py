@@ -17,7 +17,7 @@ fragment reaches the trainers:
 * **shipping** — the producer cuts the fragment into one shard per trainer rank: by (sample, timestep)
   units (``units``, GAP: even one small fragment keeps every trainer busy, :mod:`digenrl.gap.
   unit_sharding`) or by samples (``samples``, the separate-sync baseline: one fragment per generator,
-  whole sample records). Shards go out as buffered sends (:func:`digenrl.runtime.transfer.start_send`);
+  whole sample records). Shards go out as buffered sends (:func:`digenrl.runtime.comm.transfer.start_send`);
   a producer that is itself a trainer (a TAG helper) keeps its own shard locally.
 * **versions held** — every generator rank counts itself on the store when it receives θ_v
   (:meth:`announce_held`), so a TAG helper can tell whether the generators hold the version it would
@@ -48,8 +48,8 @@ import torch
 from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.gap.fragments import FragmentPlan
 from digenrl.gap.unit_sharding import shard_units
-from digenrl.runtime.control_plane import ControlPlane
-from digenrl.runtime.transfer import (
+from digenrl.runtime.comm.control_plane import ControlPlane
+from digenrl.runtime.comm.transfer import (
     PendingSend,
     TransferStats,
     next_sequence,

@@ -23,7 +23,7 @@ Why not ``ModelMixin.enable_parallelism``: it builds the device as ``rank % torc
 :func:`enable_sequence_parallel` makes the same three moves on a mesh of the group's ranks: the config set
 up on that mesh, handed to every attention processor, and ``apply_context_parallel`` with the model's plan.
 Every process group it uses is made beforehand on every rank (``dist.new_group`` is a collective over the
-world): :func:`digenrl.runtime.layout.build_sequence_groups`.
+world): :func:`digenrl.runtime.comm.sequence_groups.build_sequence_groups`.
 """
 
 from __future__ import annotations
@@ -86,9 +86,9 @@ def enable_sequence_parallel(flow_model: FlowModel, group: Any, single_rank_grou
 
     ``single_rank_group``: a group holding this rank alone, the mesh's size-1 ``ring`` dimension
     (``dist.new_group`` is a collective over the world, so the caller creates both groups on every rank:
-    :func:`digenrl.runtime.layout.build_sequence_groups`). Call after the attention backend is set (the
-    backend must support context parallelism: ``native``, flash, sage, cuDNN). Every rank of the group must
-    then run every forward and backward of the transformer together, on the same inputs.
+    :func:`digenrl.runtime.comm.sequence_groups.build_sequence_groups`). Call after the attention backend
+    is set (the backend must support context parallelism: ``native``, flash, sage, cuDNN). Every rank of the
+    group must then run every forward and backward of the transformer together, on the same inputs.
     """
     from diffusers.hooks.context_parallel import apply_context_parallel
     from diffusers.models._modeling_parallel import ContextParallelConfig, ParallelConfig

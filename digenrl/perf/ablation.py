@@ -14,7 +14,7 @@ iteration time after ``--warmup`` iterations, trained
 samples/s over the steady window (from the commit of the last warm-up iteration to the end: one window,
 since with TCSS and the async baseline iterations overlap), each pool's busy fraction, the bubble-free
 bound (the samples/s a perfect schedule of the same busy device-seconds would reach,
-``digenrl.runtime.event_summary.steady_window``), the staleness the
+``digenrl.runtime.observe.event_summary.steady_window``), the staleness the
 variant allows and the fraction of samples that were one version stale, and the ratio of samples/s to
 ``separate-sync`` measured in the same invocation.
 
@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from digenrl.launch import launch_torchrun
-from digenrl.runtime.event_summary import steady_window
+from digenrl.runtime.observe.event_summary import steady_window
 
 #: where the runs and the table go unless told (experiments/measure.py passes the checkout's runs/)
 DEFAULT_OUT = Path("runs") / "ablation"

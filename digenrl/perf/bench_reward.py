@@ -138,8 +138,10 @@ def prompts_for(batch: int) -> list[str]:
 
 
 def metadata_for(batch: int) -> list[dict]:
-    """Per-sample metadata as a .jsonl prompt set gives it: the text an OCR reward looks for."""
-    return [{"text": f"object {i}"} for i in range(batch)]
+    """Per-sample metadata as a .jsonl prompt set gives it: the text an OCR reward looks for and a GenEval
+    colour-attribution clause (what the GenEval reward checks; other rewards ignore both)."""
+    geneval = {"tag": "color_attr", "include": [{"class": "dog", "count": 1, "color": "red"}]}
+    return [{"text": f"object {i}", **geneval} for i in range(batch)]
 
 
 def reward_parameters(reward) -> list[torch.nn.Parameter]:

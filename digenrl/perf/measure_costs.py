@@ -41,14 +41,15 @@ from digenrl.perf.roofline import resolve_device, synchronize, tensor_bytes
 from digenrl.rewards.registry import build_reward
 from digenrl.rollout.engine import RolloutEngine
 from digenrl.rollout.sampler import Sampler
-from digenrl.runtime.profiles import detect_device
-from digenrl.runtime.transfer import batch_to_tensors
+from digenrl.runtime.comm.transfer import batch_to_tensors
+from digenrl.runtime.hardware.profiles import detect_device
 from digenrl.trainer.trainer import PolicyTrainer
 
 
 def device_label(device: torch.device) -> str:
-    """``cpu``, or the GPU's family (``h200``, ``h100``: :func:`digenrl.runtime.profiles.device_family`, the
-    rule a run's profile check uses) for cost file names."""
+    """``cpu``, or the GPU's family (``h200``, ``h100``:
+    :func:`digenrl.runtime.hardware.profiles.device_family`, the rule a run's profile check uses) for cost
+    file names."""
     return detect_device(device.type, device.index or 0).family
 
 

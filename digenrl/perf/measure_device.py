@@ -1,5 +1,5 @@
 """Measure this machine's device for a hardware profile: the numbers a profile's ``gpu_types`` entry and
-``links.host_device_gbps`` state as measured (digenrl/runtime/hardware_profiles/README.md).
+``links.host_device_gbps`` state as measured (digenrl/runtime/hardware/hardware_profiles/README.md).
 
     python experiments/measure.py device --out experiments/results/gpu/device-h100
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from digenrl.perf.roofline import environment, matmul_ceiling, resolve_device, time_calls_ms
-from digenrl.runtime.profiles import detect_device, known_device_type, load_profile
+from digenrl.runtime.hardware.profiles import detect_device, known_device_type, load_profile
 
 
 def copy_gbps(src: torch.Tensor, dst: torch.Tensor, device: torch.device, *, iters: int) -> float:

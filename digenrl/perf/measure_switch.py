@@ -33,7 +33,7 @@ from digenrl.models.bundle import meta_transformer
 from digenrl.models.flow_model import build_flow_model
 from digenrl.models.specs import get_model_spec
 from digenrl.perf.roofline import environment, resolve_device
-from digenrl.runtime.profiles import detect_device
+from digenrl.runtime.hardware.profiles import detect_device
 from digenrl.systems.engine_switch import EngineSwitch
 from digenrl.trainer.lora import apply_lora, enable_full_finetune
 

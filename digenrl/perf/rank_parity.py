@@ -87,8 +87,8 @@ def snapshot(
     """Build ``role``'s components as a run does; record what :func:`compare` needs (``out_dir/ROLE.pt``)."""
     from digenrl.config import load_config
     from digenrl.rollout.noise import step_noise
-    from digenrl.runtime.distributed import DistContext, configured_backend, planned_device_type
-    from digenrl.runtime.profiles import load_profile
+    from digenrl.runtime.comm.distributed import DistContext, configured_backend, planned_device_type
+    from digenrl.runtime.hardware.profiles import load_profile
     from digenrl.systems.components import build_rank_components
     from digenrl.trainer.run_dir import RunStart
     from digenrl.validation import validate_config

@@ -14,9 +14,9 @@ Only the knobs the plan's system reads are taken from a config; every other fiel
 ``reap_before_launch=False``); :attr:`RunPlan.runnable` says whether a plan has none, and
 :meth:`RunPlan.to_config` refuses one that has.
 
-Rank placement follows :mod:`digenrl.runtime.layout`: in a separate layout ranks ``[0, trainers)`` train,
-the next ``generators`` ranks generate and the next ``scorers`` ranks score; colocated schedules use every
-rank of the profile.
+Rank placement follows :mod:`digenrl.runtime.launch.layout`: in a separate layout ranks ``[0, trainers)``
+train, the next ``generators`` ranks generate and the next ``scorers`` ranks score; colocated schedules use
+every rank of the profile.
 """
 
 from __future__ import annotations
@@ -89,8 +89,8 @@ def is_schedule_key(key: str) -> bool:
 
 
 class Profile(Protocol):
-    """What :meth:`RunPlan.from_config` reads of a hardware profile (:class:`~digenrl.runtime.profiles.
-    HardwareProfile`)."""
+    """What :meth:`RunPlan.from_config` reads of a hardware profile
+    (:class:`~digenrl.runtime.hardware.profiles.HardwareProfile`)."""
 
     name: str
     world_size: int
@@ -412,8 +412,8 @@ class RunPlan:
 
     def write(self, path: str | Path) -> None:
         """Write :meth:`to_json` to ``path`` (atomically: a crash leaves the old file or the new one; never
-        through a link, digenrl/runtime/run_files.py)."""
-        from digenrl.runtime.run_files import write_atomic
+        through a link, digenrl/runtime/run_folder/run_files.py)."""
+        from digenrl.runtime.run_folder.run_files import write_atomic
 
         write_atomic(path, json.dumps(self.to_json(), indent=2) + "\n")
 
@@ -438,8 +438,6 @@ class RunPlan:
             out.append(f"weight_sync_interval={self.weight_sync_interval}")
         if not self.reap_before_launch:
             out.append("reap_before_launch=False")
-        if self.trainer_sharding == "hybrid":
-            out.append("trainer.sharding=hybrid (priced here; the runtime's FSDP2 shards flat so far)")
         return out
 
     @property
@@ -550,15 +548,14 @@ class RunPlan:
         ``relative_speed`` (None: all equal), which the speed split reads; ``node_of``: each rank's node (the
         profile's ``node_of``), which hybrid sharding reads."""
         if self.trainer_sharding == "hybrid":
-            if workload.trainer_mode != "full":
-                raise ValueError(
-                    "trainer.sharding=hybrid shards a full fine-tune (FSDP2); a LoRA run replicates its "
-                    "adapter, so use trainer.sharding=flat (the default) with trainer.mode=lora"
-                )
-            if node_of is not None:
-                problem = hybrid_sharding_problem(self.trainer_ranks(world_size), node_of)
-                if problem:
-                    raise ValueError(problem)
+            problem = hybrid_sharding_problem(
+                self.trainer_ranks(world_size),
+                node_of,
+                mode=workload.trainer_mode,
+                backend=self.trainer_backend,
+            )
+            if problem:
+                raise ValueError(problem)
         p = workload.prompts_per_iteration
         self._check_sequence_parallel(world_size, workload, node_of or (lambda rank: 0))
         if self.colocated:

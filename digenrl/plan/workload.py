@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from digenrl.config import TRAINER_MODES
 from digenrl.costs.cost_model import CostModel
+from digenrl.costs.sample_costs import SampleVariance
 from digenrl.plan.rollout_defaults import rollout_defaults
 from digenrl.rules.schedule import trained_step_count
 
@@ -28,7 +29,9 @@ class Workload:
     ``sampler.samples_per_forward``). ``activation_checkpointing``: ``trainer.activation_checkpointing``
     (training recomputes the forward in the backward, :meth:`CostModel.train_micro_batch_s`).
     ``trainer_mode``: ``lora`` or ``full`` (full fine-tuning: FSDP2 shards weights, gradients and optimizer
-    state over the trainer group, every micro-batch gathers the weights, TAG cannot run).
+    state over the trainer group, every micro-batch gathers the weights, TAG cannot run). ``variance``:
+    per-sample cost distributions of generation and reward (:mod:`digenrl.costs.sample_costs`; None = every
+    sample costs the cost file's, the simulator's results without variance).
 
     The first ``warmup_iterations`` (pipeline fill, docs/design.md §5) and the last
     ``cooldown_iterations`` are excluded from steady-state numbers: schedules that overlap iterations
@@ -48,6 +51,7 @@ class Workload:
     iterations: int = 4
     warmup_iterations: int = 1
     cooldown_iterations: int = 1
+    variance: SampleVariance | None = None
 
     def __post_init__(self) -> None:
         for name in ("prompts_per_iteration", "group_size", "num_steps", "train_steps", "micro_batch_size"):

@@ -35,7 +35,7 @@ from digenrl.costs.device_costs import DeviceCosts
 from digenrl.plan import RunPlan
 from digenrl.plan.workload import Workload
 from digenrl.rules.schedule import shard_group
-from digenrl.runtime.profiles import HardwareProfile
+from digenrl.runtime.hardware.profiles import HardwareProfile
 
 GIB = 2**30
 #: Fraction of a device's memory a run may allocate (max_memory_allocated); the caching allocator's

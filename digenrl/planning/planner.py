@@ -45,7 +45,7 @@ from digenrl.plan.sequence_shape import sequence_degrees
 from digenrl.plan.workload import Workload
 from digenrl.planning.memory import Fit, fit_plan
 from digenrl.rules import search_tag_budget, tag_budget_limit
-from digenrl.runtime.profiles import HardwareProfile, load_profile
+from digenrl.runtime.hardware.profiles import HardwareProfile, load_profile
 from digenrl.sim.simulator import SimResult, simulate
 
 #: The baselines of docs/design.md §4 (labels of :meth:`Planner.baselines`): every system but DigenRL.

@@ -63,7 +63,7 @@ def rank_roles(cfg: Config, world_size: int) -> list[str]:
 
 def _cost_model(cfg: Config) -> CostModel | None:
     from digenrl.costs.cost_model import CostModel, cost_path
-    from digenrl.runtime.profiles import load_profile
+    from digenrl.runtime.hardware.profiles import load_profile
 
     if cfg.runtime.costs_dir is None:
         return None
@@ -179,7 +179,7 @@ def engine_copies_error(cfg: Config, world_size: int) -> str:
     from digenrl.models.bundle import bundle_parameter_counts
     from digenrl.models.specs import get_model_spec
     from digenrl.planning.memory import usable_bytes
-    from digenrl.runtime.profiles import load_profile
+    from digenrl.runtime.hardware.profiles import load_profile
 
     profile = load_profile(cfg.profile)
     estimates, _ = shared_device_estimates(cfg, world_size)

@@ -31,6 +31,8 @@ import yaml
 from digenrl.config import Config, explicit_keys, load_config
 from digenrl.costs.cost_model import CostModel, load_costs
 from digenrl.costs.device_costs import SCALINGS, DeviceCosts
+from digenrl.costs.sample_costs import SampleVariance
+from digenrl.dependency_logs import quiet_dependency_logs
 from digenrl.plan import RunPlan, is_schedule_key
 from digenrl.reports import tables
 from digenrl.reports.folders import Folders
@@ -85,7 +87,7 @@ def plan(argv: list[str] | None, folders: Folders) -> int:
     from digenrl.plan.workload import Workload
     from digenrl.planning.planner import Planner
     from digenrl.rules.schedule import trained_step_count
-    from digenrl.runtime.profiles import load_profile
+    from digenrl.runtime.hardware.profiles import load_profile
 
     p = _parser("plan", plan.__doc__)
     p.add_argument("--profile", required=True, help="hardware profile name or YAML path")
@@ -260,28 +262,60 @@ def throughput(argv: list[str] | None, folders: Folders) -> int:
         help="keep the rows of the existing table for the scenario x profile pairs not computed now "
         "(a table built in several runs; every run's command stays in the header)",
     )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="panels (scenario x profile) searched in parallel processes; each panel's search is "
+        "sequential and the rows are the same whatever the count",
+    )
+    p.add_argument(
+        "--variance",
+        type=Path,
+        default=None,
+        help="per-sample cost distributions (experiments/results/costs/variance/*.json): the scenarios' "
+        "rows are computed with them, labelled '<scenario> +variance' (add them with --merge)",
+    )
+    p.add_argument("--variance-seed", type=int, default=None, help="seed of the draws (default: the file's)")
     _table_args(p, "throughput")
     args = p.parse_args(argv)
+    if args.jobs < 1:
+        p.error(f"--jobs must be >= 1, got {args.jobs}")
     out = _out(args, "throughput", folders)
     chosen = tables.scenarios(args.quick, args.scenarios)
+    if args.variance is not None:
+        try:
+            variance = SampleVariance.load(args.variance)
+        except ValueError as error:
+            p.error(f"--variance: {error}")
+        if args.variance_seed is not None:
+            variance = variance.with_seed(args.variance_seed)
+        chosen = tables.with_variance(chosen, variance)
+    elif args.variance_seed is not None:
+        p.error("--variance-seed needs --variance FILE")
     cost_file = _cost_file(args, folders)
     profiles = args.profiles or (tables.QUICK_PROFILES if args.quick else tables.PROFILES)
-    rows = []
-    for profile in profiles:
-        for scenario in chosen:
-            rows += tables.throughput_rows(
-                scenario, profile, folders, max_stages=args.max_stages, cost_file=cost_file
-            )
+    panels = [(scenario, profile) for profile in profiles for scenario in chosen]
     commands = [_command("throughput", argv)]
+    old_rows: list[dict[str, Any]] = []
     if args.merge and (out / "table.csv").is_file():
-        done = {(r["scenario"], r["profile"]) for r in rows}
         old_commands, old_rows = tables.read_table(out / "table.csv")
-        rows = [r for r in old_rows if (r["scenario"], r["profile"]) not in done] + rows
         commands = [c for c in old_commands if c not in commands] + commands
-        rows = tables.panel_order(rows)
-    tables.attach_validation(rows, tables.validation_errors(folders.validation))
     header = tables.header_lines(commands, "Throughput per scenario x profile x system.")
-    csv_path, md_path = tables.write_table(rows, out, "table", header)
+    validation = tables.validation_errors(folders.validation)
+    rows: list[dict[str, Any]] = []
+    asked = {(scenario.label, profile): i for i, (scenario, profile) in enumerate(panels)}
+    # the table is rewritten as each panel ends: a long regeneration that is stopped keeps what it finished
+    for panel in tables.panel_rows(
+        panels, folders, max_stages=args.max_stages, cost_file=cost_file, jobs=args.jobs
+    ):
+        rows += panel
+        rows.sort(key=lambda r: asked[(r["scenario"], r["profile"])])  # stable: a panel's rows keep order
+        done = {(r["scenario"], r["profile"]) for r in rows}
+        kept = [r for r in old_rows if (r["scenario"], r["profile"]) not in done]
+        table = tables.panel_order(kept + rows) if kept else rows
+        tables.attach_validation(table, validation)
+        csv_path, md_path = tables.write_table(table, out, "table", header)
     print(f"[throughput] wrote {csv_path} and {md_path}")
     return 0
 
@@ -449,6 +483,7 @@ def dispatch(
     """Run ``argv[0]`` of ``commands`` (a function of the remaining arguments, or the name of a module whose
     ``main`` takes them) with the rest of ``argv``; the usage ``doc`` without a known command (the entry
     points experiments/measure.py and simulate.py)."""
+    quiet_dependency_logs()
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
         print(doc)

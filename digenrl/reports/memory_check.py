@@ -19,7 +19,7 @@ from digenrl.costs.device_costs import DeviceCosts
 from digenrl.plan import RunPlan
 from digenrl.plan.workload import Workload
 from digenrl.planning.memory import check_plan
-from digenrl.runtime.profiles import AUTO
+from digenrl.runtime.hardware.profiles import AUTO
 from digenrl.trainer.run_dir import PROFILE_FILE, run_profile
 
 GIB = 2**30

@@ -35,8 +35,9 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -44,14 +45,16 @@ from typing import Any
 from digenrl.costs.audit import audit
 from digenrl.costs.cost_model import CostModel, cost_path
 from digenrl.costs.device_costs import DeviceCosts
+from digenrl.costs.sample_costs import SampleVariance
 from digenrl.plan.rollout_defaults import rollout_defaults
+from digenrl.plan.run_plan import RunPlan
 from digenrl.plan.workload import Workload
 from digenrl.planning.planner import Planner, PlannerResult, PlanScore
 from digenrl.reports.folders import Folders
-from digenrl.runtime.profiles import HardwareProfile, NodeGroup, load_profile
+from digenrl.runtime.hardware.profiles import HardwareProfile, NodeGroup, load_profile
 
 PROFILES = ("a100-16", "h800-32", "hetero-h100-a100-16", "hetero-h100-h200-16")
-#: relative_speed 1.0: the reference device of every profile (digenrl/runtime/hardware_profiles/)
+#: relative_speed 1.0: the reference device of every profile (digenrl/runtime/hardware/hardware_profiles/)
 REFERENCE_DEVICE = "h200"
 #: --quick: the CPU-measured tiny model (seconds to simulate; tests), from its cost file on ``cpu``.
 QUICK_MODEL = "tiny-sd3"
@@ -60,6 +63,8 @@ QUICK_PROFILES = ("h200-8",)
 #: Models without an H200 file of their own, and the measured model they are carried from.
 CARRIED_FROM = {"hunyuan-video": "wan2.1-14b"}
 VIDEO_MODELS = ("wan2.1-14b", "hunyuan-video", "wan2.1-1.3b")
+#: what a scenario's label gets with per-sample variance (``throughput --variance``)
+VARIANCE_SUFFIX = " +variance"
 COLUMNS = (
     "experiment",
     "model",
@@ -68,8 +73,10 @@ COLUMNS = (
     "staleness",
     "samples_per_s",
     "images_per_gpu_s",
+    "regime",
     "ratio_vs_colocated_sync",
-    "ratio_vs_best_baseline",
+    "ratio_vs_best_fair_baseline",
+    "mechanisms_ratio_vs_best_fair_baseline",
     "bubble_free_samples_per_s",
     "validation_error",
     "gpus",
@@ -78,6 +85,7 @@ COLUMNS = (
     "profile",
     "model_name",
     "scenario",
+    "variance",
     "plan",
     "run",
     "memory",
@@ -143,6 +151,16 @@ def scenarios(quick: bool = False, names: Sequence[str] | None = None) -> list[S
             raise ValueError(f"unknown scenario(s) {sorted(unknown)}; choose from {[s.label for s in out]}")
         out = [s for s in out if s.label in names or s.model in names]
     return out
+
+
+def with_variance(chosen: Sequence[Scenario], variance: SampleVariance) -> list[Scenario]:
+    """``chosen`` with per-sample variance (``simulate.py throughput --variance FILE``): each label gets
+    `` +variance`` (its own panel and rows, beside the rows without variance) and its rows name the
+    distributions in the ``variance`` column (:attr:`SampleVariance.label`: measured or assumed)."""
+    return [
+        replace(s, label=s.label + VARIANCE_SUFFIX, workload=replace(s.workload, variance=variance))
+        for s in chosen
+    ]
 
 
 @dataclass(frozen=True)
@@ -369,14 +387,59 @@ def _row(score: PlanScore, label: str, profile: HardwareProfile, **extra: Any) -
     }
 
 
+def regime_of(profile: HardwareProfile, scenario: Scenario, label: str, score: PlanScore | None) -> str:
+    """The regimes a row represents (:data:`REGIMES`), ``;``-joined: ``identical`` or ``mixed`` GPUs;
+    ``switch`` for the hybrid engine's rows (its offload/onload and re-shard costs, measured:
+    ``meta.engine_switch`` of the cost files); ``memory`` where memory shaped the row's plan (the fit
+    lowered a knob, parked or offloaded state) or no plan of it fits; ``multi-node full FT`` where a full
+    fine-tune's shards span nodes; ``variance`` where per-sample costs are drawn (``--variance``)."""
+    types = {profile.device_type(r).name for r in range(profile.world_size)}
+    tags = ["mixed" if len(types) > 1 else "identical"]
+    if label.startswith("colocated-engine"):
+        tags.append("switch")
+    if score is None or memory_shaped(score.plan, scenario.workload):
+        tags.append("memory")
+    if scenario.workload.trainer_mode == "full" and profile.num_nodes > 1:
+        tags.append("multi-node full FT")
+    if scenario.workload.variance is not None:
+        tags.append("variance")
+    return ";".join(tags)
+
+
+def memory_shaped(plan: RunPlan, workload: Workload) -> bool:
+    """Whether the memory fit had to give something up for ``plan`` to fit: state parked off the GPU
+    between phases, activation checkpointing turned on, or a smaller micro-batch or generator forward
+    than the workload's (raising a batch where memory allows is not a memory limit)."""
+    lowered_mb = plan.micro_batch_size is not None and plan.micro_batch_size < workload.micro_batch_size
+    lowered_spf = (
+        plan.samples_per_forward is not None
+        and workload.samples_per_forward > 0
+        and 0 < plan.samples_per_forward < workload.samples_per_forward
+    )
+    checkpointing = bool(plan.activation_checkpointing) and not workload.activation_checkpointing
+    return not plan.train_resident or not plan.reward_resident or checkpointing or lowered_mb or lowered_spf
+
+
+#: every regime tag a row can carry (:func:`regime_of`; ``variance`` from ``--variance`` rows)
+REGIMES = ("identical", "mixed", "switch", "memory", "multi-node full FT", "variance")
+
+
 def comparison_rows(
     comparison: Comparison, profile: HardwareProfile, scenario: Scenario, mc: ModelCosts, experiment: str
 ) -> list[dict[str, Any]]:
-    """The rows of one comparison (module docstring): baselines, then ``digenrl`` and ``digenrl s=1``."""
+    """The rows of one comparison (module docstring): baselines, then ``digenrl`` and ``digenrl s=1``.
+
+    ``ratio_vs_best_fair_baseline``: a row's samples/s over the best baseline of at most its staleness.
+    The fair set is every baseline row of the panel, each tuned over its own knobs: colocated-sync and
+    colocated-overlap (on mixed GPUs also with the fair speed split: full-size micro-batches, uneven
+    counts), the hybrid engine colocated-engine (switch costs measured), separate-sync and separate-async.
+    ``mechanisms_ratio_vs_best_fair_baseline``: the same ratio for the best plan that uses at least one
+    mechanism, so a tie reached by falling back to a baseline plan is visible."""
     common = {
         "experiment": experiment,
         "model_name": scenario.model,
         "scenario": scenario.label,
+        "variance": "" if scenario.workload.variance is None else scenario.workload.variance.label,
         "cost_file": mc.cost_file,
         "cost_source": mc.cost_source,
         "stale": "; ".join(mc.stale),
@@ -384,12 +447,14 @@ def comparison_rows(
     rows = []
     colocated = comparison.baselines.get("colocated-sync")
     for label, score in comparison.baselines.items():
+        regime = regime_of(profile, scenario, label, score)
         if score is None:  # a zero bar, and why
             rows.append(
                 {
                     **common,
                     "system": label,
                     "source": "simulated",
+                    "regime": regime,
                     "samples_per_s": 0.0,
                     "profile": profile.name,
                     "gpus": profile.world_size,
@@ -397,7 +462,15 @@ def comparison_rows(
                 }
             )
             continue
-        rows.append({**common, **_row(score, label, profile)})
+        best_fair = comparison.best_baseline(score.staleness)
+        rows.append(
+            {
+                **common,
+                **_row(score, label, profile),
+                "regime": regime,
+                "ratio_vs_best_fair_baseline": score.samples_per_s / best_fair.samples_per_s,
+            }
+        )
     for staleness, result in comparison.digenrl.items():
         label = "digenrl" if staleness == 0 else f"digenrl s={staleness}"
         best_base = comparison.best_baseline(staleness)
@@ -407,8 +480,12 @@ def comparison_rows(
             {
                 **common,
                 **_row(result.best, label, profile),
+                "regime": regime_of(profile, scenario, label, result.best),
                 "staleness": staleness,
-                "ratio_vs_best_baseline": result.best.samples_per_s / best_base.samples_per_s,
+                "ratio_vs_best_fair_baseline": result.best.samples_per_s / best_base.samples_per_s,
+                "mechanisms_ratio_vs_best_fair_baseline": ""
+                if mech is None
+                else mech.samples_per_s / best_base.samples_per_s,
                 "mechanisms": ""
                 if mech is None
                 else f"{mech.samples_per_s:.4g} samples/s: {mech.plan.describe()}"
@@ -486,10 +563,12 @@ def attach_validation(rows: list[dict[str, Any]], records: Sequence[ValidationRe
 
 
 def write_table(rows: Sequence[dict[str, Any]], out_dir: Path, stem: str, header: str) -> tuple[Path, Path]:
-    """``<stem>.csv`` (results-table format, ``#`` header comment) and ``<stem>.md``."""
+    """``<stem>.csv`` (results-table format, ``#`` header comment) and ``<stem>.md``, each replaced
+    atomically (a table rewritten as panels end is never seen half-written)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     csv_path, md_path = out_dir / f"{stem}.csv", out_dir / f"{stem}.md"
-    with csv_path.open("w", newline="") as f:
+    csv_tmp, md_tmp = csv_path.with_suffix(".csv.tmp"), md_path.with_suffix(".md.tmp")
+    with csv_tmp.open("w", newline="") as f:
         for line in header.splitlines():
             f.write(f"# {line}\n")
         writer = csv.DictWriter(f, fieldnames=list(COLUMNS), extrasaction="ignore")
@@ -504,7 +583,9 @@ def write_table(rows: Sequence[dict[str, Any]], out_dir: Path, stem: str, header
         for row in (r for r in rows if r["model"] == panel):
             lines.append("| " + " | ".join(_fmt(row.get(c, "")) for c in shown) + " |")
         lines.append("")
-    md_path.write_text("\n".join(lines) + "\n")
+    md_tmp.write_text("\n".join(lines) + "\n")
+    os.replace(csv_tmp, csv_path)
+    os.replace(md_tmp, md_path)
     return csv_path, md_path
 
 
@@ -526,15 +607,18 @@ def header_lines(commands: Sequence[str], what: str) -> str:
 
 
 def panel_order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rows by profile (:data:`PROFILES` order) then scenario (:func:`scenarios` order); stable within a
-    panel, so a merged table reads like one written in a single run."""
+    """Rows by profile (:data:`PROFILES` order) then scenario (:func:`scenarios` order, a ``+variance``
+    panel right after its scenario's); stable within a panel, so a merged table reads like one written in
+    a single run."""
     labels = [s.label for s in scenarios()]
 
-    def key(row: dict[str, Any]) -> tuple[int, int]:
-        profile, scenario = row.get("profile"), row.get("scenario")
+    def key(row: dict[str, Any]) -> tuple[int, int, bool]:
+        profile, scenario = row.get("profile"), str(row.get("scenario"))
+        base = scenario.removesuffix(VARIANCE_SUFFIX)
         return (
             PROFILES.index(profile) if profile in PROFILES else len(PROFILES),
-            labels.index(scenario) if scenario in labels else len(labels),
+            labels.index(base) if base in labels else len(labels),
+            base != scenario,
         )
 
     return sorted(rows, key=key)
@@ -576,6 +660,43 @@ def throughput_rows(
         f"({best.plan.describe()}) [{time.perf_counter() - start:.1f} s]"
     )
     return rows
+
+
+def _panel(args: tuple[Scenario, str, Folders, int, Path | None]) -> list[dict[str, Any]]:
+    scenario, profile, folders, max_stages, cost_file = args
+    return throughput_rows(
+        scenario, profile, folders, max_stages=max_stages, cost_file=cost_file, log=_flushed_print
+    )
+
+
+def _flushed_print(line: str) -> None:
+    print(line, flush=True)
+
+
+def panel_rows(
+    panels: Sequence[tuple[Scenario, str]],
+    folders: Folders,
+    *,
+    max_stages: int,
+    cost_file: Path | None = None,
+    jobs: int = 1,
+) -> Iterator[list[dict[str, Any]]]:
+    """:func:`throughput_rows` of every (scenario, profile) panel, one list per panel as each ends (so a
+    caller can write the table as it grows). ``jobs`` > 1 searches panels in that many worker processes;
+    a panel's search is sequential and deterministic, so the rows do not depend on ``jobs`` (only the order
+    panels end in does: :func:`panel_order` sorts a table)."""
+    work = [(scenario, profile, folders, max_stages, cost_file) for scenario, profile in panels]
+    if jobs <= 1 or len(work) <= 1:
+        for item in work:
+            yield _panel(item)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    context = multiprocessing.get_context("spawn")  # no forked torch / thread state in the workers
+    with ProcessPoolExecutor(max_workers=min(jobs, len(work)), mp_context=context) as pool:
+        for future in as_completed([pool.submit(_panel, item) for item in work]):
+            yield future.result()
 
 
 def scaling_rows(

@@ -4,7 +4,7 @@ simulator is trusted only as far as it matches real runs, so its error is report
 Both sides are read with the same definitions: iteration k ends when its last ``optimizer`` span ends;
 steady state is iterations ``[warmup, n − cooldown)``; throughput is samples per steady-state second.
 Per-phase numbers are the mean seconds per steady iteration summed over the ranks of a role, from
-:func:`digenrl.runtime.event_summary.summarize_records`, so a phase whose predicted time is off shows
+:func:`digenrl.runtime.observe.event_summary.summarize_records`, so a phase whose predicted time is off shows
 up by name.
 
 :func:`compare_run` does both for a run directory: it simulates the plan the run executed (its
@@ -23,9 +23,10 @@ from digenrl.costs.cost_model import CostModel, cost_path, run_path
 from digenrl.costs.device_costs import DeviceCosts
 from digenrl.plan import RunPlan
 from digenrl.plan.workload import Workload
-from digenrl.runtime.event_records import load_events
-from digenrl.runtime.event_summary import summarize_records
-from digenrl.runtime.profiles import HardwareProfile
+from digenrl.runtime.hardware.profiles import HardwareProfile
+from digenrl.runtime.observe.event_records import load_events
+from digenrl.runtime.observe.event_summary import summarize_records
+from digenrl.runtime.observe.span_phases import Phase, is_work_phase
 from digenrl.sim.simulator import SimResult, simulate
 from digenrl.trainer.run_dir import PLAN_FILE, run_profile
 
@@ -40,7 +41,7 @@ def steady_state(
     records = list(records)
     ends: dict[int, float] = {}
     for r in records:
-        if r.get("type") == "span" and r["phase"] == "optimizer" and r.get("iteration") is not None:
+        if r.get("type") == "span" and r["phase"] == Phase.OPTIMIZER and r.get("iteration") is not None:
             ends[int(r["iteration"])] = max(ends.get(int(r["iteration"]), 0.0), float(r["t_end"]))
     # positions, not iteration numbers: a trimmed log (experiments/make_figures.py --real-run) may start
     # after iteration 0; its first logged iteration then only marks where the window starts
@@ -152,7 +153,7 @@ def compare_run(
     finished = {
         int(r["iteration"])
         for r in records
-        if r.get("type") == "span" and r["phase"] == "optimizer" and r.get("iteration") is not None
+        if r.get("type") == "span" and r["phase"] == Phase.OPTIMIZER and r.get("iteration") is not None
     }
     iterations = max(finished) + 1 if finished else 0
     workload = Workload.from_config(
@@ -164,11 +165,7 @@ def compare_run(
     device = "cuda" if profile.backend == "nccl" else "cpu"
     path = run_path(*cfg.model.optimised(device))
     phases = {
-        role: {
-            phase: v
-            for phase, v in by_phase.items()
-            if not phase.startswith(("wait", "idle")) and phase != "iteration"
-        }
+        role: {phase: v for phase, v in by_phase.items() if is_work_phase(phase)}
         for role, by_phase in error["phases"].items()
     }
     checked = [

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from digenrl.launch import launch_torchrun
+from digenrl.runtime.observe.span_phases import Phase, is_work_phase
 
 #: where the real runs and the report go unless told (experiments/measure.py passes the checkout's runs/)
 DEFAULT_OUT = Path("runs") / "validation"
@@ -148,7 +149,7 @@ def iteration_times(records: list[dict]) -> dict[int, float]:
     definition of ``digenrl.reports.validation.steady_state``, per iteration."""
     ends: dict[int, float] = {}
     for r in records:
-        if r.get("type") == "span" and r["phase"] == "optimizer" and r.get("iteration") is not None:
+        if r.get("type") == "span" and r["phase"] == Phase.OPTIMIZER and r.get("iteration") is not None:
             ends[int(r["iteration"])] = max(ends.get(int(r["iteration"]), 0.0), float(r["t_end"]))
     return {k: ends[k] - ends[k - 1] for k in sorted(ends) if k >= 1 and k - 1 in ends}
 
@@ -186,7 +187,7 @@ def report_markdown(meta: dict, rows: list[dict], costs_text: str) -> str:
     for r in rows:
         for role, phases in r["phases"].items():
             for phase, v in phases.items():
-                if phase.startswith(("idle", "wait")) or phase == "iteration":
+                if not is_work_phase(phase):
                     continue
                 meas = "—" if v["measured_s"] is None else f"{v['measured_s']:.3f}"
                 sim = "—" if v["simulated_s"] is None else f"{v['simulated_s']:.3f}"
@@ -214,7 +215,7 @@ def main(argv: list[str] | None = None, *, config: Path | None = None, out: Path
     from digenrl.plan import RunPlan
     from digenrl.plan.workload import Workload
     from digenrl.reports.validation import simulation_error
-    from digenrl.runtime.event_records import load_events
+    from digenrl.runtime.observe.event_records import load_events
     from digenrl.sim.simulator import simulate
 
     torch.set_num_threads(args.threads)

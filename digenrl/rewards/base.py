@@ -14,7 +14,9 @@ advantages, arXiv 2505.05470 §3), so the contract is deliberately small:
 Videos are scored frame by frame (each frame paired with its sample's prompt) and the per-frame scores
 are averaged over ``F``; this is how image rewards are commonly applied to video generators (e.g. the
 per-frame OCR reward in flow_grpo/rewards.py ``video_ocr_score``), and it keeps every reward usable for
-both modalities without a video-specific implementation.
+both modalities without a video-specific implementation. A reward that needs the frames together (a
+temporal term) sets ``scores_whole_videos`` and implements :meth:`RewardFunction.score_videos` on
+``[B, 3, F, H, W]`` (an image is a one-frame video to it).
 
 Pixels are clamped to ``[0, 1]`` before scoring (decoded VAE outputs overshoot slightly; DDPO's
 ddpo_pytorch/rewards.py clamps in the same place). A sample with any non-finite pixel is not scored: its
@@ -64,6 +66,8 @@ class RewardFunction(ABC):
     #: The files a ``weights_path`` directory must hold: ``{what: (file, alternative, ...)}``, checked at
     #: start-up and when the reward loads (:func:`digenrl.rewards.local_weights.require_files`).
     weights_layout: Mapping[str, tuple[str, ...]] = {}
+    #: True for a reward that scores a video's frames together (:meth:`score_videos`), not frame by frame.
+    scores_whole_videos: bool = False
 
     def __init__(self, device: torch.device | str = "cpu") -> None:
         self.device = torch.device(device)
@@ -71,6 +75,11 @@ class RewardFunction(ABC):
     @abstractmethod
     def score_images(self, images: Tensor, prompts: list[str]) -> Tensor:
         """Score ``images`` ``[N, 3, H, W]`` (float32, finite, in ``[0, 1]``) → ``Tensor[N]``."""
+
+    def score_videos(self, videos: Tensor, prompts: list[str], metadata: list[PromptMetadata]) -> Tensor:
+        """Score ``videos`` ``[B, 3, F, H, W]`` (float32, finite, in ``[0, 1]``) → ``Tensor[B]``; what
+        :meth:`__call__` uses instead of :meth:`score_batch` when ``scores_whole_videos`` is set."""
+        raise NotImplementedError(f"reward {self.name!r} sets scores_whole_videos but has no score_videos")
 
     def score_batch(self, images: Tensor, prompts: list[str], metadata: list[PromptMetadata]) -> Tensor:
         """What :meth:`__call__` scores with: :meth:`score_images` plus each prompt's metadata. Rewards
@@ -114,6 +123,16 @@ class RewardFunction(ABC):
         frame_metadata = [m for m in check_metadata(metadata, batch) for _ in range(num_frames)]
         finite = torch.isfinite(frames).flatten(1).all(dim=1)
         clean = torch.where(finite[:, None, None, None], frames, 0.0).clamp_(0.0, 1.0)
+        if self.scores_whole_videos:
+            finite = finite.view(batch, num_frames).all(dim=1)
+            videos = clean.view(batch, num_frames, *clean.shape[1:]).transpose(1, 2)
+            scores = self.score_videos(videos, list(prompts), check_metadata(metadata, batch))
+            if scores.shape != (batch,):
+                raise RuntimeError(
+                    f"reward {self.name!r} returned shape {tuple(scores.shape)}, expected ({batch},)"
+                )
+            scores = scores.detach().to(device=images.device, dtype=torch.float32)
+            return torch.where(finite.to(images.device), scores, torch.nan)
         scores = self.score_batch(clean, frame_prompts, frame_metadata)
         if scores.shape != (clean.shape[0],):
             raise RuntimeError(

@@ -276,16 +276,23 @@ class LocalClip:
         embeds = pooled_features(embeds).float()
         return embeds / torch.linalg.vector_norm(embeds, dim=-1, keepdim=True)
 
-    def cosine(self, images: Tensor, prompts: list[str], batch_size: int) -> Tensor:
-        """cos(text, image) of each image with its prompt, ``batch_size`` per forward; each distinct prompt
-        is embedded once (GRPO groups and video frames repeat prompts)."""
+    def prompt_embeddings(self, prompts: list[str], batch_size: int) -> Tensor:
+        """Unit text embeddings, one row per prompt, ``batch_size`` per forward; each distinct prompt is
+        embedded once (GRPO groups and video frames repeat prompts)."""
         distinct = list(dict.fromkeys(prompts))
         text = torch.cat(
             [self.text_embeddings(distinct[i : i + batch_size]) for i in range(0, len(distinct), batch_size)]
         )
         row_of = {prompt: row for row, prompt in enumerate(distinct)}
-        rows = torch.tensor([row_of[p] for p in prompts], device=text.device)
-        image = torch.cat(
+        return text[torch.tensor([row_of[p] for p in prompts], device=text.device)]
+
+    def batched_image_embeddings(self, images: Tensor, batch_size: int) -> Tensor:
+        """:meth:`image_embeddings` of ``images`` ``[N, 3, H, W]``, ``batch_size`` per forward."""
+        return torch.cat(
             [self.image_embeddings(images[i : i + batch_size]) for i in range(0, images.shape[0], batch_size)]
         )
-        return (image * text[rows]).sum(dim=-1)
+
+    def cosine(self, images: Tensor, prompts: list[str], batch_size: int) -> Tensor:
+        """cos(text, image) of each image with its prompt, ``batch_size`` per forward."""
+        image = self.batched_image_embeddings(images, batch_size)
+        return (image * self.prompt_embeddings(prompts, batch_size)).sum(dim=-1)

@@ -29,6 +29,13 @@ from digenrl.rewards.registry import register_reward
 PICKSCORE_NORMALIZER = 26.0  # flow_grpo/pickscore_scorer.py: scores = scores / 26
 
 
+def pickscore_from_cosine(
+    clip: LocalClip, cosine: Tensor, normalizer: float = PICKSCORE_NORMALIZER
+) -> Tensor:
+    """PickScore from cos(text, image): ``logit_scale.exp() · cos / normalizer`` (module docstring)."""
+    return clip.model.logit_scale.float().exp() * cosine / normalizer
+
+
 @register_reward("pickscore")
 class PickScore(RewardFunction):
     """PickScore of each image for its prompt, batched (``batch_size`` images per forward), no grad."""
@@ -57,5 +64,6 @@ class PickScore(RewardFunction):
 
     @torch.no_grad()
     def score_images(self, images: Tensor, prompts: list[str]) -> Tensor:
-        cosine = self.clip.cosine(images, prompts, self.batch_size)
-        return self.clip.model.logit_scale.float().exp() * cosine / self.normalizer
+        return pickscore_from_cosine(
+            self.clip, self.clip.cosine(images, prompts, self.batch_size), self.normalizer
+        )

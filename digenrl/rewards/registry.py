@@ -30,6 +30,8 @@ _BUILTIN_MODULES = (
     "digenrl.rewards.hpsv2",
     "digenrl.rewards.imagereward",
     "digenrl.rewards.ocr",
+    "digenrl.rewards.geneval",
+    "digenrl.rewards.video",
     "digenrl.rewards.remote",
 )
 
@@ -227,6 +229,14 @@ class CompositeReward(RewardFunction):
             part = reward.score_batch(images, prompts, metadata)
             total = total + weight * part.to(images.device, torch.float32)
         return total
+
+    def __call__(
+        self, images: Tensor, prompts: list[str], metadata: list[PromptMetadata] | None = None
+    ) -> Tensor:
+        """``Σ_k w_k · r_k(images)``, each part called whole, so a part that scores a video's frames together
+        (``scores_whole_videos``) gets the video, not its frames."""
+        parts = [weight * reward(images, prompts, metadata) for reward, weight in self.parts]
+        return torch.stack(parts).sum(dim=0)
 
     def score_parts(
         self, images: Tensor, prompts: list[str], metadata: list[PromptMetadata] | None = None

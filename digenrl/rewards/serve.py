@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 
+from digenrl.dependency_logs import quiet_dependency_logs
 from digenrl.rewards.base import RewardFunction
 from digenrl.rewards.registry import REMOTE, available_rewards, build_reward
 from digenrl.rewards.remote import HEALTH_PATH, SCORE_PATH, decode_images
@@ -433,6 +434,7 @@ def limits_from_args(args: argparse.Namespace) -> ServeLimits:
 
 
 def main(argv: list[str] | None = None) -> int:
+    quiet_dependency_logs()
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:

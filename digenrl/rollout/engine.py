@@ -35,7 +35,7 @@ from digenrl.rollout.noise import (
     step_noise,
 )
 from digenrl.rollout.sampler import Sampler
-from digenrl.runtime.batch_ledger import BatchLedger, sample_keys
+from digenrl.runtime.reproducibility.batch_ledger import BatchLedger, sample_keys
 
 _TRAIN_STEP_PURPOSE = 1
 

@@ -17,7 +17,9 @@ reward term and hands the writer rank the metrics (``eval_*`` fields of ``metric
   of a disaggregated one — each on a contiguous share of the prompts, padded to equal sizes (an equal
   number of forwards, so a sharded trainer's collective forwards line up); the results are gathered on the
   group's first rank (global rank 0, which writes the metrics). Why there: docs/operations.md, "Reading a
-  run".
+  run". The rewards are computed by an :data:`EvalScoring`: the rank's own reward, or, with scorer ranks
+  (``pools.scorers``), the scorer pool, so the reward model lives on the scorer ranks only
+  (:meth:`digenrl.rollout.remote_scoring.ScorerPool.evaluation_scoring`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Protocol
@@ -35,6 +37,7 @@ import torch.distributed as dist
 
 from digenrl.config import Config, ConfigError, EvalConfig
 from digenrl.data.seeding import mix_seed
+from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.models.bundle import ModelBundle
 from digenrl.rollout.engine import RolloutEngine
 from digenrl.rollout.sampler import Sampler
@@ -44,6 +47,23 @@ from digenrl.rollout.scoring import Scorer
 EVAL_NOISE_KEY = 0xE7A1
 #: Frames of a video sample kept for its row of the grid (evenly spaced, first and last included).
 GRID_FRAMES = 4
+
+#: How an evaluating rank scores one rollout call: ``(batch, the evaluation's iteration, the call's index
+#: over all evaluating ranks) -> (pixels in [0, 1] on the CPU, {"reward": …, <term>: …} each [B] float32)``,
+#: as :meth:`digenrl.rollout.scoring.Scorer.score_terms` returns them.
+EvalScoring = Callable[[TrajectoryBatch, int, int], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+
+def local_scoring(scorer: Scorer) -> EvalScoring:
+    """Score on this rank, with its decoder and reward."""
+    return lambda batch, iteration, call: scorer.score_terms(batch.final_latents, list(batch.prompts))
+
+
+def rollout_calls(cfg: EvalConfig, ranks: int) -> int:
+    """Rollout calls per evaluating rank of one evaluation, the same on every rank (shares are padded to
+    equal sizes, then cut in calls of ``eval.batch_size``): what a scorer rank counts on."""
+    per_rank = math.ceil(cfg.num_prompts / ranks)
+    return math.ceil(per_rank / (cfg.batch_size or per_rank))
 
 
 class EvalPhases(Protocol):
@@ -107,14 +127,16 @@ class Evaluator:
         cfg: EvalConfig,
         prompts: list[str],
         engine: RolloutEngine,
-        scorer: Scorer,
+        scoring: EvalScoring,
         *,
         group: dist.ProcessGroup | None = None,
+        scored_on: str = "",
     ):
         self.cfg = cfg
         self.prompts = prompts
         self.engine = engine
-        self.scorer = scorer
+        self.scoring = scoring
+        self.scored_on = scored_on  # where the rewards are computed, for describe(); "" = on these ranks
         self.group = group
         distributed = dist.is_available() and dist.is_initialized()
         self.ranks = dist.get_world_size(group) if distributed else 1
@@ -133,11 +155,12 @@ class Evaluator:
         bundle: ModelBundle,
         latent_shape: tuple[int, ...],
         latent_tokens: int,
-        scorer: Scorer,
+        scoring: EvalScoring,
         eval_prompts: tuple[str, ...],
         *,
         device: torch.device,
         group: dist.ProcessGroup | None = None,
+        scored_on: str = "",
     ) -> Evaluator:
         sampler = eval_sampler(cfg, bundle, latent_tokens)
         # one sample per prompt; "first" with one trained step: every step takes the sampler's noise level (0
@@ -155,7 +178,7 @@ class Evaluator:
             device=device,
         )
         prompts = evaluated_prompts(cfg.eval, eval_prompts, cfg.data.eval_prompts)
-        return cls(cfg.eval, prompts, engine, scorer, group=group)
+        return cls(cfg.eval, prompts, engine, scoring, group=group, scored_on=scored_on)
 
     @property
     def num_steps(self) -> int:
@@ -167,6 +190,7 @@ class Evaluator:
         return (
             f"eval at iteration 0, every {self.cfg.every} and the final policy: {len(self.prompts)} held-out "
             f"prompt(s), {self.num_steps} {sampling} steps, fixed noise, {weights}, {self.ranks} rank(s)"
+            + (f", scored on {self.scored_on}" if self.scored_on else "")
         )
 
     def _batches(self) -> Iterator[list[int]]:
@@ -192,13 +216,14 @@ class Evaluator:
         rewards: list[float] = []
         terms: dict[str, list[float]] = {}
         images: list[torch.Tensor] = []
+        calls = rollout_calls(self.cfg, self.ranks)
         with weights if weights is not None else nullcontext():
-            for ids in self._batches():
+            for call, ids in enumerate(self._batches()):
                 text = [self.prompts[i] for i in ids]
                 with phases.generation() if phases is not None else nullcontext():
                     batch = self.engine.generate(text, ids, iteration=0, policy_version=policy_version)
                 with phases.scoring() if phases is not None else nullcontext():
-                    pixels, scores = self.scorer.score_terms(batch.final_latents, text)
+                    pixels, scores = self.scoring(batch, iteration, self.rank * calls + call)
                 real = max(0, min(len(ids), len(self.mine) - len(rewards)))  # padding comes last
                 rewards.extend(scores["reward"][:real].tolist())
                 for name, values in scores.items():

@@ -13,7 +13,7 @@ from digenrl.models.vae import LatentDecoder
 from digenrl.rewards.base import RewardFunction
 from digenrl.rewards.nonfinite import check_finite_rewards
 from digenrl.rewards.registry import CompositeReward
-from digenrl.runtime.batch_ledger import BatchLedger, sample_keys
+from digenrl.runtime.reproducibility.batch_ledger import BatchLedger, sample_keys
 
 
 @dataclass

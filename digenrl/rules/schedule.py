@@ -161,9 +161,28 @@ def replica_group(
     return tuple(out)
 
 
-def hybrid_sharding_problem(ranks: Sequence[int], node_of: Callable[[int], int]) -> str | None:
-    """Why ``trainer.sharding=hybrid`` cannot shard ``ranks`` (None: it can): HSDP needs at least two nodes
-    and the same number of trainer ranks on each (a 2-D mesh)."""
+def hybrid_sharding_problem(
+    ranks: Sequence[int],
+    node_of: Callable[[int], int] | None,
+    *,
+    mode: str = "full",
+    backend: str = "auto",
+) -> str | None:
+    """Why ``trainer.sharding=hybrid`` cannot shard ``ranks`` (None: it can). HSDP is FSDP2's (``mode``:
+    ``trainer.mode``, ``backend``: ``trainer.backend``): a full fine-tune, and at least two nodes with the
+    same number of trainer ranks on each (a 2-D layout; ``node_of`` None: the nodes are not known yet)."""
+    if mode != "full":
+        return (
+            "trainer.sharding=hybrid shards a full fine-tune (FSDP2); a LoRA run replicates its adapter, so "
+            "use trainer.sharding=flat (the default) with trainer.mode=lora"
+        )
+    if backend not in ("auto", "fsdp2"):
+        return (
+            f"trainer.sharding=hybrid is FSDP2's hybrid sharding, but trainer.backend={backend}; set "
+            "trainer.backend=fsdp2 (or auto), or trainer.sharding=flat"
+        )
+    if node_of is None:
+        return None
     per_node: dict[int, int] = {}
     for r in ranks:
         per_node[node_of(r)] = per_node.get(node_of(r), 0) + 1

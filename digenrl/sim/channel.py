@@ -1,6 +1,6 @@
 """One point-to-point message (a fragment shard, a stage hand-over, a batch), and its two transports.
 
-- ``rendezvous`` (default; what :func:`digenrl.runtime.transfer.send_trajectories` does: "returns when
+- ``rendezvous`` (default; what :func:`digenrl.runtime.comm.transfer.send_trajectories` does: "returns when
   every send has completed (the receiver has posted matching receives)"): the sender blocks from the send
   call until the receiver has posted the receive *and* the bytes have moved; the receiver blocks from its
   receive call until the bytes have landed. The sender's ``transfer`` span covers its whole blocked time,
@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from digenrl.costs.cost_model import CostModel
+from digenrl.runtime.observe.span_phases import Phase
 from digenrl.sim.des import Condition, Delay, Process, Signal, Simulation
 from digenrl.sim.network import Network
 from digenrl.sim.span_log import SpanLog
@@ -87,7 +88,7 @@ class Channel:
             begin = start
         if end > begin:
             extra = {"bytes": int(nbytes), "peer": self.dst, "what": what}
-            return cluster.log.add(self.src, "transfer", begin, end, extra=extra, **tags)
+            return cluster.log.add(self.src, Phase.TRANSFER, begin, end, extra=extra, **tags)
         return None
 
     def recv(self, phase: str, **tags: Any) -> Process:

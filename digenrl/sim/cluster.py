@@ -24,10 +24,12 @@ from typing import Any
 from digenrl.costs.cost_model import CostModel
 from digenrl.costs.device_costs import DeviceCosts
 from digenrl.plan.workload import Workload
-from digenrl.runtime.profiles import HardwareProfile
+from digenrl.runtime.hardware.profiles import HardwareProfile
+from digenrl.runtime.observe.span_phases import Phase, waiting_for
 from digenrl.sim.channel import Channel
 from digenrl.sim.des import Condition, Delay, Process, Signal, Simulation
 from digenrl.sim.network import Network
+from digenrl.sim.sample_draws import SampleDraws
 from digenrl.sim.span_log import SpanLog
 
 
@@ -54,6 +56,8 @@ class SimCluster:
         self.net = Network(profile)
         self.log = SpanLog(roles)
         self.iteration_end: dict[int, float] = {}
+        # per-sample cost factors (digenrl/sim/phase_costs.py); None: every sample costs the cost file's
+        self.draws = SampleDraws(workload.variance, workload) if workload.variance is not None else None
         self._rendezvous: dict[Hashable, _Rendezvous] = {}
         self._channels: dict[Hashable, Channel] = {}
 
@@ -101,7 +105,7 @@ class SimCluster:
             self.log.add(rank, phase, start, self.sim.now, **tags)
 
     def collective(
-        self, key: Hashable, rank: int, ranks: Iterable[int], seconds: float, phase: str, **tags: Any
+        self, key: Hashable, rank: int, ranks: Iterable[int], seconds: float, phase: Phase, **tags: Any
     ) -> Process:
         """All of ``ranks`` meet (``wait_<phase>`` while the others arrive), then spend ``seconds`` on it."""
         members = frozenset(ranks)
@@ -114,7 +118,7 @@ class SimCluster:
         if meeting.arrived == meeting.ranks:
             del self._rendezvous[key]
             meeting.signal.fire()
-        yield from self.wait_signal(rank, f"wait_{phase}", meeting.signal, **tags)
+        yield from self.wait_signal(rank, waiting_for(phase), meeting.signal, **tags)
         yield from self.work(rank, phase, seconds, **tags)
 
     # ------------------------------------------------------------------ data movement

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from digenrl.runtime.observe.span_phases import Phase
 from digenrl.sim.cluster import SimCluster
 from digenrl.sim.des import Delay, Process
 from digenrl.sim.training import fsdp_gather_s, sharded
@@ -54,7 +55,7 @@ class GeneratorWeights:
         self._sync_start[version] = start
         if end > start:
             for rank in ranks:
-                cluster.log.add(rank, "sync", start, end, policy_version=version, **tags)
+                cluster.log.add(rank, Phase.SYNC, start, end, policy_version=version, **tags)
         loaded = end + max((cluster.cost(g).weight_load_s for g in self.generators), default=0.0)
         if loaded > cluster.now:
             cluster.sim.call_at(loaded, lambda: self._arrive(version))  # runs before the source resumes
@@ -76,4 +77,4 @@ class GeneratorWeights:
             yield self.changed.wait()
         stop = min(self.cluster.now, max(start, self._sync_start.get(version, self.cluster.now)))
         if stop > start:
-            self.cluster.log.add(rank, "wait_sync", start, stop, **tags)
+            self.cluster.log.add(rank, Phase.WAIT_SYNC, start, stop, **tags)

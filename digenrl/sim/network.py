@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
-from digenrl.runtime.profiles import HardwareProfile
+from digenrl.runtime.hardware.profiles import HardwareProfile
 
 GB = 1e9  # the profiles' GB/s are gigaBYTES (1e9 B) per second, per direction
 

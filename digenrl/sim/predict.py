@@ -19,7 +19,7 @@ from digenrl.costs import CostModel, DeviceCosts
 from digenrl.plan import RunPlan
 from digenrl.plan.workload import Workload
 from digenrl.rules import TagPrediction, search_tag_budget, tag_budget_limit
-from digenrl.runtime.profiles import HardwareProfile
+from digenrl.runtime.hardware.profiles import HardwareProfile
 from digenrl.sim.simulator import SimResult, simulate
 
 

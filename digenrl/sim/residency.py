@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from digenrl.costs.cost_model import CostModel
+from digenrl.runtime.observe.span_phases import Phase
 from digenrl.sim.network import Network
 
 
@@ -49,10 +50,10 @@ def tag_switch_moves(cost: CostModel, park_grads: bool, grads_pending: bool, ent
 def colocated_moves(cost: CostModel, phase: str, train_resident: bool, reward_resident: bool) -> list[Move]:
     """What a colocated rank moves before ``phase`` (the runtime's ResidencyPlanner sequence):
     ``generate`` parks the optimizer state, ``score`` onloads the reward, ``after_score`` parks it again,
-    ``optimizer`` brings the optimizer state back."""
+    ``optimizer`` brings the optimizer state back (``after_score`` is a point between phases, not a span)."""
     moves: list[Move] = []
-    if not train_resident and cost.optimizer_bytes and phase in ("generate", "optimizer"):
-        moves.append(Move("optimizer", cost.optimizer_bytes, park=phase == "generate"))
-    if not reward_resident and cost.reward_param_bytes and phase in ("score", "after_score"):
+    if not train_resident and cost.optimizer_bytes and phase in (Phase.GENERATE, Phase.OPTIMIZER):
+        moves.append(Move("optimizer", cost.optimizer_bytes, park=phase == Phase.GENERATE))
+    if not reward_resident and cost.reward_param_bytes and phase in (Phase.SCORE, "after_score"):
         moves.append(Move("reward", cost.reward_param_bytes, park=phase == "after_score"))
     return moves

@@ -36,9 +36,9 @@ from digenrl.costs.device_costs import DeviceCosts
 from digenrl.plan import RunPlan
 from digenrl.plan.workload import Workload
 from digenrl.rules import search_tag_budget, tag_budget_limit
-from digenrl.runtime.event_records import is_work_phase
-from digenrl.runtime.event_summary import union_length
-from digenrl.runtime.profiles import HardwareProfile, load_profile
+from digenrl.runtime.hardware.profiles import HardwareProfile, load_profile
+from digenrl.runtime.observe.event_summary import union_length
+from digenrl.runtime.observe.span_phases import is_work_phase
 from digenrl.sim.cluster import SimCluster
 from digenrl.sim.schedules import SCHEDULES
 from digenrl.sim.span_log import SpanLog
@@ -175,7 +175,7 @@ def _roles(profile: HardwareProfile, plan: RunPlan) -> dict[int, str]:
 def sequence_groups(world: int, plan: RunPlan) -> dict[int, tuple[int, ...]]:
     """Every rank's Ulysses group: N consecutive ranks of its pool (the trainer pool or the colocated ranks
     with ``plan.sequence_parallel``, the generator pool with ``plan.generator_sequence_parallel``), as
-    digenrl/runtime/layout.py ``build_sequence_groups`` forms them."""
+    digenrl/runtime/comm/sequence_groups.py ``build_sequence_groups`` forms them."""
     pools = [(plan.trainer_ranks(world), plan.sequence_parallel)]
     if not plan.colocated:
         pools.append((plan.generator_ranks(world), plan.generator_sequence_parallel))

@@ -1,11 +1,13 @@
-"""Simulated spans in the exact record format of real runs (``digenrl.runtime.event_records``).
+"""Simulated spans in the exact record format of real runs (``digenrl.runtime.observe.event_records``).
 
-Each span is the dict :meth:`digenrl.runtime.events.EventLogger.record_span` writes (``type, rank, role,
-phase, iteration, fragment, policy_version, t_start, t_end`` + optional ``samples, category, extra``), so
-:func:`digenrl.runtime.events.summarize_events`, :func:`merge_chrome_trace` and the figure code read a
+Each span is the dict :meth:`digenrl.runtime.observe.events.EventLogger.record_span` writes (``type, rank,
+role, phase, iteration, fragment, policy_version, t_start, t_end`` + optional ``samples, category, extra``),
+so
+:func:`digenrl.runtime.observe.events.summarize_events`, :func:`merge_chrome_trace` and the figure code read a
 simulated run exactly like a measured one. Simulated time starts at 0, so ``clock_origin`` is 0.0 and the
 ``meta`` line says ``host: "simulated"``.
 
+Phase names are the declared ones (:class:`digenrl.runtime.observe.span_phases.Phase`), as in real runs.
 Conventions shared with the real systems: ``generate`` / ``score`` / ``train`` / ``optimizer`` are work;
 ``wait_*`` spans are bubbles; one ``iteration`` marker per rank and iteration spans its work on that
 iteration; ``samples`` is set on ``score`` spans (each trajectory scored exactly once) and on the lead
@@ -20,7 +22,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from digenrl.runtime.event_records import ITERATION_PHASE, is_work_phase, rank_log_path, span_record
+from digenrl.runtime.observe.event_records import rank_log_path, span_record
+from digenrl.runtime.observe.span_phases import Phase, is_work_phase
 
 
 class SpanLog:
@@ -78,7 +81,7 @@ class SpanLog:
                 "type": "span",
                 "rank": rank,
                 "role": self.roles[rank],
-                "phase": ITERATION_PHASE,
+                "phase": Phase.ITERATION.value,
                 "iteration": iteration,
                 "fragment": None,
                 "policy_version": None,

@@ -13,16 +13,16 @@
   ``trainer.sharding=flat``, the trainer ranks of its node with ``hybrid`` (HSDP), whose replicas add one
   all-reduce of their gradient shard across nodes per step (:func:`optimizer_s`: FSDP2 with the
   cross-replica reduction deferred to the step, as the runtime runs it).
-* :func:`generation_s`: a rank's denoising steps; a colocated rank of a sharded full fine-tune generates
-  with the sharded model, so every forward gathers the weights once (the gather of FSDP shards for
-  generation that a colocated system pays and a dedicated generator, holding whole weights, does not).
 * :func:`sequence_exchange_s`: with Ulysses sequence parallelism over groups of N ranks
   (``RunPlan.sequence_parallel`` / ``generator_sequence_parallel``) a rank computes 1/N of every forward
   and backward of its group's samples and adds the all-to-alls of the activations over the intra-node
   link, not overlapped with the compute (diffusers runs them in line): per transformer pass the bytes of
   :meth:`~digenrl.plan.sequence_shape.SequenceShape.exchange_bytes` (arXiv 2309.14509). A training
   micro-batch makes a forward and a backward pass (a checkpointed forward once more; with CFG the
-  detached unconditional forward too), a denoising step one forward (of both CFG halves).
+  detached unconditional forward too), a denoising step one forward (of both CFG halves:
+  :func:`digenrl.sim.phase_costs.generation_s`).
+* A rank's generation (with the FSDP gathers of a colocated full fine-tune) is priced in
+  :mod:`digenrl.sim.phase_costs`, with the scoring.
 """
 
 from __future__ import annotations
@@ -89,28 +89,6 @@ def micro_batch_s(cluster: SimCluster, rank: int, group: Sequence[int], units: i
     if not units or not sharded(cluster, group):
         return compute
     return max(compute, 3 * fsdp_gather_s(cluster, group, cluster.cost(rank).param_bytes, rank))
-
-
-def generation_s(
-    cluster: SimCluster, rank: int, group: Sequence[int], samples: int, steps: int | None = None
-) -> float:
-    """``steps`` (default all) denoising steps of ``samples`` on ``rank``, whose model is sharded over
-    ``group`` when the workload is a full fine-tune and ``group`` has several ranks."""
-    w = cluster.workload
-    cost = cluster.cost(rank)
-    n = cluster.sequence_degree(rank)
-    if n > 1:
-        steps = w.num_steps if steps is None else steps
-        through = samples * (2 if w.cfg else 1)  # both CFG halves go through the transformer
-        exchange = sequence_exchange_s(cluster, rank, through, 1)
-        return w.generation_s(cost, samples, steps) / n + steps * exchange
-    if not sharded(cluster, group) or samples <= 0:
-        return w.generation_s(cost, samples, steps)
-    chunk = w.samples_per_forward or samples
-    full, rest = divmod(samples, chunk)
-    gather = fsdp_gather_s(cluster, group, cost.param_bytes, rank)
-    step = full * max(w.step_s(cost, chunk), gather) + (max(w.step_s(cost, rest), gather) if rest else 0.0)
-    return (w.num_steps if steps is None else steps) * step
 
 
 def optimizer_s(cluster: SimCluster, rank: int, group: Sequence[int]) -> float:

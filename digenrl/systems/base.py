@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -23,18 +24,26 @@ import yaml
 from digenrl.config import Config, config_yaml
 from digenrl.plan import RunPlan
 from digenrl.rollout.evaluate import EvalPhases, EvalResult, eval_schedule
-from digenrl.runtime.distributed import DistContext
-from digenrl.runtime.events import agree_clock_origin, merge_chrome_trace
-from digenrl.runtime.fault_injection import inject_fault
-from digenrl.runtime.iteration_profile import profiled_iteration
-from digenrl.runtime.metrics import add_event_summary, read_metrics
-from digenrl.runtime.policy_version import PolicyVersion
-from digenrl.runtime.profiles import AUTO, detect_device, device_mismatch, load_profile, profile_to_dict
-from digenrl.runtime.run_files import write_atomic
-from digenrl.runtime.run_report import closing_summary, start_banner
-from digenrl.runtime.sample_grid import grid_path, write_sample_grid
-from digenrl.runtime.stop_request import STOP
-from digenrl.runtime.telemetry import GpuTelemetry
+from digenrl.runtime.comm.distributed import DistContext
+from digenrl.runtime.comm.policy_version import PolicyVersion
+from digenrl.runtime.comm.shard_groups import ShardGroups, build_shard_groups
+from digenrl.runtime.faults.fault_injection import inject_fault
+from digenrl.runtime.faults.stop_request import STOP
+from digenrl.runtime.hardware.profiles import (
+    AUTO,
+    detect_device,
+    device_mismatch,
+    load_profile,
+    profile_to_dict,
+)
+from digenrl.runtime.observe.events import agree_clock_origin, merge_chrome_trace
+from digenrl.runtime.observe.iteration_profile import profiled_iteration
+from digenrl.runtime.observe.metrics import add_event_summary, read_metrics
+from digenrl.runtime.observe.run_report import closing_summary, start_banner
+from digenrl.runtime.observe.sample_grid import grid_path, write_sample_grid
+from digenrl.runtime.observe.span_phases import Phase
+from digenrl.runtime.observe.telemetry import GpuTelemetry
+from digenrl.runtime.run_folder.run_files import write_atomic
 from digenrl.systems.components import RankComponents
 from digenrl.trainer.checkpoint import load_checkpoint, save_checkpoint
 from digenrl.trainer.lora_export import checkpoint_lora_writer
@@ -87,6 +96,14 @@ class System:
     def setup(self) -> RankComponents:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def trainer_shard_groups(self, trainer_ranks: Sequence[int]) -> ShardGroups | None:
+        """``trainer.sharding=hybrid``: the trainer ranks' HSDP groups, by the profile's nodes (this rank's,
+        None on a rank that does not train); every rank of the run must call it, in setup, before building
+        its parts (``dist.new_group`` is a collective over the world). None with flat sharding."""
+        if self.cfg.trainer.sharding != "hybrid":
+            return None
+        return build_shard_groups(trainer_ranks, self.profile.node_of, timeout_s=self.cfg.runtime.timeout_s)
+
     def run_iteration(self, iteration: int) -> IterationReport:  # pragma: no cover - abstract
         raise NotImplementedError
 
@@ -122,7 +139,7 @@ class System:
         weights = trainer.ema_weights() if self.cfg.eval.use_ema else None
         with (
             self.parts.events.span(
-                "eval", iteration=iteration, policy_version=version, samples=len(evaluator.mine)
+                Phase.EVAL, iteration=iteration, policy_version=version, samples=len(evaluator.mine)
             ),
             self.evaluation_phases() as phases,
         ):
@@ -141,7 +158,8 @@ class System:
             "trainer": state,
             "run_id": self.run_start.run_id,
             "config": self.cfg.to_dict(),
-            "inputs": self.run_start.inputs,  # fingerprints of the input files (runtime/run_inputs.py)
+            # fingerprints of the input files (runtime/run_folder/run_inputs.py)
+            "inputs": self.run_start.inputs,
         }
         return payload, shards
 
@@ -153,8 +171,8 @@ class System:
 
     def obey_stop_request(self, iteration: int) -> None:
         """At the end of ``iteration``: once a rank got SIGTERM, end the run after the iteration all ranks
-        agreed on (digenrl/runtime/stop_request.py) by lowering ``cfg.iterations`` to it, so every system
-        ends as at a planned last iteration. The lead covers how far a rank may run ahead of another:
+        agreed on (digenrl/runtime/faults/stop_request.py) by lowering ``cfg.iterations`` to it, so every
+        system ends as at a planned last iteration. The lead covers how far a rank may run ahead of another:
         a generator starts iteration k+1 before the trainer ends k, plus the asynchrony's versions."""
         cfg = self.cfg
         lead = 2 + cfg.asynchrony.max_staleness + cfg.asynchrony.max_inflight

@@ -24,7 +24,8 @@ from __future__ import annotations
 from digenrl.config import Config, ConfigError
 from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.rollout.scoring import ScoreResult
-from digenrl.runtime.weight_sync import resolve_sync_mode
+from digenrl.runtime.comm.weight_sync import resolve_sync_mode
+from digenrl.runtime.observe.span_phases import Phase
 from digenrl.systems.colocated_sync import ColocatedSync
 from digenrl.systems.components import RankComponents
 from digenrl.systems.engine_switch import EngineSwitch
@@ -83,9 +84,9 @@ class ColocatedEngine(ColocatedSync):
         leaves its sharding manager right after ``generate_sequences``; the reward runs beside the actor)."""
         events = self.parts.events
         self.switch.to_generation()
-        with events.span("generate", iteration=iteration, policy_version=version):
+        with events.span(Phase.GENERATE, iteration=iteration, policy_version=version):
             batch = self.generate_share(self.share, iteration, version)
         self.switch.to_training()
-        with events.span("score", iteration=iteration, policy_version=version):
+        with events.span(Phase.SCORE, iteration=iteration, policy_version=version):
             score = self.parts.scorer(batch)
         return batch, score

@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from digenrl.data.rank_shares import RankShare
 from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.rollout.scoring import ScoreResult
+from digenrl.runtime.observe.span_phases import Phase
 from digenrl.systems.colocated_sync import ColocatedSync
 
 
@@ -42,7 +43,7 @@ class ColocatedOverlap(ColocatedSync):
         events, scorer = self.parts.events, self.parts.scorer
 
         def score(fragment: int, batch: TrajectoryBatch) -> ScoreResult:
-            with events.span("score", iteration=iteration, fragment=fragment, policy_version=version):
+            with events.span(Phase.SCORE, iteration=iteration, fragment=fragment, policy_version=version):
                 return scorer(batch)
 
         batches, futures = [], []
@@ -51,10 +52,10 @@ class ColocatedOverlap(ColocatedSync):
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward") as pool,
         ):
             for j, part in enumerate(self.sub_batches()):
-                with events.span("generate", iteration=iteration, fragment=j, policy_version=version):
+                with events.span(Phase.GENERATE, iteration=iteration, fragment=j, policy_version=version):
                     batch = self.generate_share(part, iteration, version)
                 batches.append(batch)
                 futures.append(pool.submit(score, j, batch))
-            with events.span("wait_score", iteration=iteration, policy_version=version):
+            with events.span(Phase.WAIT_SCORE, iteration=iteration, policy_version=version):
                 scores = [f.result() for f in futures]
         return TrajectoryBatch.cat(batches), ScoreResult.cat(scores)

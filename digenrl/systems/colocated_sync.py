@@ -21,10 +21,11 @@ from digenrl.config import Config, ConfigError
 from digenrl.data.rank_shares import RankShare, rank_shares, split_backend_conflict
 from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.rollout.scoring import ScoreResult
-from digenrl.runtime.distributed import global_sum
-from digenrl.runtime.events import EventLogger
-from digenrl.runtime.layout import build_sequence_groups
-from digenrl.runtime.profiles import load_profile
+from digenrl.runtime.comm.distributed import global_sum
+from digenrl.runtime.comm.sequence_groups import build_sequence_groups
+from digenrl.runtime.hardware.profiles import load_profile
+from digenrl.runtime.observe.events import EventLogger
+from digenrl.runtime.observe.span_phases import Phase
 from digenrl.systems.base import IterationReport, System
 from digenrl.systems.components import RankComponents, build_rank_components
 from digenrl.systems.phases import Accumulation, assign_advantages, reward_summary, train_logical_batch
@@ -43,7 +44,7 @@ def residency_span(events: EventLogger, record: TransitionRecord, iteration: int
     """A transition that just returned, as a ``residency`` span (it ended now, lasted its seconds)."""
     end = events.now()
     extra = {"role": record.role, "kind": record.kind, "bytes": record.bytes}
-    events.record_span("residency", end - record.seconds, end, iteration=iteration, extra=extra)
+    events.record_span(Phase.RESIDENCY, end - record.seconds, end, iteration=iteration, extra=extra)
 
 
 def colocated_shares(cfg: Config, world_size: int) -> list[RankShare]:
@@ -100,9 +101,8 @@ class ColocatedSync(System):
     def setup(self) -> RankComponents:
         # trainer.sequence_parallel > 1: groups of consecutive ranks, each one data-parallel member
         self.sequence = build_sequence_groups(
-            tuple(range(self.ctx.world_size)),
+            range(self.ctx.world_size),
             self.cfg.trainer.sequence_parallel,
-            self.ctx.rank,
             timeout_s=self.cfg.runtime.timeout_s,
         )
         # samples are shared out, counted and their rewards gathered over it (None: every rank)
@@ -117,6 +117,7 @@ class ColocatedSync(System):
             run=self.run_start,
             generation_copy=self.generation_copy,
             sequence=self.sequence,
+            shard_groups=self.trainer_shard_groups(range(self.ctx.world_size)),
         )
         self.residency = self.build_residency(parts)
         member = self.sequence.member if self.sequence else self.ctx.rank
@@ -173,10 +174,10 @@ class ColocatedSync(System):
         events = self.parts.events
         with (
             self.residency.generation(),
-            events.span("generate", iteration=iteration, policy_version=version),
+            events.span(Phase.GENERATE, iteration=iteration, policy_version=version),
         ):
             batch = self.generate_share(self.share, iteration, version)
-        with self.residency.scoring(), events.span("score", iteration=iteration, policy_version=version):
+        with self.residency.scoring(), events.span(Phase.SCORE, iteration=iteration, policy_version=version):
             score = self.parts.scorer(batch)
         return batch, score
 

@@ -20,14 +20,16 @@ from digenrl.models import ModelBundle, build_model_bundle
 from digenrl.models.optimize import optimize_flow_model
 from digenrl.rewards.registry import build_configured_reward
 from digenrl.rollout.engine import RolloutEngine
-from digenrl.rollout.evaluate import Evaluator
+from digenrl.rollout.evaluate import Evaluator, local_scoring
+from digenrl.rollout.remote_scoring import ScorerPool
 from digenrl.rollout.sampler import Sampler
 from digenrl.rollout.scoring import Scorer
-from digenrl.runtime.batch_ledger import BatchLedger
-from digenrl.runtime.distributed import DistContext
-from digenrl.runtime.events import EventLogger
-from digenrl.runtime.layout import SequenceGroups
-from digenrl.runtime.metrics import MetricsWriter, open_tensorboard, open_wandb
+from digenrl.runtime.comm.distributed import DistContext
+from digenrl.runtime.comm.sequence_groups import SequenceGroups
+from digenrl.runtime.comm.shard_groups import ShardGroups
+from digenrl.runtime.observe.events import EventLogger
+from digenrl.runtime.observe.metrics import MetricsWriter, open_tensorboard, open_wandb
+from digenrl.runtime.reproducibility.batch_ledger import BatchLedger
 from digenrl.trainer.lora import prepare_generator_model
 from digenrl.trainer.run_dir import RunStart
 from digenrl.trainer.trainer import PolicyTrainer
@@ -73,6 +75,8 @@ def build_rank_components(
     process_group: torch.distributed.ProcessGroup | None = None,
     score: bool | None = None,
     generation_copy: bool = False,
+    shard_groups: ShardGroups | None = None,
+    scorer_pool: ScorerPool | None = None,
     sequence: SequenceGroups | None = None,
 ) -> RankComponents:
     """Build this rank's parts. The same seed gives every rank the same initial weights, so the
@@ -86,17 +90,22 @@ def build_rank_components(
     ``run``: how the run starts in out_dir — a resumed run appends to its event logs and cuts
     ``metrics.jsonl`` back to its checkpoint's iteration (digenrl/trainer/run_dir.py).
 
-    With ``eval.every > 0`` every training rank also gets an :class:`Evaluator` (and so a scorer): evaluation
-    runs where the trainer's weights are, over ``process_group`` (digenrl/rollout/evaluate.py).
+    With ``eval.every > 0`` every training rank also gets an :class:`Evaluator`: evaluation runs where the
+    trainer's weights are, over ``process_group`` (digenrl/rollout/evaluate.py), and scores with this rank's
+    own reward, or, given the run's ``scorer_pool`` (``pools.scorers``), on the scorer ranks: the training
+    ranks then build no reward model at all.
 
     ``generation_copy`` (``colocated-engine``, with ``generate`` and ``train``): the engine generates with its
     own copy of the policy, built as a generator rank builds its model (the trainer's adapter, frozen,
     optimised once) from a copy of the base weights taken before the trainer wraps them; the system copies
     the trainer's weights into it before every rollout (digenrl/systems/colocated_engine.py).
+
+    ``shard_groups``: a training rank's HSDP groups under ``trainer.sharding=hybrid``
+    (:meth:`digenrl.systems.base.System.trainer_shard_groups`, which every rank calls).
     """
     evaluate = train and cfg.eval.every > 0
     score = generate if score is None else score
-    score = score or evaluate
+    score = score or (evaluate and scorer_pool is None)
     bundle = build_model_bundle(
         cfg.model.name,
         pretrained_path=cfg.model.pretrained_path,
@@ -132,6 +141,7 @@ def build_rank_components(
             process_group=process_group,
             world_size=torch.distributed.get_world_size(process_group) if ctx.is_distributed else 1,
             compile=compile_,
+            shard_groups=shard_groups,
         )
     if generation_model is not None:
         # the adapter's initial draws must not move the run's random stream (the trainer drew its own above
@@ -216,15 +226,17 @@ def build_rank_components(
                 part.ledger = ledger
     evaluator = None
     if evaluate:
+        remote = scorer_pool is not None
         evaluator = Evaluator.build(
             cfg,
             bundle,
             latent_shape,
             latent_tokens,
-            scorer,
+            scorer_pool.evaluation_scoring(bundle.decoder) if remote else local_scoring(scorer),
             prompt_sets["data.eval_prompts"].prompts,
             device=ctx.device,
             group=process_group if sequence is None else sequence.data_group,
+            scored_on=f"scorer rank(s) {list(scorer_pool.scorer_ranks)}" if remote else "",
         )
     return RankComponents(
         cfg=cfg,

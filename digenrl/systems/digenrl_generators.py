@@ -17,6 +17,7 @@ import time
 
 import torch
 
+from digenrl.runtime.observe.span_phases import Phase
 from digenrl.systems.base import IterationReport
 from digenrl.systems.components import RankComponents
 from digenrl.systems.phases import assign_advantages
@@ -129,7 +130,7 @@ class DigenRLGenerators(SeparateSystem):
             else:
                 batch = assign_advantages(batch, score, self.cfg.algo, local=True)
         tags["score_s"] = time.perf_counter() - start
-        with events.span("transfer", iteration=fragment.iteration, fragment=fragment.fragment):
+        with events.span(Phase.TRANSFER, iteration=fragment.iteration, fragment=fragment.fragment):
             pending, _ = self.stream.ship(batch, fragment.iteration, fragment.fragment, tags=tags)
             self.shipping = self.drain(
                 self.shipping + pending,

@@ -29,7 +29,7 @@ the moment it arrives and step once after the last::
   iteration k are generated with θ_{k−1} and [s, F) with θ_k (``tcss.switch``: s fixed by the plan, so the
   run is reproducible; a producer claiming fragment s or later waits for θ_k, TAG helpers claim only
   there; ``timing``: whatever arrived by the fragment boundary); weights arrive into staging and apply at
-  fragment boundaries (:class:`~digenrl.runtime.policy_version.PolicyVersion`); every received fragment
+  fragment boundaries (:class:`~digenrl.runtime.comm.policy_version.PolicyVersion`); every received fragment
   is checked for one version per trajectory, staleness ≤ 1 (0 with TCSS off) and the plan's version.
 
 With TCSS off the update equals the synchronous one on the same data: every sample's noise is keyed by

@@ -29,7 +29,8 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
-from digenrl.runtime.weight_sync import full_tensor, generator_sync_parameters
+from digenrl.runtime.comm.weight_sync import full_tensor, generator_sync_parameters
+from digenrl.runtime.observe.span_phases import Phase
 from digenrl.systems.residency import (
     WeightTransitions,
     chain_transitions,
@@ -116,14 +117,14 @@ class EngineSwitch:
     def to_generation(self) -> None:
         """Make the generation copy current and bring it onto the device, the trainer's states off it."""
         if self.offload and not self._trainer_parked:
-            self._timed("offload", self._states.offload, what="optimizer state and gradients")
+            self._timed(Phase.OFFLOAD, self._states.offload, what="optimizer state and gradients")
         if not self._generation_on_device:
-            self._timed("onload", self._generation.onload, what="generation copy")
+            self._timed(Phase.ONLOAD, self._generation.onload, what="generation copy")
             self._generation_on_device = True
-        self._timed("reshard", lambda: reshard(self._pairs), what="trainer weights into generation copy")
+        self._timed(Phase.RESHARD, lambda: reshard(self._pairs), what="trainer weights into generation copy")
         if self.offload and not self._trainer_parked:
             if self._weights is not None:
-                self._timed("offload", self._weights.offload, what="trainer weights")
+                self._timed(Phase.OFFLOAD, self._weights.offload, what="trainer weights")
             self._trainer_parked = True
 
     def to_training(self) -> None:
@@ -131,12 +132,12 @@ class EngineSwitch:
         if not self.offload:
             return
         if self._generation_on_device:
-            self._timed("offload", self._generation.offload, what="generation copy")
+            self._timed(Phase.OFFLOAD, self._generation.offload, what="generation copy")
             self._generation_on_device = False
         if self._trainer_parked:
             if self._weights is not None:
-                self._timed("onload", self._weights.onload, what="trainer weights")
-            self._timed("onload", self._states.onload, what="optimizer state and gradients")
+                self._timed(Phase.ONLOAD, self._weights.onload, what="trainer weights")
+            self._timed(Phase.ONLOAD, self._states.onload, what="optimizer state and gradients")
             self._trainer_parked = False
 
     def _timed(self, phase: str, fn: Callable[[], int | None], *, what: str) -> None:

@@ -18,9 +18,10 @@ from digenrl.gap.unit_packer import UnitPacker
 from digenrl.rollout.sampler import Sampler
 from digenrl.rollout.scoring import ScoreResult
 from digenrl.rules.schedule import trained_step_count
-from digenrl.runtime.distributed import comm_device, named_collective
-from digenrl.runtime.events import EventLogger
-from digenrl.runtime.fault_injection import inject_delay
+from digenrl.runtime.comm.distributed import comm_device, named_collective
+from digenrl.runtime.faults.fault_injection import inject_delay
+from digenrl.runtime.observe.events import EventLogger
+from digenrl.runtime.observe.span_phases import Phase
 from digenrl.trainer.trainer import PolicyTrainer
 
 
@@ -149,12 +150,12 @@ class Accumulation:
     def train(self, part: TrajectoryBatch) -> None:
         inject_delay(self.events.rank, "train")  # robustness tests only: a deliberately slow trainer
         with self.events.span(
-            "train", iteration=self.iteration, policy_version=self.version, samples=part.batch_size
+            Phase.TRAIN, iteration=self.iteration, policy_version=self.version, samples=part.batch_size
         ):
             train_on(self.trainer, part, self.total_units, self.stats)
 
     def step(self) -> dict[str, float]:
-        with self.events.span("optimizer", iteration=self.iteration, policy_version=self.version):
+        with self.events.span(Phase.OPTIMIZER, iteration=self.iteration, policy_version=self.version):
             return self.trainer.step(self.iteration)
 
 

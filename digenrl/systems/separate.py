@@ -11,7 +11,7 @@ schedules are made of:
 * weight sync — the trainer pool's source rank pushes θ_{k+1} (:meth:`push_weights`); a generator joins
   every push (:meth:`service_weight_sync`) — ``digenrl``'s as soon as it is announced (between fragments
   and from inside every wait), the separate baselines' in :meth:`wait_for_version` (see below) —
-  receiving into a staging buffer; :class:`~digenrl.runtime.policy_version.
+  receiving into a staging buffer; :class:`~digenrl.runtime.comm.policy_version.
   PolicyVersion` decides when the staged weights take effect;
 * the staleness bound (``self.bound``, :class:`~digenrl.async_policy.tcss.StalenessBound`) — every system's
   one check of every received fragment: one policy version per trajectory, no older than the system
@@ -44,24 +44,21 @@ from digenrl.config import Config, ConfigError
 from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.gap.fragments import FragmentPlan
 from digenrl.gap.stream import FragmentStream
+from digenrl.rollout.evaluate import eval_schedule, rollout_calls
 from digenrl.rollout.remote_scoring import ScorerPool, ScoringServer
 from digenrl.rollout.scoring import ScoreResult
 from digenrl.rules import separate_pools
-from digenrl.runtime.control_plane import ControlPlane
-from digenrl.runtime.distributed import global_sum, named_collective
-from digenrl.runtime.layout import (
-    Layout,
-    SequenceGroups,
-    build_layout,
-    build_process_groups,
-    build_sequence_groups,
-)
-from digenrl.runtime.weight_sync import (
+from digenrl.runtime.comm.control_plane import ControlPlane
+from digenrl.runtime.comm.distributed import global_sum, named_collective
+from digenrl.runtime.comm.sequence_groups import SequenceGroups, build_sequence_groups
+from digenrl.runtime.comm.weight_sync import (
     POLICY_VERSION_NAME,
     SyncStats,
     WeightSync,
     resolve_sync_mode,
 )
+from digenrl.runtime.launch.layout import Layout, build_layout, build_process_groups
+from digenrl.runtime.observe.span_phases import Phase
 from digenrl.systems.base import IterationReport, System
 from digenrl.systems.components import RankComponents, build_rank_components
 from digenrl.systems.phases import Accumulation, reward_summary
@@ -157,13 +154,11 @@ class SeparateSystem(System):
         self.trainer_sequence = build_sequence_groups(
             self.layout.trainer_ranks,
             cfg.trainer.sequence_parallel,
-            ctx.rank,
             timeout_s=cfg.runtime.timeout_s,
         )
         self.generator_sequence = build_sequence_groups(
             self.layout.generator_ranks,
             cfg.sampler.sequence_parallel,
-            ctx.rank,
             timeout_s=cfg.runtime.timeout_s,
         )
         self.role = self.layout.role_of(ctx.rank)
@@ -192,6 +187,8 @@ class SeparateSystem(System):
             run=self.run_start,
             process_group=self.groups.trainer_group,
             sequence=self.trainer_sequence or self.generator_sequence,
+            shard_groups=self.trainer_shard_groups(self.layout.trainer_ranks),
+            scorer_pool=self.scorer_pool,
         )
         if scorers and cfg.model.pretrained_path is None:
             # random weights: a scorer rank builds its VAE without building the transformer and the text
@@ -248,10 +245,10 @@ class SeparateSystem(System):
 
     # ------------------------------------------------------------------ scoring
     @property
-    def score_phase(self) -> str:
+    def score_phase(self) -> Phase:
         """The producer's span around scoring: ``score`` when it scores itself, ``wait_score`` (idle)
         when a scorer rank does (the scorer logs the ``score`` span)."""
-        return "score" if self.scorer_pool is None else "wait_score"
+        return Phase.SCORE if self.scorer_pool is None else Phase.WAIT_SCORE
 
     def score(self, batch: TrajectoryBatch, iteration: int, fragment: int) -> ScoreResult:
         """Decode and score a finished fragment: on this rank, or on its scorer rank (``pools.scorers``)."""
@@ -260,12 +257,18 @@ class SeparateSystem(System):
         return self.scorer_pool.score(batch, iteration, fragment, idle=self.idle_hook())
 
     def serve_scoring(self, iteration: int) -> IterationReport:
-        """A scorer rank's iteration: score every fragment of ``iteration`` that maps to it (requests of
-        a later iteration that arrive first — TCSS — are scored as they come and counted for theirs)."""
-        expected = self.scorer_pool.expected(self.ctx.rank, self.stream.num_fragments)
+        """A scorer rank's iteration: score every fragment of ``iteration`` that maps to it, and the rollout
+        calls of the evaluation the trainers run at its start or, after the last iteration, of the final
+        policy (requests of a later iteration that arrive first — TCSS — are scored as they come and
+        counted for theirs)."""
+        cfg, pool, server = self.cfg, self.scorer_pool, self.server
+        expected = pool.expected(self.ctx.rank, self.stream.num_fragments)
+        trainers = len(self.layout.trainer_ranks)
+        evaluations = sum(eval_schedule(cfg, iteration, final=final) for final in (False, True))
+        calls = pool.expected(self.ctx.rank, evaluations * trainers * rollout_calls(cfg.eval, trainers))
         start, samples = time.perf_counter(), 0
-        while self.server.served.get(iteration, 0) < expected:
-            k, _, n = self.server.serve_one(self.parts.events, iteration)
+        while server.served.get(iteration, 0) < expected or server.evaluated.get(iteration, 0) < calls:
+            k, _, n = server.serve_one(self.parts.events, iteration)
             samples += n if k == iteration else 0
         return generator_report(torch.zeros(0), samples, {"score": time.perf_counter() - start})
 
@@ -318,7 +321,8 @@ class SeparateSystem(System):
     @staticmethod
     def data_group(sequence: SequenceGroups | None, pool_group: object) -> object:
         """The group a pool shares out, counts and gathers samples over: the pool, or with sequence
-        parallelism one rank per group of it (:class:`~digenrl.runtime.layout.SequenceGroups`)."""
+        parallelism one rank per group of it
+        (:class:`~digenrl.runtime.comm.sequence_groups.SequenceGroups`)."""
         return pool_group if sequence is None else sequence.data_group
 
     def ship_and_wait(self, batch: TrajectoryBatch, iteration: int, fragment: int, tags: dict) -> float:
@@ -331,7 +335,7 @@ class SeparateSystem(System):
     def drain(self, pending: list, *, keep: int = 0, what: str) -> list:
         """Wait until at most ``keep`` sends are in flight, joining weight syncs meanwhile where the
         schedule allows it (:meth:`idle_hook`)."""
-        from digenrl.runtime.transfer import drain_sends
+        from digenrl.runtime.comm.transfer import drain_sends
 
         return drain_sends(
             pending,
@@ -386,7 +390,7 @@ class SeparateSystem(System):
     def push_next_version(self, iteration: int) -> SyncStats:
         """Trainer ranks, after the iteration's step: publish θ_{k+1} (a ``sync`` span with its bytes)."""
         with self.parts.events.span(
-            "sync", iteration=iteration, policy_version=self.version.current + 1
+            Phase.SYNC, iteration=iteration, policy_version=self.version.current + 1
         ) as span:
             sync = self.push_weights(self.version.advance())
             span["bytes"] = sync.bytes
@@ -407,7 +411,7 @@ class SeparateSystem(System):
             return False
         target = self.version.latest + 1
         self.version.make_room(self.parts.bundle.flow_model)
-        with self.parts.events.span("sync", policy_version=target):
+        with self.parts.events.span(Phase.SYNC, policy_version=target):
             staged = self.weight_sync.receive(self.parts.bundle.flow_model, target)
         self.version.stage(staged)
         self.sync_history.append(staged.stats)
@@ -417,7 +421,7 @@ class SeparateSystem(System):
         """Generators: wait (logged as ``wait_sync``) until ``version`` has arrived, joining every push
         on the way, and make the model compute with it."""
         if self.version.latest < version:
-            with self.parts.events.span("wait_sync", iteration=iteration, policy_version=version):
+            with self.parts.events.span(Phase.WAIT_SYNC, iteration=iteration, policy_version=version):
                 self.plane.wait_until(
                     lambda: True if self.version.latest >= version else None,
                     key=f"version/{POLICY_VERSION_NAME}",
@@ -432,10 +436,10 @@ class SeparateSystem(System):
         """Version 0: make every generator start from the trainer's exact weights."""
         current = self.version.current
         if self.is_trainer:
-            with self.parts.events.span("sync", iteration=-1, policy_version=current):
+            with self.parts.events.span(Phase.SYNC, iteration=-1, policy_version=current):
                 self.push_weights(current)
         elif self.is_generator:
-            with self.parts.events.span("sync", iteration=-1, policy_version=current):
+            with self.parts.events.span(Phase.SYNC, iteration=-1, policy_version=current):
                 self.sync_history.append(self.weight_sync.pull(self.parts.bundle.flow_model, current))
 
     def after_run(self) -> None:

@@ -17,8 +17,9 @@ import time
 from digenrl.async_policy.tcss import StalenessStats
 from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.rollout.scoring import ScoreResult
-from digenrl.runtime.distributed import global_sum
-from digenrl.runtime.fault_injection import inject_delay
+from digenrl.runtime.comm.distributed import global_sum
+from digenrl.runtime.faults.fault_injection import inject_delay
+from digenrl.runtime.observe.span_phases import Phase
 from digenrl.systems.base import IterationReport
 from digenrl.systems.phases import Accumulation, assign_advantages, train_logical_batch
 from digenrl.systems.separate import SeparateSystem, generator_report
@@ -53,7 +54,7 @@ class SeparateSync(SeparateSystem):
         ids = list(plan.prompt_ids(fragment))
         texts = [prompts[i] for i in ids]
         samples = plan.fragment_samples(self.cfg.algo.group_size)
-        with events.span("generate", iteration=iteration, policy_version=version, samples=samples):
+        with events.span(Phase.GENERATE, iteration=iteration, policy_version=version, samples=samples):
             inject_delay(self.ctx.rank, "generate")  # robustness tests only: a deliberately slow generator
             rows = plan.rows(fragment) if plan.splits_groups else None
             batch = engine.generate_rows(texts, ids, rows, iteration=iteration, policy_version=version)
@@ -67,7 +68,7 @@ class SeparateSync(SeparateSystem):
         peers computed the same fragment)."""
         if self.generator_sequence is not None and self.generator_sequence.local:
             return
-        with self.parts.events.span("transfer", iteration=iteration, policy_version=self.version.current):
+        with self.parts.events.span(Phase.TRANSFER, iteration=iteration, policy_version=self.version.current):
             tags = {"policy_version": self.version.current, "producer": self.ctx.rank}
             self.ship_and_wait(batch, iteration, self.my_fragment(), tags)
 
@@ -84,7 +85,7 @@ class SeparateSync(SeparateSystem):
     def train_iteration(self, iteration: int) -> IterationReport:
         events, version, group = self.parts.events, self.version.current, self.groups.trainer_group
         t0, staleness = time.perf_counter(), StalenessStats()
-        with events.span("wait_transfer", iteration=iteration, policy_version=version):
+        with events.span(Phase.WAIT_TRANSFER, iteration=iteration, policy_version=version):
             batch = self.receive_all(iteration, version, staleness)
         t1 = time.perf_counter()
         data = self.data_group(self.trainer_sequence, group)  # each sample counted once per group

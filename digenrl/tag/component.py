@@ -16,7 +16,7 @@ The trainer loop calls it in timeline order; nothing of it calls back into the s
     tag.metrics()       the iteration's helper work, for ``metrics.jsonl``
 
 Observations need no call at all: the policy reads this rank's costs from the span records its event log
-writes anyway (:meth:`~digenrl.runtime.events.EventLogger.subscribe`, :meth:`TagPolicy.observe`).
+writes anyway (:meth:`~digenrl.runtime.observe.events.EventLogger.subscribe`, :meth:`TagPolicy.observe`).
 """
 
 from __future__ import annotations
@@ -34,11 +34,11 @@ from digenrl.data.prompts import PromptSource
 from digenrl.gap.helper_share import helper_may_claim
 from digenrl.gap.stream import FragmentStream
 from digenrl.rollout.engine import RolloutEngine
-from digenrl.runtime.control_plane import ControlPlane
-from digenrl.runtime.distributed import global_sum
-from digenrl.runtime.events import EventLogger
-from digenrl.runtime.memory import free_device_bytes
-from digenrl.runtime.profiles import HardwareProfile
+from digenrl.runtime.comm.control_plane import ControlPlane
+from digenrl.runtime.comm.distributed import global_sum
+from digenrl.runtime.hardware.memory import free_device_bytes
+from digenrl.runtime.hardware.profiles import HardwareProfile
+from digenrl.runtime.observe.events import EventLogger
 from digenrl.tag.helper import TagHelper, gathered_weights_fit, tag_supported
 from digenrl.tag.policy import TagDecision, TagPolicy, TagPredictor
 from digenrl.trainer.parallel import ParallelBackend

@@ -41,8 +41,9 @@ import torch
 from digenrl.gap.fragments import FragmentPlan
 from digenrl.gap.stream import FragmentStream
 from digenrl.rollout.engine import RolloutEngine
-from digenrl.runtime.events import EventLogger
-from digenrl.runtime.fault_injection import inject_fault
+from digenrl.runtime.faults.fault_injection import inject_fault
+from digenrl.runtime.observe.events import EventLogger
+from digenrl.runtime.observe.span_phases import Phase
 from digenrl.trainer.parallel import ParallelBackend
 from digenrl.tsp.stage_worker import InFlight
 
@@ -146,7 +147,7 @@ class TagHelper:
         tags = {"iteration": iteration, "fragment": fragment, "policy_version": version}
         start = time.perf_counter()
         with self.events.span(
-            "generate",
+            Phase.GENERATE,
             iteration=iteration,
             fragment=fragment,
             policy_version=version,
@@ -174,7 +175,7 @@ class TagHelper:
     def _switch(self, direction: str, iteration: int, version: int) -> None:
         start = time.perf_counter()
         with self.events.span(
-            "tag_switch", iteration=iteration, policy_version=version, extra={"direction": direction}
+            Phase.TAG_SWITCH, iteration=iteration, policy_version=version, extra={"direction": direction}
         ) as span:
             moved = 0
             if direction == "in":

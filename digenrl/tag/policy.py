@@ -6,7 +6,7 @@ per iteration, 0 = no limit). ``tag.policy=auto`` decides before every iteration
 measured so far:
 
 1. the trainer collects per-operation costs from the spans its event log records anyway
-   (:meth:`TagPolicy.observe`, subscribed to the rank's :class:`~digenrl.runtime.events.EventLogger`;
+   (:meth:`TagPolicy.observe`, subscribed to the rank's :class:`~digenrl.runtime.observe.events.EventLogger`;
    :class:`TagObservations`): the producers' stepping and scoring seconds per fragment (a received
    fragment's ``wait_fragment`` span names its producer and carries the costs the producer measured), its
    own training seconds per unit (``train``), optimizer step (``optimizer``), helper switch
@@ -36,7 +36,8 @@ from typing import Protocol
 from digenrl.config import Config
 from digenrl.costs.cost_model import CFG_KEYS, CostModel
 from digenrl.rules import TagPrediction
-from digenrl.runtime.profiles import HardwareProfile
+from digenrl.runtime.hardware.profiles import HardwareProfile
+from digenrl.runtime.observe.span_phases import Phase
 
 log = logging.getLogger(__name__)
 
@@ -61,18 +62,18 @@ class TagObservations:
         if "error" in extra:  # interrupted: not a measurement
             return
         seconds = span["t_end"] - span["t_start"]
-        if phase == "train":
+        if phase == Phase.TRAIN:
             self.train_s += seconds
             self.train_units += int(span.get("samples") or 0)
-        elif phase == "optimizer":
+        elif phase == Phase.OPTIMIZER:
             self.optimizer_s.append(seconds)
-        elif phase == "tag_switch":
+        elif phase == Phase.TAG_SWITCH:
             self.switch_s.append(seconds)
-        elif phase == "generate" and extra.get("helper"):
+        elif phase == Phase.GENERATE and extra.get("helper"):
             self.helper_steps_s.append(seconds)
-        elif phase == "sync" and "bytes" in extra:
+        elif phase == Phase.SYNC and "bytes" in extra:
             self.sync_bytes = int(extra["bytes"])
-        elif phase == "wait_fragment":
+        elif phase == Phase.WAIT_FRAGMENT:
             if extra.get("bytes") and span.get("samples"):
                 self.unit_bytes.append(extra["bytes"] / span["samples"])
             producer = int(extra.get("producer", -1))
@@ -148,7 +149,7 @@ class TagPolicy:
         extra = span.get("extra") or {}
         from_generator = int(extra.get("producer", -1)) in self.generator_ranks
         if (
-            span["phase"] == "wait_fragment"
+            span["phase"] == Phase.WAIT_FRAGMENT
             and "error" not in extra
             and "steps_s" in extra
             and from_generator

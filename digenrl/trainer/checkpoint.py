@@ -65,8 +65,8 @@ import torch
 import torch.distributed as dist
 import yaml
 
-from digenrl.runtime.errors import DistributedTimeoutError
-from digenrl.runtime.run_files import remove_tree, write_atomic
+from digenrl.runtime.comm.errors import DistributedTimeoutError
+from digenrl.runtime.run_folder.run_files import remove_tree, write_atomic
 from digenrl.trainer.checkpoint_files import RNG_GLOBALS, CheckpointError, inside, load_tensors, read_json
 
 CHECKPOINT_DIR = "checkpoints"

@@ -23,7 +23,7 @@ from torch import nn
 
 from digenrl.models.fp8 import apply_fp8
 from digenrl.models.specs import get_family
-from digenrl.runtime.weight_sync import resolve_sync_mode
+from digenrl.runtime.comm.weight_sync import resolve_sync_mode
 
 if TYPE_CHECKING:
     from peft import LoraConfig
@@ -160,10 +160,10 @@ def prepare_generator_model(flow_model: nn.Module, cfg: Config) -> nn.Module:
 
     LoRA mode applies the same adapter as ``PolicyTrainer`` (``trainer.lora_rank`` / ``lora_alpha`` /
     ``lora_targets`` via :func:`apply_lora`), so parameter names and shapes match the trainer's by
-    construction (what :class:`digenrl.runtime.weight_sync.WeightSync` checks and writes into). Everything
-    is frozen (generators never backpropagate) but stays in the module mode the trainer's model is in (train):
-    a generator rank must run the forward a colocated rank runs, and it is built in the trainer's order
-    (adapter first, then attention kernels / autocast / compile: digenrl/systems/components.py).
+    construction (what :class:`digenrl.runtime.comm.weight_sync.WeightSync` checks and writes into).
+    Everything is frozen (generators never backpropagate) but stays in the module mode the trainer's model is
+    in (train): a generator rank must run the forward a colocated rank runs, and it is built in the trainer's
+    order (adapter first, then attention kernels / autocast / compile: digenrl/systems/components.py).
     """
     mode = resolve_sync_mode(cfg)
     if mode == "lora" and not has_lora(flow_model):

@@ -1,10 +1,10 @@
-"""A trained LoRA adapter in the formats other tools load: diffusers' and peft's (docs/export.md).
+"""A trained LoRA adapter in the formats other tools load: diffusers', peft's and kohya's (docs/export.md).
 
 The trainer's adapter (digenrl/trainer/lora.py) is a peft adapter named ``default`` injected into the
 diffusers transformer; its state is keyed by transformer parameter name with the adapter name inside
 (``transformer_blocks.0.attn.to_q.lora_A.default.weight``). Loading those tensors by hand into a pipeline
 loses the adapter's config: diffusers then takes ``lora_alpha = r``, so a run trained with r=8, alpha=16
-comes back at half strength without any error. Both formats here carry the config with the weights:
+comes back at half strength without any error. The formats here carry the config with the weights:
 
 * diffusers: ``pytorch_lora_weights.safetensors`` written by the family pipeline's own ``save_lora_weights``
   with ``transformer_lora_adapter_metadata`` = peft's ``LoraConfig.to_dict()``, as diffusers' training
@@ -13,6 +13,16 @@ comes back at half strength without any error. Both formats here carry the confi
 * peft: ``adapter_config.json`` + ``adapter_model.safetensors`` as ``PeftModel.save_pretrained`` writes
   them (peft peft_model.py: keys ``base_model.model.<module>.lora_A.weight``, safetensors metadata
   ``format: pt``), loadable with ``PeftModel.from_pretrained(transformer, dir)``.
+
+* kohya (ComfyUI): one safetensors file of ``lora_transformer_<module path, dots as underscores>`` keys
+  with ``.lora_down.weight`` (= lora_A), ``.lora_up.weight`` (= lora_B) and ``.alpha`` (a 0-d tensor):
+  kohya's LoRA tensor layout (sd-scripts networks/lora.py) under the prefix ComfyUI maps onto the
+  diffusers module names of SD3 and FLUX (comfy/lora.py ``model_lora_keys_unet``: ``lora_transformer_``
+  + the diffusers key with dots replaced, "OneTrainer lora"). kohya's own ``lora_unet_`` prefix names
+  the original checkpoints' modules (SAI's ``joint_blocks``, BFL's fused ``img_attn.qkv``), which the
+  diffusers transformer we train does not have. diffusers reads this file for FLUX
+  (``FluxPipeline.load_lora_weights``, lora_conversion_utils ``_convert_mixture_state_dict_to_diffusers``,
+  which folds ``alpha / r`` into the weights); its SD3 loader reads no kohya keys.
 
 ``checkpoint.export_lora=true`` writes the diffusers format into every checkpoint
 (:func:`checkpoint_lora_writer`); ``experiments/export.py`` writes either from any checkpoint
@@ -38,6 +48,10 @@ if TYPE_CHECKING:
 
 #: The file ``save_lora_weights`` writes (diffusers' default weight name, what ``load_lora_weights`` reads).
 DIFFUSERS_LORA_FILE = "pytorch_lora_weights.safetensors"
+KOHYA_LORA_FILE = "lora_kohya.safetensors"
+KOHYA_PREFIX = "lora_transformer_"
+#: The families whose diffusers module names ComfyUI maps from ``lora_transformer_`` keys (comfy/lora.py).
+KOHYA_FAMILIES = ("sd3", "flux")
 PEFT_CONFIG_FILE = "adapter_config.json"
 PEFT_WEIGHTS_FILE = "adapter_model.safetensors"
 #: ``checkpoint.export_lora``: the sub-directories of a checkpoint step directory it writes.
@@ -86,6 +100,52 @@ def save_diffusers_lora(
         weight_name=DIFFUSERS_LORA_FILE,
     )
     return Path(directory) / DIFFUSERS_LORA_FILE
+
+
+def kohya_lora_state(state: dict[str, torch.Tensor], config: LoraConfig) -> dict[str, torch.Tensor]:
+    """``state`` (a LoRA run's trainable state) keyed as kohya / ComfyUI key it (module docstring): per
+    adapted module ``lora_down``, ``lora_up`` and its ``alpha`` (``lora_alpha``; the rank is lora_down's
+    first dimension, so the scale ``alpha / r`` is the one peft applies)."""
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in adapter_layers(state).items():
+        module, _, part = name.rpartition(".lora_")  # "<module>", "A.weight" / "B.weight"
+        if part not in ("A.weight", "B.weight"):
+            raise ValueError(f"not a LoRA weight of a Linear: {name!r} (kohya keys hold lora_A/lora_B only)")
+        key = KOHYA_PREFIX + module.replace(".", "_")
+        out[f"{key}.lora_{'down' if part == 'A.weight' else 'up'}.weight"] = tensor
+        out[f"{key}.alpha"] = torch.tensor(float(config.lora_alpha), dtype=tensor.dtype)
+    return out
+
+
+def check_kohya_family(family: str) -> None:
+    """Refuse (``ValueError`` naming ``--format``) a family whose modules ComfyUI does not map from
+    ``lora_transformer_`` keys."""
+    if family not in KOHYA_FAMILIES:
+        raise ValueError(
+            f"--format kohya: ComfyUI maps lora_transformer_ keys onto the diffusers modules of "
+            f"{' and '.join(KOHYA_FAMILIES)} models only, not {family!r}; use --format diffusers or peft"
+        )
+
+
+def save_kohya_lora(
+    directory: str | Path, state: dict[str, torch.Tensor], config: LoraConfig, family: str
+) -> Path:
+    """Write ``state`` in the kohya / ComfyUI layout into ``directory`` (:data:`KOHYA_LORA_FILE`); returns
+    the file. ``family``: the model's (:func:`check_kohya_family`)."""
+    from safetensors.torch import save_file
+
+    check_kohya_family(family)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    metadata = {
+        "format": "pt",
+        "ss_network_module": "networks.lora",  # what kohya's sd-scripts records for a LoRA
+        "ss_network_dim": str(config.r),
+        "ss_network_alpha": str(config.lora_alpha),
+    }
+    path = directory / KOHYA_LORA_FILE
+    save_file(kohya_lora_state(state, config), path, metadata=metadata)
+    return path
 
 
 def save_peft_lora(

@@ -11,8 +11,8 @@ carry. At startup, before anything is written, rank 0 decides how this run uses 
 * ``resume=true`` with a checkpoint (the one ``latest`` names, or ``resume.step=N``'s) → the checkpoint is
   checked whole (:func:`digenrl.trainer.checkpoint.verify_checkpoint`: a damaged or altered file is refused
   naming it); its config must equal this run's in every key but :data:`digenrl.config.RESUMABLE_KEYS`,
-  and the input files it records must have the same content (:mod:`digenrl.runtime.run_inputs`), else
-  refused naming every differing key with both values; the run keeps the checkpoint's ``run_id`` and
+  and the input files it records must have the same content (:mod:`digenrl.runtime.run_folder.run_inputs`),
+  else refused naming every differing key with both values; the run keeps the checkpoint's ``run_id`` and
   starts at its iteration. ``resume.step=N`` also points ``latest`` at ``step_N``, so a later plain resume
   continues this branch; newer checkpoints are replaced as the run reaches their steps.
 * ``resume=true`` without a checkpoint → a new run with a line saying so, if the directory holds no run
@@ -21,8 +21,8 @@ carry. At startup, before anything is written, rank 0 decides how this run uses 
   the complete checkpoints when ``latest`` is missing beside them.
 
 Every run file must lie inside ``out_dir`` (a symlink out of it is refused), and one job at a time uses
-``out_dir`` (:mod:`digenrl.runtime.run_lock`). :func:`agree_run_start` locks ``out_dir`` and runs the
-decision on rank 0 and hands it to every rank through torchrun's store, so the error is printed once (by
+``out_dir`` (:mod:`digenrl.runtime.run_folder.run_lock`). :func:`agree_run_start` locks ``out_dir`` and runs
+the decision on rank 0 and hands it to every rank through torchrun's store, so the error is printed once (by
 ``launch.main``) and every rank stops with it.
 
 These rules live in ``trainer/`` beside :mod:`digenrl.trainer.checkpoint` because starting a run is
@@ -41,11 +41,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from digenrl.config import RESUMABLE_KEYS, Config, ConfigError, config_differences
-from digenrl.runtime.event_records import EVENTS_SUBDIR
-from digenrl.runtime.metrics import METRICS_FILE, TENSORBOARD_DIR, WANDB_DIR, read_metrics
-from digenrl.runtime.run_inputs import input_differences, input_fingerprints
-from digenrl.runtime.run_lock import acquire_run_lock, holds_run_lock
-from digenrl.runtime.sample_grid import SAMPLES_DIR
+from digenrl.runtime.observe.event_records import EVENTS_SUBDIR
+from digenrl.runtime.observe.metrics import METRICS_FILE, TENSORBOARD_DIR, WANDB_DIR, read_metrics
+from digenrl.runtime.observe.sample_grid import SAMPLES_DIR
+from digenrl.runtime.run_folder.run_inputs import input_differences, input_fingerprints
+from digenrl.runtime.run_folder.run_lock import acquire_run_lock, holds_run_lock
 from digenrl.trainer.checkpoint import (
     CHECKPOINT_DIR,
     CheckpointError,
@@ -62,8 +62,8 @@ from digenrl.trainer.checkpoint import (
 )
 
 if TYPE_CHECKING:
-    from digenrl.runtime.distributed import DistContext
-    from digenrl.runtime.profiles import HardwareProfile
+    from digenrl.runtime.comm.distributed import DistContext
+    from digenrl.runtime.hardware.profiles import HardwareProfile
 
 CONFIG_FILE = "config.yaml"
 #: the schedule the run executes (:class:`digenrl.plan.RunPlan`, written by rank 0 next to config.yaml)
@@ -269,9 +269,9 @@ def new_run_id() -> str:
 
 
 def agree_run_start(cfg: Config, ctx: DistContext) -> RunStart:
-    """Every rank: rank 0 locks ``out_dir`` for the job (:mod:`digenrl.runtime.run_lock`), plans the start
-    (:func:`plan_run_start`) and carries it out (``overwrite`` clears the old run, ``resume.step`` points
-    ``latest`` at its checkpoint); the other ranks read its decision from torchrun's store. A refusal
+    """Every rank: rank 0 locks ``out_dir`` for the job (:mod:`digenrl.runtime.run_folder.run_lock`), plans
+    the start (:func:`plan_run_start`) and carries it out (``overwrite`` clears the old run, ``resume.step``
+    points ``latest`` at its checkpoint); the other ranks read its decision from torchrun's store. A refusal
     raises ConfigError on every rank (its text travels with the decision), so all stop with it and
     ``launch.main`` prints it once."""
     decision: dict
@@ -292,7 +292,7 @@ def agree_run_start(cfg: Config, ctx: DistContext) -> RunStart:
                 lock.release()  # a refused start wrote nothing and leaves no holder behind
             decision = {"error": str(error)}
     if ctx.is_distributed:
-        from digenrl.runtime.control_plane import ControlPlane
+        from digenrl.runtime.comm.control_plane import ControlPlane
 
         plane = ControlPlane.from_default_group("startup", cfg.runtime.timeout_s)
         # one key per torchrun attempt and call: an elastic restart reuses the store and must not read an
@@ -311,7 +311,7 @@ def agree_run_start(cfg: Config, ctx: DistContext) -> RunStart:
 def run_profile(run_dir: str | Path, profile: str) -> HardwareProfile:
     """The hardware profile a finished run ran on: the one ``profile=auto`` recorded in the run folder
     (:data:`PROFILE_FILE`), else the named profile."""
-    from digenrl.runtime.profiles import AUTO, load_profile
+    from digenrl.runtime.hardware.profiles import AUTO, load_profile
 
     recorded = Path(run_dir) / PROFILE_FILE
     if profile == AUTO and recorded.is_file():

@@ -44,7 +44,7 @@ from digenrl.data.micro_batches import plan_micro_batches
 from digenrl.models.fp8 import apply_fp8
 from digenrl.models.optimize import optimize_flow_model
 from digenrl.rollout.noise import step_noise
-from digenrl.runtime.batch_ledger import BatchLedger
+from digenrl.runtime.reproducibility.batch_ledger import BatchLedger
 from digenrl.trainer.checkpoint import TRAINER_FILE, load_sharded
 from digenrl.trainer.checkpoint_files import CheckpointError
 from digenrl.trainer.ema import TrainerEMA
@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from digenrl.data.text_condition import TextCondition
     from digenrl.data.trajectory import TrajectoryBatch
     from digenrl.rollout.sampler import Sampler
+    from digenrl.runtime.comm.shard_groups import ShardGroups
 
 
 @dataclass
@@ -139,7 +140,7 @@ class PolicyTrainer:
     initialised, else a single process); ``world_size`` must equal its size and is checked.
     ``exact_backend``: use ``trainer.backend`` as named even with one trainer process (backend benchmarks).
     ``steps`` counts optimizer steps (several per policy version with ``algo.num_updates_per_batch`` > 1;
-    the version itself is owned by :class:`digenrl.runtime.policy_version.PolicyVersion`).
+    the version itself is owned by :class:`digenrl.runtime.comm.policy_version.PolicyVersion`).
     ``micro_batch_size``: this rank's micro-batch size when it differs from ``trainer.micro_batch_size``
     (None = that; ``colocated.split=speed`` sets it per rank, :mod:`digenrl.data.rank_shares`).
     """
@@ -160,10 +161,13 @@ class PolicyTrainer:
         world_size: int = 1,
         exact_backend: bool = False,
         compile: bool = False,
+        shard_groups: ShardGroups | None = None,
     ) -> None:
         """``compile``: ``torch.compile`` the transformer too (a run's resolved ``model.compile``), in the
         one :func:`optimize_flow_model` call a training rank makes (attention backend, autocast in the
-        compute dtype, compile), after the parallel wrapper."""
+        compute dtype, compile), after the parallel wrapper. ``shard_groups``: this rank's HSDP groups, which
+        ``trainer.sharding=hybrid`` needs (:func:`digenrl.runtime.comm.shard_groups.build_shard_groups`,
+        created on every rank of the run)."""
         self.cfg = cfg
         self.flow_model = flow_model
         self.sampler = sampler
@@ -181,6 +185,12 @@ class PolicyTrainer:
             enable_full_finetune(flow_model)
         else:
             raise ValueError(f"trainer.mode={tcfg.mode!r} is not allowed; choose one of: lora, full")
+        if (tcfg.sharding == "hybrid") != (shard_groups is not None):
+            raise ValueError(
+                f"trainer.sharding={tcfg.sharding} but shard_groups were "
+                f"{'not ' if shard_groups is None else ''}given: hybrid sharding needs build_shard_groups' "
+                "groups (digenrl/runtime/comm/shard_groups.py), flat sharding none"
+            )
         compute_dtype = flow_model.dtype  # before FSDP2 full fine-tuning turns the weights into fp32 masters
         self.backend: ParallelBackend = wrap_for_training(
             flow_model,
@@ -192,6 +202,7 @@ class PolicyTrainer:
             grad_clip=tcfg.grad_clip,
             activation_checkpointing=tcfg.activation_checkpointing,
             exact_backend=exact_backend,
+            shard_groups=shard_groups,
         )
         # Never train through an attention backend known to fail in backward (falls back with a logged
         # reason; may turn cuDNN SDPA off): digenrl/models/attention_safety.py

@@ -15,8 +15,8 @@ rather than the network whenever S divides the GPUs per node.
 Boundaries. In steady state a pipeline emits one fragment per *bottleneck* stage time, so each
 pipeline's boundaries minimise its slowest stage (:func:`digenrl.tsp.stage_plan.plan_stages`, exact
 DP). The time of step t on stage s is ``step_cost_s[t] / relative_speed`` of the stage's device (the
-hardware profile's H200-relative speed, :mod:`digenrl.runtime.profiles`), and the last stage also pays
-the decode + score cost scaled the same way. Pipelines on different device types get different
+hardware profile's H200-relative speed, :mod:`digenrl.runtime.hardware.profiles`), and the last stage also
+pays the decode + score cost scaled the same way. Pipelines on different device types get different
 boundaries. Uniform step costs are fine for DiT samplers (every step is one forward of the same shape);
 pass measured per-step costs when they differ (e.g. CFG only on some steps).
 """
@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from digenrl.config import ConfigError
-from digenrl.runtime.profiles import HardwareProfile
+from digenrl.runtime.hardware.profiles import HardwareProfile
 from digenrl.tsp.stage_plan import StagePlan, plan_stages
 
 STAGES_KEY = "tsp.stages"

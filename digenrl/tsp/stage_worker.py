@@ -11,7 +11,7 @@ The worker logs its own spans (``generate`` for its steps, ``transfer`` for a ha
 while it waits for the previous stage) and adds the seconds of its steps to the fragment's ``steps_s``
 tag, which the last stage ships with it (the trainers' TAG policy reads the producers' costs from it).
 
-Hand-offs are buffered sends (:func:`digenrl.runtime.transfer.start_send`): stage s starts its next
+Hand-offs are buffered sends (:func:`digenrl.runtime.comm.transfer.start_send`): stage s starts its next
 fragment while stage s+1 receives this one, which is what makes the stages a pipeline. At most
 ``max_in_flight`` hand-offs wait for their receiver; beyond that the stage waits (servicing whatever the
 caller's ``idle`` does meanwhile — a generator joins pending weight syncs).
@@ -28,10 +28,11 @@ import torch
 
 from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.rollout.engine import RolloutEngine
-from digenrl.runtime.control_plane import ControlPlane
-from digenrl.runtime.events import EventLogger
-from digenrl.runtime.fault_injection import inject_delay
-from digenrl.runtime.transfer import PendingSend, drain_sends, recv_trajectories, start_send
+from digenrl.runtime.comm.control_plane import ControlPlane
+from digenrl.runtime.comm.transfer import PendingSend, drain_sends, recv_trajectories, start_send
+from digenrl.runtime.faults.fault_injection import inject_delay
+from digenrl.runtime.observe.events import EventLogger
+from digenrl.runtime.observe.span_phases import Phase
 from digenrl.tsp.pipeline import TspPlan
 
 
@@ -111,7 +112,7 @@ class StageWorker:
         inject_delay(self.rank, "generate")  # robustness tests only: a deliberately slow generator
         start = time.perf_counter()
         with self.events.span(
-            "generate",
+            Phase.GENERATE,
             iteration=fragment.iteration,
             fragment=fragment.fragment,
             policy_version=fragment.version,
@@ -130,7 +131,7 @@ class StageWorker:
         """Send the partial trajectory to the next stage (buffered) and announce it."""
         if self.next_rank is None:
             raise RuntimeError(f"rank {self.rank} is the last stage of pipeline {self.pipeline}")
-        with self.events.span("transfer", iteration=fragment.iteration, fragment=fragment.fragment):
+        with self.events.span(Phase.TRANSFER, iteration=fragment.iteration, fragment=fragment.fragment):
             self._bound_in_flight(idle, keep=self.max_in_flight - 1)
             data_key = f"it{fragment.iteration}/frag{fragment.fragment}/stage{self.stage + 1}"
             send = start_send(
@@ -154,7 +155,7 @@ class StageWorker:
         ``iteration`` — waited for in a ``wait_stage`` span; a message of another iteration is an error."""
         if self.prev_rank is None:
             raise RuntimeError(f"rank {self.rank} is the first stage of pipeline {self.pipeline}")
-        with self.events.span("wait_stage", iteration=iteration):
+        with self.events.span(Phase.WAIT_STAGE, iteration=iteration):
             message = self._receive(idle)
         if message.iteration != iteration:
             raise RuntimeError(

@@ -165,7 +165,7 @@ check() {
 if wanted device; then
     step device 90 $PY experiments/measure.py device --out "$WORK" --profile-out "$OUT/$DEVICE-1.yaml"
     # profile=auto in this call's loops reads the measured numbers (the checkout on the device is a copy)
-    [[ $DRY != 1 && -f $OUT/$DEVICE-1.yaml ]] && cp "$OUT/$DEVICE-1.yaml" digenrl/runtime/hardware_profiles/
+    [[ $DRY != 1 && -f $OUT/$DEVICE-1.yaml ]] && cp "$OUT/$DEVICE-1.yaml" digenrl/runtime/hardware/hardware_profiles/
 fi
 
 # ---------------------------------------------------------------- FLUX.1-dev (flux-dev-lora.yaml, micro-batch 8)

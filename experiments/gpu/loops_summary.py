@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from digenrl.runtime.metrics import read_metrics
+from digenrl.runtime.observe.metrics import read_metrics
 
 
 def _median(values: list[float], digits: int = 4) -> float | None:
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(rows, indent=1) + "\n")
     md = f"# Full loops ({args.hardware})\n\nCommand: `{args.command}`\n\n" + table(rows)
-    for run in runs:  # each profiled run's kernel tables (digenrl/runtime/iteration_profile.py)
+    for run in runs:  # each profiled run's kernel tables (digenrl/runtime/observe/iteration_profile.py)
         profile = run / "profile" / "rank0.md"
         if profile.exists():
             md += f"\n## {run.name}: kernel profile\n\n" + profile.read_text().split("\n", 1)[1]

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from digenrl.runtime.metrics import read_metrics
+from digenrl.runtime.observe.metrics import read_metrics
 
 #: bf16 keeps 8 significant bits: one rounding is up to 2^-8 ≈ 0.39 % relative. Two schedules that run the
 #: same update on the same trajectories may still round differently where a kernel sees another batch

@@ -21,7 +21,7 @@ cat >"$WORK/probe.py" <<'PY'
 import json, os, sys
 import torch
 import torch.distributed as dist
-from digenrl.runtime.distributed import NVLINK_MULTICAST_OFF, init_distributed
+from digenrl.runtime.comm.distributed import NVLINK_MULTICAST_OFF, init_distributed
 
 exported = {name: os.environ.get(name) for name in NVLINK_MULTICAST_OFF}
 ctx = init_distributed("nccl", timeout_s=60)

@@ -170,7 +170,7 @@ def test_enumerations_are_the_tuples_the_runtime_checks():
     from digenrl.plan import run_plan
     from digenrl.rewards import NONFINITE_POLICIES
     from digenrl.rollout.sampler import CFG_GRAD_MODES
-    from digenrl.runtime.distributed import RUNTIME_BACKENDS
+    from digenrl.runtime.comm.distributed import RUNTIME_BACKENDS
     from digenrl.trainer import BACKENDS
 
     declared = dict(ENUMS)
@@ -418,7 +418,8 @@ def test_a_binary_or_non_utf8_prompt_file_names_the_key_and_file(tmp_path, conte
 
 
 def test_a_prompt_folder_is_named_as_not_a_file():
-    assert "data.prompts='/tmp' is neither 'builtin' nor an existing file" in _error(["data.prompts=/tmp"])
+    message = _error(["data.prompts=/tmp"])
+    assert "data.prompts='/tmp' is neither a shipped set nor an existing file" in message
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ import pytest
 
 from digenrl.costs.cost_model import CostModel, cost_path, interpolate, load_costs
 from digenrl.costs.device_costs import DeviceCosts
-from digenrl.runtime.profiles import load_profile
+from digenrl.runtime.hardware.profiles import load_profile
 from tests.sim.toy_costs import toy_costs
 
 

@@ -8,10 +8,10 @@ import pytest
 
 from digenrl.costs.flops import count_flops, iteration_flops, loop_ceiling, model_flops
 from digenrl.perf import roofline
-from digenrl.runtime.events import EventLogger
-from digenrl.runtime.metrics import fractions_by_phase
-from digenrl.runtime.profiles import load_profile
-from digenrl.runtime.run_report import closing_summary
+from digenrl.runtime.hardware.profiles import load_profile
+from digenrl.runtime.observe.events import EventLogger
+from digenrl.runtime.observe.metrics import fractions_by_phase
+from digenrl.runtime.observe.run_report import closing_summary
 
 
 def test_benchmarks_and_runs_share_one_counter():

@@ -15,6 +15,7 @@ from digenrl.config import DataConfig
 from digenrl.data.prompts import (
     BUILTIN_EVAL_PROMPTS,
     BUILTIN_PROMPTS,
+    SHIPPED_SETS,
     PromptSet,
     PromptSource,
     configured_prompt_sets,
@@ -70,7 +71,7 @@ def test_bad_jsonl_names_key_file_and_line(tmp_path: Path, rows: list[object], m
 def test_missing_or_empty_sources_are_named(tmp_path: Path) -> None:
     with pytest.raises(
         ValueError,
-        match=r"data\.eval_prompts='builtin:test' is neither 'builtin' nor an existing file; give a built",
+        match=r"data\.eval_prompts='builtin:test' is neither a shipped set nor an existing file; give a",
     ):
         PromptSet.load("builtin:test", "data.eval_prompts")
     (tmp_path / "empty.jsonl").write_text("\n \n")
@@ -82,6 +83,72 @@ def test_builtin_splits_are_disjoint() -> None:
     assert PromptSet.load("builtin").prompts == PromptSet.load("builtin:train").prompts == BUILTIN_PROMPTS
     assert PromptSet.load("builtin:eval").prompts == BUILTIN_EVAL_PROMPTS
     assert not set(BUILTIN_PROMPTS) & set(BUILTIN_EVAL_PROMPTS) and len(set(BUILTIN_EVAL_PROMPTS)) == 16
+
+
+#: Shipped recipe sets and their sizes (digenrl/data/prompt_sets/README.md).
+SHIPPED_SIZES = {
+    "pickscore:train": 25432,
+    "pickscore:eval": 2048,
+    "geneval:train": 5083,
+    "geneval:eval": 553,
+    "ocr:eval": 1018,
+    "drawbench:eval": 200,
+}
+
+
+@pytest.mark.parametrize(("name", "size"), SHIPPED_SIZES.items())
+def test_shipped_recipe_sets_load_with_their_sizes(name: str, size: int) -> None:
+    prompt_set = PromptSet.load(name, "data.prompts")
+    assert len(prompt_set) == size and prompt_set.source == name
+    assert all(p.strip() == p and p for p in prompt_set.prompts)
+
+
+def test_bare_name_is_the_train_split_and_metadata_comes_with_it() -> None:
+    assert PromptSet.load("pickscore").prompts == PromptSet.load("pickscore:train").prompts
+    geneval = PromptSet.load("geneval:eval")
+    first = dict(zip(geneval.prompts, geneval.metadata, strict=True))[
+        "a photo of a dog right of a teddy bear"
+    ]
+    assert first == {
+        "tag": "position",
+        "include": [
+            {"class": "teddy bear", "count": 1},
+            {"class": "dog", "count": 1, "position": ["right of", 0]},
+        ],
+    }
+    tags = {m["category"] for m in PromptSet.load("drawbench:eval").metadata}
+    assert len(tags) == 11 and "Counting" in tags
+    # every OCR prompt quotes the text to render (what the OCR reward's start-up check needs)
+    assert all(p.count('"') >= 2 for p in PromptSet.load("ocr:eval").prompts)
+
+
+def test_shipped_splits_are_disjoint_and_geneval_train_is_regenerable() -> None:
+    from digenrl.data.geneval_prompts import to_jsonl, training_prompts
+
+    for name, splits in SHIPPED_SETS.items():
+        if {"train", "eval"} <= set(splits):
+            train, held_out = PromptSet.load(f"{name}:train"), PromptSet.load(f"{name}:eval")
+            assert not set(train.prompts) & set(held_out.prompts), name
+    evaluation = PromptSet.load("geneval:eval").prompts
+    shipped = (Path(__file__).parents[2] / "digenrl/data/prompt_sets/geneval/train.jsonl").read_text()
+    assert to_jsonl(training_prompts(evaluation)) == shipped
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        (
+            "pickscore:dev",
+            r"data\.prompts='pickscore:dev': 'pickscore' has no split 'dev'; shipped splits",
+        ),
+        ("ocr", r"data\.prompts='ocr': FlowGRPO's OCR training prompts .* are not shipped.*ocr:eval"),
+        ("drawbench:train", r"DrawBench is an evaluation benchmark .*drawbench:eval"),
+        ("geneva:eval", r"is neither a shipped set nor an existing file.*geneval:train"),
+    ],
+)
+def test_a_bad_shipped_set_name_names_the_key(source: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        PromptSet.load(source, "data.prompts")
 
 
 def test_configured_sets_and_the_metadata_lookup(tmp_path: Path) -> None:

@@ -115,6 +115,49 @@ def test_throughput_quick_table(tmp_path):
     assert (tmp_path / "table.md").read_text().count("\n") >= len(rows) + 2
 
 
+def test_throughput_rows_with_variance_are_labelled_and_slow_the_colocated_loop(tmp_path):
+    """``throughput --variance FILE``: '+variance' rows naming the distributions (assumed ones say so), the
+    fair-comparison invariant kept, and the colocated loop slower than without variance (its barrier waits
+    for the slowest reward request)."""
+    from dataclasses import replace
+
+    from digenrl.costs.sample_costs import SampleVariance
+    from digenrl.plan import RunPlan
+    from digenrl.sim import simulate as run_simulation
+
+    path = REPO / "experiments/results/costs/variance/variance-remote-reward-tail-assumed.json"
+    argv = ["throughput", "--quick", "--variance", str(path), "--variance-seed", "3", "--out", str(tmp_path)]
+    assert simulate.main(argv) == 0
+    rows = _check_rows(tmp_path / "table.csv", "main", SYSTEMS | {"digenrl", "digenrl s=1"})
+    assert {r.extra["scenario"] for r in rows} == {f"{tables.QUICK_MODEL} +variance"}
+    assert all(r.extra["variance"] == "remote-reward-tail-assumed (assumed; seed 3)" for r in rows)
+    _digenrl_never_below_baselines(rows)
+    scenario = tables.scenarios(quick=True)[0]
+    costs = tables.scenario_costs(scenario, simulate.FOLDERS, QUICK_COST_FILE).costs
+    variance = SampleVariance.load(path).with_seed(3)
+    results = [
+        run_simulation("h200-8", costs, w, RunPlan("colocated-sync"))
+        for w in (scenario.workload, replace(scenario.workload, variance=variance))
+    ]
+    assert results[1].steady_iteration_s > results[0].steady_iteration_s
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--variance", "no/such/variance.json"],
+            "--variance: variance file 'no/such/variance.json' does not exist",
+        ),
+        (["--variance-seed", "1"], "--variance-seed needs --variance FILE"),
+    ],
+)
+def test_throughput_variance_bad_input_is_a_usage_error(argv, message, capsys, tmp_path):
+    with pytest.raises(SystemExit):
+        simulate.main(["throughput", "--quick", "--out", str(tmp_path), *argv])
+    assert message in capsys.readouterr().err
+
+
 def test_the_committed_throughput_table_never_puts_digenrl_below_a_baseline():
     """Every model x profile panel of experiments/results/throughput: DigenRL's plan space contains the
     baselines, so digenrl >= the best baseline of equal staleness; where a baseline point wins, the row
@@ -168,7 +211,7 @@ def test_validate_compares_a_run_with_its_simulation_per_phase(tmp_path):
     from digenrl.plan import RunPlan
     from digenrl.plan.workload import Workload
     from digenrl.reports.validation import compare_run
-    from digenrl.runtime.profiles import load_profile
+    from digenrl.runtime.hardware.profiles import load_profile
     from digenrl.sim.simulator import simulate as run_simulation
 
     system = random.choice(["colocated-sync", "separate-sync", "digenrl"])
@@ -248,7 +291,7 @@ def test_trim_run_keeps_only_the_chosen_iterations(tmp_path):
 def test_make_figures_rebuilds_the_trace_of_a_crashed_real_run(tmp_path, capsys):
     """A run that died before merging its logs has no trace.json (or a stale one): ``--real-run`` rebuilds
     it from the event logs before copying the run; a current trace is left alone."""
-    from digenrl.runtime.events import EventLogger
+    from digenrl.runtime.observe.events import EventLogger
 
     run = tmp_path / "crashed"
     with EventLogger(run, 0, "colocated", 0.0) as events:
@@ -264,7 +307,7 @@ def test_make_figures_rebuilds_the_trace_of_a_crashed_real_run(tmp_path, capsys)
 
 
 def test_sub_cluster_cuts_nodes_and_keeps_links():
-    from digenrl.runtime.profiles import load_profile
+    from digenrl.runtime.hardware.profiles import load_profile
 
     base = load_profile("h800-32")
     n = random.randint(1, 4)
@@ -279,7 +322,7 @@ def test_device_costs_scale_h200_costs_by_relative_speed():
     from dataclasses import replace
 
     from digenrl.costs.cost_model import CostModel
-    from digenrl.runtime.profiles import load_profile
+    from digenrl.runtime.hardware.profiles import load_profile
 
     base = replace(CostModel.load(QUICK_COST_FILE), device="h200")
     profile = load_profile("hetero-h100-a100-16")

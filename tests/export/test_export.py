@@ -102,6 +102,46 @@ def test_without_the_adapter_config_the_same_weights_load_at_the_wrong_strength(
     )
 
 
+def comfyui_merge(transformer: torch.nn.Module, kohya: dict[str, torch.Tensor]) -> None:
+    """What ComfyUI does with a LoRA file, for a diffusers-named SD3 / FLUX model (comfy/lora.py
+    ``model_lora_keys_unet``: ``lora_transformer_`` + the module's diffusers name with dots as underscores,
+    then ``W += (alpha / rank) · up @ down``); every key must find its module."""
+    modules = {
+        "lora_transformer_" + name.replace(".", "_"): module
+        for name, module in transformer.named_modules()
+        if isinstance(module, torch.nn.Linear)
+    }
+    stems = {key.rsplit(".", 2)[0] if key.endswith(".weight") else key.rsplit(".", 1)[0] for key in kohya}
+    assert stems <= modules.keys(), sorted(stems - modules.keys())[:3]
+    with torch.no_grad():
+        for stem in stems:
+            down, up = kohya[f"{stem}.lora_down.weight"], kohya[f"{stem}.lora_up.weight"]
+            modules[stem].weight += kohya[f"{stem}.alpha"] / down.shape[0] * (up @ down)
+
+
+def test_a_kohya_lora_loads_in_comfyui_key_scheme_and_in_diffusers(lora_run, tmp_path):
+    from digenrl.trainer.lora_export import KOHYA_LORA_FILE
+
+    run, cfg, trainer, bundle = lora_run
+    out = _export(run, tmp_path / "kohya", "--format", "kohya")
+    assert sorted(p.name for p in out.iterdir()) == [KOHYA_LORA_FILE]
+    kohya = load_file(out / KOHYA_LORA_FILE)
+    assert all(k.startswith("lora_transformer_") for k in kohya)
+    assert {k.rsplit(".", 2)[-2] for k in kohya if k.endswith(".weight")} == {"lora_down", "lora_up"}
+    alphas = {float(v) for k, v in kohya.items() if k.endswith(".alpha")}
+    assert alphas == {16.0} and {v.shape[0] for k, v in kohya.items() if "lora_down" in k} == {8}
+    given = inputs(bundle)
+    expected = trained_velocity(trainer, given)
+    # ComfyUI's scheme: merged into the base weights (merging changes the last bits)
+    base = build_model_bundle(cfg.model.name, device="cpu", seed=cfg.seed).flow_model.transformer
+    comfyui_merge(base, kohya)
+    assert torch.allclose(velocity(bundle.spec, base, given), expected, atol=1e-5, rtol=1e-4)
+    if cfg.model.name == "tiny-flux":  # diffusers reads kohya files for FLUX (its SD3 loader reads none)
+        pipe = base_pipeline(cfg)
+        pipe.load_lora_weights(out, weight_name=KOHYA_LORA_FILE)
+        assert torch.equal(velocity(bundle.spec, pipe.transformer, given), expected)
+
+
 def test_a_lora_pipeline_directory_loads_with_from_pretrained(lora_run, tmp_path):
     run, cfg, trainer, bundle = lora_run
     cls = type(base_pipeline(cfg))
@@ -131,6 +171,41 @@ def test_a_lora_pipeline_directory_loads_with_from_pretrained(lora_run, tmp_path
         **({"latents": x, "guidance_scale": 1.0} if cfg.model.name == "tiny-sd3" else {}),
     ).images
     assert torch.isfinite(latents).all()
+
+
+def test_an_exported_pipeline_generates_from_a_prompt(lora_run, tmp_path):
+    """The saved tokenizers read as many tokens as the run's encoders did (the stand-in tokenizer's own
+    512 overflowed the tiny encoders' 16 positions), so the pipeline runs from text and conditions as the
+    run did."""
+    run, cfg, _, bundle = lora_run
+    out = _export(run, tmp_path / "pipe", "--format", "diffusers", "--pipeline")
+    pipe = type(base_pipeline(cfg)).from_pretrained(out)
+    pipe.load_lora_weights(out)
+    lengths = {c.spec.model_class: c.spec.max_length for c in bundle.text_encoder.components}
+    for component in bundle.text_encoder.components:
+        tokenizer = getattr(pipe, component.spec.tokenizer_subfolder)
+        assert tokenizer.model_max_length == component.spec.max_length == 16
+    t5 = lengths["T5EncoderModel"]
+    prompt = "a red cube on a table"
+    if cfg.model.name == "tiny-sd3":
+        embeds, _, pooled, _ = pipe.encode_prompt(
+            prompt, None, None, do_classifier_free_guidance=False, max_sequence_length=t5
+        )
+    else:
+        embeds, pooled, _ = pipe.encode_prompt(prompt, None, max_sequence_length=t5)
+    cond = bundle.text_encoder.encode([prompt])
+    assert torch.allclose(embeds, cond.embeds, atol=1e-5) and torch.allclose(pooled, cond.pooled, atol=1e-5)
+    image = pipe(
+        prompt=prompt,
+        num_inference_steps=2,
+        height=bundle.spec.default_height,
+        width=bundle.spec.default_width,
+        max_sequence_length=t5,
+        output_type="pt",
+        generator=torch.Generator().manual_seed(0),
+    ).images
+    assert image.shape == (1, 3, bundle.spec.default_height, bundle.spec.default_width)
+    assert bool(torch.isfinite(image).all())
 
 
 def test_a_full_fine_tune_exports_its_transformer_with_save_pretrained(full_run, tmp_path):
@@ -239,6 +314,19 @@ def test_ema_on_a_run_without_ema_and_peft_for_full_fine_tuning_are_refused(full
         "--format peft writes a LoRA adapter",
         "trainer.mode=full",
     )
+    _refused(capsys, [str(run), "--format", "kohya", "--out", str(tmp_path / "c")], "--format kohya writes")
+
+
+def test_kohya_with_a_pipeline_or_an_unmapped_family_is_refused(lora_run, tmp_path, capsys):
+    from digenrl.trainer.lora_export import check_kohya_family
+
+    argv = [str(lora_run[0]), "--format", "kohya", "--pipeline", "--out", str(tmp_path / "p")]
+    _refused(capsys, argv, "--format kohya with --pipeline")
+    assert not (tmp_path / "p").exists()
+    with pytest.raises(
+        ValueError, match=r"--format kohya: ComfyUI maps .* not 'wan'; use --format diffusers"
+    ):
+        check_kohya_family("wan")
 
 
 def test_a_damaged_checkpoint_and_a_used_output_folder_are_refused(lora_run, tmp_path, capsys):

@@ -168,3 +168,43 @@ def test_throughput_grid_wraps_tables_without_profiles_and_splits_a_shared_slot(
 
 def rows_of(rows, model: str, profile: str) -> list:
     return [r for r in rows if panel_model(r) == model and r.extra["profile"] == profile]
+
+
+def _fair_rows(panel: str, regime: str, ratios: tuple[float, float, float]) -> list[dict]:
+    on, stale, mechanisms = ratios
+    common = {"experiment": "main", "model": panel, "source": "simulated", "regime": regime}
+    return [
+        {**common, "system": "colocated-sync", "samples_per_s": 10.0, "ratio_vs_best_fair_baseline": 1.0},
+        {
+            **common,
+            "system": "digenrl",
+            "samples_per_s": 10.0 * on,
+            "ratio_vs_best_fair_baseline": on,
+            "mechanisms_ratio_vs_best_fair_baseline": mechanisms,
+        },
+        {
+            **common,
+            "system": "digenrl s=1",
+            "samples_per_s": 10.0 * stale,
+            "ratio_vs_best_fair_baseline": stale,
+        },
+    ]
+
+
+def test_fair_ratio_figure_groups_panels_by_regime_and_keeps_each_ratio(tmp_path, png_ok):
+    from paper_figures.fair_ratio import panel_ratios, plot_fair_ratio
+
+    raw = _fair_rows("flux @ mixed-16", "mixed;memory", (1.13, 1.2, 1.13))
+    raw += _fair_rows("sd3.5 @ a100-16", "identical", (1.0, 1.03, 0.94))
+    rows = parse_result_rows(raw)
+    panels = panel_ratios(rows)
+    assert [(regime, panel) for regime, panel, _ in panels] == [
+        ("identical", "sd3.5 @ a100-16"),
+        ("mixed", "flux @ mixed-16"),
+    ]
+    assert panels[0][2] == {"digenrl": 1.0, "mechanisms": 0.94, "digenrl s=1": 1.03}
+    png_ok(plot_fair_ratio(rows, tmp_path / "fair.png"))
+    # a table without the column (an older throughput table, or another experiment) is refused by name
+    old = parse_result_rows([{k: v for k, v in r.items() if "ratio" not in k} for r in raw])
+    with pytest.raises(ValueError, match="ratio_vs_best_fair_baseline"):
+        plot_fair_ratio(old, tmp_path / "old.png")

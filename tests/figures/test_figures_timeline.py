@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from digenrl.runtime.events import EventLogger
+from digenrl.runtime.observe.events import EventLogger
 from paper_figures.logs import load_run
 from paper_figures.timeline import (
     assign_lanes,
@@ -129,7 +129,7 @@ def _write_disaggregated_log(out_dir):
             "generate", base, base + 0.9, iteration=k, fragment=3, policy_version=k, extra={"helper": True}
         )
         for g in (0, 1):
-            loggers[g].record_span("wait_weights", base + 3.0, base + 4.0, iteration=k)
+            loggers[g].record_span("wait_sync", base + 3.0, base + 4.0, iteration=k)
     for logger in loggers:
         logger.close()
 

@@ -15,8 +15,8 @@ from digenrl.gap.fragments import FragmentPlan
 from digenrl.gap.stream import FragmentStream
 from digenrl.rewards import registry
 from digenrl.rewards.base import RewardFunction
-from digenrl.runtime.control_plane import ControlPlane
-from digenrl.runtime.events import EventLogger, load_events
+from digenrl.runtime.comm.control_plane import ControlPlane
+from digenrl.runtime.observe.events import EventLogger, load_events
 from digenrl.systems.phases import train_logical_batch
 from tests.gap.test_gap_unit_sharding import _synthetic
 

@@ -12,7 +12,7 @@ import torch
 
 from digenrl.gap.fragments import FragmentPlan
 from digenrl.gap.stream import FragmentStream
-from digenrl.runtime.control_plane import ControlPlane
+from digenrl.runtime.comm.control_plane import ControlPlane
 
 
 def _stream(store, rank: int, plan: FragmentPlan) -> FragmentStream:

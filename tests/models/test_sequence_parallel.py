@@ -85,7 +85,7 @@ def test_separate_pools_are_checked_each_with_its_own_degree():
 
 
 def test_a_group_across_nodes_is_refused(tmp_path):
-    cpu2 = Path(__file__).parents[2] / "digenrl/runtime/hardware_profiles/cpu-2.yaml"
+    cpu2 = Path(__file__).parents[2] / "digenrl/runtime/hardware/hardware_profiles/cpu-2.yaml"
     text = cpu2.read_text().replace("{count: 1, workers_per_node: 2", "{count: 2, workers_per_node: 1")
     assert "count: 2, workers_per_node: 1" in text
     profile = tmp_path / "two-nodes.yaml"
@@ -109,7 +109,7 @@ def _velocity_and_grads(flow_model, latents, sigma, cond) -> tuple[torch.Tensor,
 def _worker(rank: int, world: int, tmp: str) -> None:
     from digenrl.models.flow_model import build_flow_model
     from digenrl.models.sequence_parallel import enable_sequence_parallel
-    from digenrl.runtime.layout import build_sequence_groups
+    from digenrl.runtime.comm.sequence_groups import build_sequence_groups
 
     dist.init_process_group(
         "gloo", init_method=f"file://{tmp}/pg", rank=rank, world_size=world, timeout=timedelta(seconds=60)
@@ -119,7 +119,7 @@ def _worker(rank: int, world: int, tmp: str) -> None:
         reference = build_flow_model("tiny-wan")
         sharded = build_flow_model("tiny-wan")
         sharded.load_state_dict(reference.state_dict())
-        groups = build_sequence_groups(tuple(range(world)), world, rank, timeout_s=60)
+        groups = build_sequence_groups(range(world), world, timeout_s=60)
         enable_sequence_parallel(sharded, groups.sequence_group, groups.single_rank_group)
         latents = torch.randn(2, *reference.latent_shape(32, 32, 5))  # [2, 4, 2, 4, 4]
         cond = TextCondition(torch.randn(2, 16, 32))

@@ -130,7 +130,7 @@ def test_a_rank_optimises_its_model_once(tmp_path, monkeypatch, generate, train,
     without a trainer makes its own."""
     import digenrl.systems.components as components
     import digenrl.trainer.trainer as trainer_module
-    from digenrl.runtime.distributed import DistContext
+    from digenrl.runtime.comm.distributed import DistContext
     from digenrl.trainer.run_dir import RunStart
 
     made: list[dict] = []

@@ -27,7 +27,7 @@ from digenrl.config import (
 from digenrl.costs.cost_model import CostModel
 from digenrl.plan import RunPlan, Workload, is_schedule_key
 from digenrl.reports.validation import compare_run
-from digenrl.runtime.profiles import load_profile
+from digenrl.runtime.hardware.profiles import load_profile
 from digenrl.sim.simulator import simulate
 from digenrl.trainer.run_dir import PLAN_FILE
 from experiments import simulate as simulate_cli

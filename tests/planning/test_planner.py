@@ -20,7 +20,7 @@ from digenrl.planning.planner import (
     search_plans,
     throughput_bound,
 )
-from digenrl.runtime.profiles import load_profile
+from digenrl.runtime.hardware.profiles import load_profile
 from tests.sim.toy_costs import toy_costs
 
 GIB = 2**30

@@ -27,6 +27,10 @@ BUILTIN = {
     "tiny-imagereward",
     "ocr",
     "tiny-ocr",
+    "geneval",
+    "tiny-geneval",
+    "video-pickscore",
+    "tiny-video-pickscore",
     "remote",
 }
 

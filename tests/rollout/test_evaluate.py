@@ -14,9 +14,9 @@ from digenrl.config import Config, ConfigError, load_config
 from digenrl.data.prompts import BUILTIN_EVAL_PROMPTS
 from digenrl.models import build_model_bundle
 from digenrl.rewards.registry import build_configured_reward
-from digenrl.rollout.evaluate import Evaluator, eval_schedule, grid_pixels
+from digenrl.rollout.evaluate import Evaluator, eval_schedule, grid_pixels, local_scoring
 from digenrl.rollout.scoring import Scorer
-from digenrl.runtime.sample_grid import CELL_PIXELS, write_sample_grid
+from digenrl.runtime.observe.sample_grid import CELL_PIXELS, write_sample_grid
 from digenrl.systems.components import resolve_resolution
 from digenrl.validation import validate_config
 
@@ -34,7 +34,7 @@ def _evaluator(overrides: list[str], bundle=None) -> Evaluator:
         bundle,
         bundle.flow_model.latent_shape(height, width, frames),
         bundle.flow_model.token_count(height, width, frames),
-        Scorer(bundle.decoder, reward, "drop-group"),
+        local_scoring(Scorer(bundle.decoder, reward, "drop-group")),
         BUILTIN_EVAL_PROMPTS,
         device=torch.device("cpu"),
     )

@@ -11,8 +11,8 @@ import torch.distributed as dist
 from digenrl.rewards import build_reward
 from digenrl.rollout.remote_scoring import ScorerPool, ScoringServer, scoring_request
 from digenrl.rollout.scoring import Scorer
-from digenrl.runtime.control_plane import ControlPlane
-from digenrl.runtime.events import EventLogger
+from digenrl.runtime.comm.control_plane import ControlPlane
+from digenrl.runtime.observe.events import EventLogger
 from tests.runtime.spawn import spawn_workers
 from tests.tsp.fixtures import PROMPTS, bundle, make_config, make_engine
 

@@ -7,11 +7,12 @@ import subprocess
 import sys
 
 from digenrl.config import load_config
-from digenrl.runtime.determinism import CUBLAS_WORKSPACE_CONFIG
-from digenrl.runtime.run_report import start_banner
+from digenrl.runtime.observe.run_report import start_banner
+from digenrl.runtime.reproducibility.determinism import CUBLAS_WORKSPACE_CONFIG
 
 PROBE = (
-    "import os, torch; from digenrl.runtime.determinism import use_deterministic_kernels as use; "
+    "import os, torch; "
+    "from digenrl.runtime.reproducibility.determinism import use_deterministic_kernels as use; "
     "assert not torch.are_deterministic_algorithms_enabled(); use(); "
     "print(torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark, "
     "os.environ['CUBLAS_WORKSPACE_CONFIG'])"

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from digenrl.runtime import fault_injection
-from digenrl.runtime.fault_injection import DELAY_VAR, FAULT_VAR, inject_delay, inject_fault
+from digenrl.runtime.faults import fault_injection
+from digenrl.runtime.faults.fault_injection import DELAY_VAR, FAULT_VAR, inject_delay, inject_fault
 
 
 def test_fires_only_on_its_rank_iteration_and_phase(monkeypatch):

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from digenrl.runtime.iteration_profile import format_summary, kernel_kind, summarise_trace
+from digenrl.runtime.observe.iteration_profile import format_summary, kernel_kind, summarise_trace
 from tests.systems.launcher import run_train
 
 

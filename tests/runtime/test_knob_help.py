@@ -1,5 +1,6 @@
 """``run_train.py --help`` lists every config key with its default and one line; ``--print-config`` prints
-the validated config; a resume needs only the run folder (digenrl/runtime/knob_help.py, digenrl/launch.py)."""
+the validated config; a resume needs only the run folder (digenrl/runtime/launch/knob_help.py,
+digenrl/launch.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import yaml
 
 from digenrl.config import Config, ConfigError, declared_fields, load_config
 from digenrl.launch import main, parse_args, run_folder_config
-from digenrl.runtime.knob_help import UNCOMMENTED, _comments, knob_lines
+from digenrl.runtime.launch.knob_help import UNCOMMENTED, _comments, knob_lines
 
 TINY = Path(__file__).resolve().parents[2] / "experiments" / "configs" / "tiny.yaml"
 

@@ -1,4 +1,4 @@
-"""One job per run, always (issue 35, item 3; digenrl/runtime/job.py, run_lock.py): a SIGKILL of the
+"""One job per run, always (issue 35, item 3; digenrl/runtime/launch/job.py, run_lock.py): a SIGKILL of the
 launcher ends its agent (parent-death signal) and the agent's workers (each watches the launcher), and
 while a worker of the run lives a new job is refused naming its pid. Three tiny processes, ~2 s."""
 
@@ -14,15 +14,15 @@ from pathlib import Path
 import pytest
 
 from digenrl.config import ConfigError
-from digenrl.runtime.job import _exists
-from digenrl.runtime.run_lock import acquire_run_lock, live_worker, release_run_locks
+from digenrl.runtime.launch.job import _exists
+from digenrl.runtime.run_folder.run_lock import acquire_run_lock, live_worker, release_run_locks
 
 REPO = Path(__file__).resolve().parents[2]
 #: A worker: registers in the run folder, watches its launcher, says its pid, waits.
 WORKER = """
 import os, sys, time
-from digenrl.runtime.job import exit_with_launcher
-from digenrl.runtime.run_lock import register_worker
+from digenrl.runtime.launch.job import exit_with_launcher
+from digenrl.runtime.run_folder.run_lock import register_worker
 exit_with_launcher()
 register_worker(sys.argv[1])
 print(os.getpid(), flush=True)
@@ -37,7 +37,7 @@ worker.wait()
 #: The launcher: starts the agent through Job (parent-death signal, launcher id in the environment).
 LAUNCHER = """
 import sys, time
-from digenrl.runtime.job import Job
+from digenrl.runtime.launch.job import Job
 job = Job()
 job.start([sys.executable, "-c", sys.argv[2], sys.argv[1], sys.argv[3]])
 print(job.procs[0].pid, flush=True)

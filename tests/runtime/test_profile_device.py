@@ -1,4 +1,4 @@
-"""A run's hardware profile against the hardware it runs on (digenrl/runtime/profiles.py, "the real
+"""A run's hardware profile against the hardware it runs on (digenrl/runtime/hardware/profiles.py, "the real
 devices"): device families from driver names, the mismatch check at startup (an error naming both devices
 and the fix, or with runtime.allow_profile_mismatch a warning kept in the metrics and the summary),
 ``profile=auto`` and ``measure.py device``'s profile."""
@@ -12,8 +12,7 @@ import pytest
 from digenrl.config import ConfigError, load_config
 from digenrl.costs.flops import loop_ceiling
 from digenrl.perf.measure_device import write_profile
-from digenrl.runtime.events import EventLogger
-from digenrl.runtime.profiles import (
+from digenrl.runtime.hardware.profiles import (
     AUTO_WORKERS_ENV,
     DetectedDevice,
     auto_profile,
@@ -25,7 +24,8 @@ from digenrl.runtime.profiles import (
     profile_to_dict,
     type_matches,
 )
-from digenrl.runtime.run_report import closing_summary
+from digenrl.runtime.observe.events import EventLogger
+from digenrl.runtime.observe.run_report import closing_summary
 from digenrl.validation import check_profile_device, validate_config, validate_devices
 from tests.systems.launcher import TINY
 
@@ -209,7 +209,7 @@ def test_measure_device_writes_a_profile_that_loads(tmp_path):
 def test_a_run_under_a_wrong_profile_fails_at_startup_or_keeps_the_warning(tmp_path):
     """On this CPU machine: profile=h200-1 stops at startup (exit 2, the mismatch named); with the override
     the run goes on and every metrics record carries the mismatch; profile=auto runs as it is."""
-    from digenrl.runtime.metrics import read_metrics
+    from digenrl.runtime.observe.metrics import read_metrics
     from digenrl.trainer.run_dir import PROFILE_FILE, run_profile
     from tests.systems.launcher import run_train
 

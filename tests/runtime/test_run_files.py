@@ -1,5 +1,5 @@
-"""Nothing outside the run folder is written (issue 35, item 1; digenrl/runtime/run_files.py): a symlink,
-FIFO or folder planted at a file the run writes is refused or replaced, never written through, and
+"""Nothing outside the run folder is written (issue 35, item 1; digenrl/runtime/run_folder/run_files.py): a
+symlink, FIFO or folder planted at a file the run writes is refused or replaced, never written through, and
 ``out_dir`` values that point outside a folder of the run's own are refused at start-up naming the key."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from digenrl.config import ConfigError, load_config
-from digenrl.runtime.chrome_trace import merge_chrome_trace
-from digenrl.runtime.events import EventLogger
-from digenrl.runtime.metrics import METRICS_FILE, MetricsWriter
-from digenrl.runtime.run_files import UnsafeRunFile, ensure_dir, open_append, write_atomic
-from digenrl.runtime.run_lock import LOCK_FILE, acquire_run_lock, release_run_locks
-from digenrl.runtime.sample_grid import write_sample_grid
+from digenrl.runtime.observe.chrome_trace import merge_chrome_trace
+from digenrl.runtime.observe.events import EventLogger
+from digenrl.runtime.observe.metrics import METRICS_FILE, MetricsWriter
+from digenrl.runtime.observe.sample_grid import write_sample_grid
+from digenrl.runtime.run_folder.run_files import UnsafeRunFile, ensure_dir, open_append, write_atomic
+from digenrl.runtime.run_folder.run_lock import LOCK_FILE, acquire_run_lock, release_run_locks
 from digenrl.trainer.checkpoint import point_latest
 from digenrl.validation import check_out_dir, validate_config
 

@@ -9,8 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch.distributed as dist
 
-from digenrl.runtime.control_plane import ControlPlane
-from digenrl.runtime.errors import DistributedTimeoutError, PeerFailureError
+from digenrl.runtime.comm.control_plane import ControlPlane
+from digenrl.runtime.comm.errors import DistributedTimeoutError, PeerFailureError
 
 
 @pytest.fixture(params=["hash", "file"])

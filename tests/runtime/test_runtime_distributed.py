@@ -13,10 +13,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from digenrl.runtime.control_plane import ControlPlane
-from digenrl.runtime.distributed import barrier, init_distributed, named_collective, shutdown_distributed
-from digenrl.runtime.errors import DistributedTimeoutError, PeerFailureError
-from digenrl.runtime.events import agree_clock_origin
+from digenrl.runtime.comm.control_plane import ControlPlane
+from digenrl.runtime.comm.distributed import barrier, init_distributed, named_collective, shutdown_distributed
+from digenrl.runtime.comm.errors import DistributedTimeoutError, PeerFailureError
+from digenrl.runtime.observe.events import agree_clock_origin
 from tests.runtime.spawn import spawn_workers
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")

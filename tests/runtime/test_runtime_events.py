@@ -10,9 +10,10 @@ import time
 
 import pytest
 
-from digenrl.runtime.event_records import is_idle_phase, load_events
-from digenrl.runtime.event_summary import steady_window, union_length
-from digenrl.runtime.events import EventLogger, merge_chrome_trace, summarize_events
+from digenrl.runtime.observe.event_records import load_events
+from digenrl.runtime.observe.event_summary import steady_window, union_length
+from digenrl.runtime.observe.events import EventLogger, merge_chrome_trace, summarize_events
+from digenrl.runtime.observe.span_phases import is_idle_phase
 
 
 def _coverage_union(intervals, lo, hi):
@@ -38,10 +39,10 @@ def test_spans_trace_and_records(tmp_path):
     trainer = EventLogger(tmp_path, 1, "trainer", origin)
     version = random.randint(0, 9)
     with generator.span("iteration", iteration=0):
-        with generator.span("rollout", iteration=0, fragment=0, policy_version=version) as notes:
+        with generator.span("generate", iteration=0, fragment=0, policy_version=version) as notes:
             notes["samples"] = 4
             notes["steps"] = 10
-        with generator.span("send_fragment", iteration=0, fragment=0, policy_version=version):
+        with generator.span("transfer", iteration=0, fragment=0, policy_version=version):
             pass
     with trainer.span("wait_fragment", iteration=0):
         pass
@@ -57,16 +58,16 @@ def test_spans_trace_and_records(tmp_path):
     assert next(r["type"] for r in records if r["rank"] == 0) == "meta"
     assert {(r["rank"], r["phase"]) for r in spans} == {
         (0, "iteration"),
-        (0, "rollout"),
-        (0, "send_fragment"),
+        (0, "generate"),
+        (0, "transfer"),
         (1, "wait_fragment"),
         (1, "train"),
     }
-    rollout = next(r for r in spans if r["phase"] == "rollout")
+    generated = next(r for r in spans if r["phase"] == "generate")
     outer = next(r for r in spans if r["phase"] == "iteration")
-    assert rollout["samples"] == 4 and rollout["extra"] == {"steps": 10}
-    assert rollout["policy_version"] == version and rollout["fragment"] == 0
-    assert outer["t_start"] <= rollout["t_start"] <= rollout["t_end"] <= outer["t_end"]
+    assert generated["samples"] == 4 and generated["extra"] == {"steps": 10}
+    assert generated["policy_version"] == version and generated["fragment"] == 0
+    assert outer["t_start"] <= generated["t_start"] <= generated["t_end"] <= outer["t_end"]
     failed = next(r for r in spans if r["phase"] == "train")
     assert failed["extra"]["error"] == "RuntimeError"
 
@@ -80,15 +81,15 @@ def test_spans_trace_and_records(tmp_path):
     assert all(e["dur"] >= 0 and isinstance(e["ts"], float | int) for e in complete)
     names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
     assert names == {0: "rank 0 (generator)", 1: "rank 1 (trainer)"}
-    x_rollout = next(e for e in complete if e["name"] == "rollout")
-    assert x_rollout["ts"] == pytest.approx(rollout["t_start"] * 1e6, abs=1e-3)
-    assert x_rollout["dur"] == pytest.approx((rollout["t_end"] - rollout["t_start"]) * 1e6, abs=2e-3)
-    assert x_rollout["args"]["iteration"] == 0 and x_rollout["args"]["policy_version"] == version
-    assert x_rollout["args"]["samples"] == 4
+    x_generate = next(e for e in complete if e["name"] == "generate")
+    assert x_generate["ts"] == pytest.approx(generated["t_start"] * 1e6, abs=1e-3)
+    assert x_generate["dur"] == pytest.approx((generated["t_end"] - generated["t_start"]) * 1e6, abs=2e-3)
+    assert x_generate["args"]["iteration"] == 0 and x_generate["args"]["policy_version"] == version
+    assert x_generate["args"]["samples"] == 4
     # Different phase categories go to different tracks of the rank; nested spans never share one.
     x_iteration = next(e for e in complete if e["name"] == "iteration")
-    x_send = next(e for e in complete if e["name"] == "send_fragment")
-    assert len({x_iteration["tid"], x_rollout["tid"], x_send["tid"]}) == 3
+    x_send = next(e for e in complete if e["name"] == "transfer")
+    assert len({x_iteration["tid"], x_generate["tid"], x_send["tid"]}) == 3
     counters = {e["name"]: e["args"] for e in events if e["ph"] == "C"}
     assert counters == {"gpu.util_pct": {"util_pct": 87.5}, "gpu.power_w": {"power_w": 512.0}}
     thread_names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
@@ -119,7 +120,7 @@ def test_logger_rejects_bad_spans(tmp_path):
     logger = EventLogger(tmp_path, 0, "trainer", time.time())
     with pytest.raises(ValueError, match="t_end"):
         logger.record_span("train", 2.0, 1.0)
-    with pytest.raises(ValueError, match="phase must be a non-empty string"):
+    with pytest.raises(ValueError, match="span phase '' is not declared"):
         logger.record_span("", 1.0, 2.0)
     logger.close()
     with pytest.raises(ValueError, match="closed"):
@@ -167,11 +168,11 @@ def test_summary_on_hand_computed_log(tmp_path):
     for logger in loggers:
         logger.record_span("iteration", 0.0, 10.0, iteration=0)
     g0, g1, t2, t3 = loggers
-    g0.record_span("rollout", 0.0, 4.0, iteration=0, samples=8)
-    g0.record_span("reward", 3.0, 5.0, iteration=0)  # overlaps rollout: union 0..5
-    g0.record_span("wait_weights", 5.0, 10.0, iteration=0)  # idle
-    g1.record_span("rollout", 0.0, 10.0, iteration=0, samples=8)
-    g1.record_span("rollout", 9.5, 12.0, iteration=1, samples=8)  # next iteration, inside the window
+    g0.record_span("generate", 0.0, 4.0, iteration=0, samples=8)
+    g0.record_span("score", 3.0, 5.0, iteration=0)  # overlaps generate: union 0..5
+    g0.record_span("wait_sync", 5.0, 10.0, iteration=0)  # idle
+    g1.record_span("generate", 0.0, 10.0, iteration=0, samples=8)
+    g1.record_span("generate", 9.5, 12.0, iteration=1, samples=8)  # next iteration, inside the window
     t2.record_span("wait_fragment", 0.0, 6.0, iteration=0)
     t2.record_span("train", 6.0, 10.0, iteration=0, samples=16)
     t3.record_span("train", 12.0, 13.0, iteration=1)  # outside the window: rank 3 idle in iteration 0
@@ -185,10 +186,10 @@ def test_summary_on_hand_computed_log(tmp_path):
     assert it0["busy_fraction"]["generator"] == pytest.approx((5.0 + 10.0) / 20.0)
     assert it0["busy_fraction"]["trainer"] == pytest.approx((4.0 + 0.0) / 20.0)
     assert it0["phase_seconds"]["generator"] == pytest.approx(
-        {"rollout": 14.0, "reward": 2.0, "wait_weights": 5.0}
+        {"generate": 14.0, "score": 2.0, "wait_sync": 5.0}
     )
     assert it0["phase_seconds"]["trainer"] == pytest.approx({"wait_fragment": 6.0, "train": 4.0})
-    assert it0["samples"] == {"rollout": 16, "train": 16}
+    assert it0["samples"] == {"generate": 16, "train": 16}
     assert it0["samples_per_s"]["train"] == pytest.approx(1.6)
     assert it0["busy_gpu_s"] == pytest.approx(19.0)
     assert it0["bubble_free_bound_s"] == pytest.approx(19.0 / 4)
@@ -209,7 +210,7 @@ def test_summary_busy_fraction_matches_reference_on_random_logs(tmp_path):
         for _ in range(random.randint(0, 12)):
             a = random.uniform(-5, 35)
             b = a + random.uniform(0, 8)
-            phase = random.choice(["rollout", "decode", "train", "send_fragment", "wait_fragment", "idle"])
+            phase = random.choice(["generate", "train", "transfer", "wait_fragment", "wait_sync"])
             logger.record_span(phase, a, b, iteration=random.choice([0, 1, None]))
             spans.append((phase, a, b))
         spans_by_rank[rank] = spans

@@ -1,6 +1,6 @@
-"""Stopping what a launcher started (digenrl/runtime/job.py), on real process trees shaped like torchrun's:
-an agent whose workers each run in a session of their own, out of reach of a signal to the agent's group.
-The whole-run case (SIGTERM to ``python run_train.py``) is tests/systems/test_lifecycle.py."""
+"""Stopping what a launcher started (digenrl/runtime/launch/job.py), on real process trees shaped like
+torchrun's: an agent whose workers each run in a session of their own, out of reach of a signal to the agent's
+group. The whole-run case (SIGTERM to ``python run_train.py``) is tests/systems/test_lifecycle.py."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from digenrl.runtime.job import FORWARDED_SIGNALS, Job, LaunchInterrupted, descendants
+from digenrl.runtime.launch.job import FORWARDED_SIGNALS, Job, LaunchInterrupted, descendants
 
 
 def _agent(worker_code: str) -> list[str]:

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from digenrl.config import ConfigError, PoolConfig
-from digenrl.runtime.layout import Layout, build_layout, build_process_groups
+from digenrl.runtime.launch.layout import Layout, build_layout, build_process_groups
 from tests.runtime.spawn import spawn_workers
 
 

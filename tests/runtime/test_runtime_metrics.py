@@ -11,8 +11,8 @@ import logging
 
 import pytest
 
-from digenrl.runtime.events import EventLogger
-from digenrl.runtime.metrics import (
+from digenrl.runtime.observe.events import EventLogger
+from digenrl.runtime.observe.metrics import (
     IMAGE_TAG,
     MetricsWriter,
     open_tensorboard,
@@ -20,8 +20,8 @@ from digenrl.runtime.metrics import (
     progress_line,
     read_metrics,
 )
-from digenrl.runtime.run_report import closing_summary
-from digenrl.runtime.run_report import main as run_report_main
+from digenrl.runtime.observe.run_report import closing_summary
+from digenrl.runtime.observe.run_report import main as run_report_main
 
 
 def _record(iteration: int, **extra) -> dict:
@@ -106,7 +106,7 @@ def test_progress_line_and_summary_use_the_metrics_numbering(tmp_path):
 
 
 def test_the_run_report_rebuilds_the_trace_of_a_crashed_run_and_leaves_the_metrics(tmp_path, capsys):
-    """A run that died before its end merged nothing: ``python -m digenrl.runtime.run_report OUT_DIR``
+    """A run that died before its end merged nothing: ``python -m digenrl.runtime.observe.run_report OUT_DIR``
     rebuilds ``trace.json`` from the ranks' logs and prints the summary of every logged iteration."""
     writer = MetricsWriter(tmp_path, is_writer=True, stream=io.StringIO(), run_id="run-a")
     for rank, role in ((0, "trainer"), (1, "generator")):
@@ -150,7 +150,7 @@ def test_records_are_mirrored_to_an_injected_tensorboard_writer(tmp_path):
 
 def test_open_tensorboard_is_a_logged_no_op_without_the_package(tmp_path, caplog):
     installed = importlib.util.find_spec("tensorboard") is not None
-    with caplog.at_level(logging.INFO, logger="digenrl.runtime.metrics"):
+    with caplog.at_level(logging.INFO, logger="digenrl.runtime.observe.metrics"):
         writer = open_tensorboard(tmp_path, start_iteration=3)
     if installed:  # a machine with TensorBoard gets a real writer on out_dir/tensorboard
         assert writer is not None and (tmp_path / "tensorboard").is_dir()
@@ -183,7 +183,7 @@ EVAL = {"eval_policy_version": 0, "eval_reward_mean": 0.25, "eval_reward_std": 0
 def _grid(tmp_path):
     import torch
 
-    from digenrl.runtime.sample_grid import grid_path, write_sample_grid
+    from digenrl.runtime.observe.sample_grid import grid_path, write_sample_grid
 
     images = torch.zeros(2, 3, 8, 8, dtype=torch.uint8)
     return write_sample_grid(grid_path(tmp_path, 0), images, ["a", "b"], [0.25, 0.25])
@@ -232,7 +232,7 @@ def test_wandb_is_neither_imported_nor_opened_unless_asked(tmp_path):
     code = (
         "import io, sys\n"
         "from digenrl.config import LoggerConfig\n"
-        "from digenrl.runtime.metrics import MetricsWriter, open_wandb\n"
+        "from digenrl.runtime.observe.metrics import MetricsWriter, open_wandb\n"
         f"out = {str(tmp_path)!r}\n"
         "run = open_wandb(LoggerConfig(), out, 'run-x', {})\n"
         "writer = MetricsWriter(out, is_writer=True, stream=io.StringIO(), wandb=run)\n"

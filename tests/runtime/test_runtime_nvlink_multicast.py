@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from digenrl.launch import launch_torchrun
-from digenrl.runtime.distributed import (
+from digenrl.runtime.comm.distributed import (
     NVLINK_MULTICAST_OFF,
     disable_nvlink_multicast,
     init_distributed,

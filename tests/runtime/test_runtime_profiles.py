@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 import digenrl
-from digenrl.runtime.profiles import (
+from digenrl.runtime.hardware.profiles import (
     PROFILE_DIR,
     available_profiles,
     load_profile,
@@ -23,6 +23,7 @@ EXPECTED = {
     "cpu-2": ("gloo", 2, 1, ["cpu-worker"]),
     "cpu-4": ("gloo", 4, 1, ["cpu-worker"]),
     "cpu-2-hetero": ("gloo", 2, 2, ["cpu-fast", "cpu-slow"]),
+    "cpu-4-2node": ("gloo", 4, 2, ["cpu-worker"] * 2),
     "h100-1": ("nccl", 1, 1, ["h100"]),
     "h100-8": ("nccl", 8, 1, ["h100"]),
     "h200-1": ("nccl", 1, 1, ["h200"]),

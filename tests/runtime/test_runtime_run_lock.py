@@ -1,5 +1,5 @@
-"""One run per out_dir (digenrl/runtime/run_lock.py): a second job is refused naming the holder, a lock
-left by a killed job is taken over and said so, a launcher's workers share its lock."""
+"""One run per out_dir (digenrl/runtime/run_folder/run_lock.py): a second job is refused naming the holder, a
+lock left by a killed job is taken over and said so, a launcher's workers share its lock."""
 
 from __future__ import annotations
 
@@ -15,15 +15,15 @@ import pytest
 import torch
 
 from digenrl.config import Config, ConfigError, apply_overrides
-from digenrl.runtime.distributed import DistContext
-from digenrl.runtime.run_lock import LOCK_FILE, TOKEN_ENV, acquire_run_lock, holds_run_lock
+from digenrl.runtime.comm.distributed import DistContext
+from digenrl.runtime.run_folder.run_lock import LOCK_FILE, TOKEN_ENV, acquire_run_lock, holds_run_lock
 from digenrl.trainer.run_dir import agree_run_start
 
 REPO = Path(__file__).resolve().parents[2]
 #: A process that takes the lock, records a run id, says its token and then waits to be killed.
 HOLDER = """
 import sys, time
-from digenrl.runtime.run_lock import acquire_run_lock
+from digenrl.runtime.run_folder.run_lock import acquire_run_lock
 lock, _ = acquire_run_lock(sys.argv[1])
 lock.record("feedface")
 print(lock.info["token"], flush=True)

@@ -9,9 +9,9 @@ import time
 import pytest
 import torch
 
-from digenrl.runtime.event_records import load_events
-from digenrl.runtime.events import EventLogger
-from digenrl.runtime.telemetry import GpuTelemetry
+from digenrl.runtime.observe.event_records import load_events
+from digenrl.runtime.observe.events import EventLogger
+from digenrl.runtime.observe.telemetry import GpuTelemetry
 
 
 def test_no_gpu_is_a_logged_noop(tmp_path, monkeypatch):

@@ -48,4 +48,4 @@ def test_torchrun_two_cpu_workers(tmp_path):
     iteration = summary["0"]
     assert set(iteration["busy_fraction"]) == {"trainer", "generator"}
     assert all(0.0 < fraction <= 1.0 for fraction in iteration["busy_fraction"].values())
-    assert iteration["samples"] == {"train": 2, "rollout": 2}
+    assert iteration["samples"] == {"train": 2, "generate": 2}

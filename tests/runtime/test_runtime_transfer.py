@@ -14,9 +14,9 @@ import torch.distributed as dist
 
 from digenrl.data.text_condition import TextCondition
 from digenrl.data.trajectory import TrajectoryBatch
-from digenrl.runtime.control_plane import ControlPlane
-from digenrl.runtime.errors import DistributedTimeoutError
-from digenrl.runtime.transfer import (
+from digenrl.runtime.comm.control_plane import ControlPlane
+from digenrl.runtime.comm.errors import DistributedTimeoutError
+from digenrl.runtime.comm.transfer import (
     TransferStats,
     batch_from_tensors,
     batch_to_tensors,

@@ -18,9 +18,9 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from digenrl.runtime.control_plane import ControlPlane
-from digenrl.runtime.events import EventLogger
-from digenrl.runtime.watchdog import HeartbeatWatchdog, heartbeat_timing
+from digenrl.runtime.comm.control_plane import ControlPlane
+from digenrl.runtime.faults.watchdog import HeartbeatWatchdog, heartbeat_timing
+from digenrl.runtime.observe.events import EventLogger
 
 INTERVAL, THRESHOLD = 0.05, 0.4
 
@@ -196,7 +196,7 @@ def test_a_peer_failure_report_ends_the_watch_with_its_reason():
 def test_end_process_prints_once_even_when_two_threads_fail():
     script = (
         "import threading, time\n"
-        "from digenrl.runtime.watchdog import end_process\n"
+        "from digenrl.runtime.faults.watchdog import end_process\n"
         "go = threading.Event()\n"
         "def fail(who):\n"
         "    go.wait()\n"

@@ -13,9 +13,8 @@ import torch
 import torch.distributed as dist
 
 from digenrl.config import Config, PoolConfig, SyncConfig, apply_overrides
-from digenrl.runtime.control_plane import ControlPlane
-from digenrl.runtime.layout import build_layout, build_process_groups
-from digenrl.runtime.weight_sync import (
+from digenrl.runtime.comm.control_plane import ControlPlane
+from digenrl.runtime.comm.weight_sync import (
     SyncStats,
     TensorSpec,
     WeightSync,
@@ -27,6 +26,7 @@ from digenrl.runtime.weight_sync import (
     resolve_sync_mode,
     tensor_checksum,
 )
+from digenrl.runtime.launch.layout import build_layout, build_process_groups
 from digenrl.trainer.lora import prepare_generator_model
 from tests.runtime.spawn import spawn_workers
 

@@ -11,8 +11,8 @@ import torch
 
 from digenrl.config import ConfigError, load_config
 from digenrl.planning.shared_device import GIB, shared_device_estimates
-from digenrl.runtime.distributed import configured_backend, planned_device_type
-from digenrl.runtime.transfer import host_buffers, stage_to_host
+from digenrl.runtime.comm.distributed import configured_backend, planned_device_type
+from digenrl.runtime.comm.transfer import host_buffers, stage_to_host
 from digenrl.validation import check_shared_device_memory, validate_config, validate_devices
 
 REPO = Path(__file__).resolve().parents[2]
@@ -114,8 +114,8 @@ def test_activations_are_priced_from_the_measured_cost_file_in_runtime_costs_dir
 def test_a_scorer_rank_on_a_gpu_builds_its_weight_sync_without_joining_the_sync_group():
     """A scorer rank holds no sync-group handle; on a GPU (shared-device mode) it must still build."""
     from digenrl.config import SyncConfig
-    from digenrl.runtime.layout import Layout, ProcessGroups
-    from digenrl.runtime.weight_sync import WeightSync
+    from digenrl.runtime.comm.weight_sync import WeightSync
+    from digenrl.runtime.launch.layout import Layout, ProcessGroups
 
     layout = Layout("separate", 3, (0,), (1,), (2,))
     sync = WeightSync(

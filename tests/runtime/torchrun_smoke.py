@@ -16,10 +16,15 @@ from pathlib import Path
 
 import torch
 
-from digenrl.runtime.control_plane import ControlPlane
-from digenrl.runtime.distributed import barrier, init_distributed, shutdown_distributed
-from digenrl.runtime.events import EventLogger, agree_clock_origin, merge_chrome_trace, summarize_events
-from digenrl.runtime.telemetry import GpuTelemetry
+from digenrl.runtime.comm.control_plane import ControlPlane
+from digenrl.runtime.comm.distributed import barrier, init_distributed, shutdown_distributed
+from digenrl.runtime.observe.events import (
+    EventLogger,
+    agree_clock_origin,
+    merge_chrome_trace,
+    summarize_events,
+)
+from digenrl.runtime.observe.telemetry import GpuTelemetry
 
 
 def main() -> None:
@@ -47,7 +52,7 @@ def main() -> None:
 
     with logger.span("iteration", iteration=0):
         result["ticket"] = plane.ticket("fragments")
-        with logger.span("rollout" if role == "generator" else "train", iteration=0, samples=2):
+        with logger.span("generate" if role == "generator" else "train", iteration=0, samples=2):
             x = torch.randn(512, 512, device=ctx.device)
             deadline = time.perf_counter() + args.busy_s
             while time.perf_counter() < deadline:
@@ -56,7 +61,7 @@ def main() -> None:
                 torch.cuda.synchronize()
         plane.publish(f"done/{ctx.rank}", ctx.rank * 10)
         peer = (ctx.rank + 1) % ctx.world_size
-        with logger.span("wait_peer", iteration=0):
+        with logger.span("wait_request", iteration=0):
             result["peer_value"] = int(
                 plane.wait_for(f"done/{peer}", peer=peer, what="peer's work", timeout_s=60)
             )

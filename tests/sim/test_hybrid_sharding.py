@@ -18,7 +18,7 @@ from digenrl.planning.planner import Planner
 from digenrl.reports import tables
 from digenrl.reports.folders import Folders
 from digenrl.rules.schedule import hybrid_sharding_problem, replica_group, shard_group
-from digenrl.runtime.profiles import load_profile
+from digenrl.runtime.hardware.profiles import load_profile
 from digenrl.sim.simulator import simulate
 from digenrl.validation import validate_config
 from tests.systems.launcher import TINY
@@ -71,17 +71,38 @@ def test_the_planner_searches_hybrid_sharding_for_a_full_fine_tune_across_nodes(
     assert single["colocated-sync"].plan.trainer_sharding == "flat"
 
 
-def test_a_hybrid_plan_is_a_what_if_the_runtime_refuses_naming_the_key():
-    plan = RunPlan("colocated-sync", trainer_sharding="hybrid")
-    assert not plan.runnable
-    with pytest.raises(ValueError, match=r"trainer\.sharding=hybrid"):
-        plan.config_items()
+def test_a_hybrid_plan_runs_and_bad_hybrid_input_names_the_key_and_the_fix():
+    plan = RunPlan("colocated-sync", profile="cpu-4-2node", trainer_sharding="hybrid")
+    assert plan.runnable and plan.config_items()["trainer.sharding"] == "hybrid"
     full = ["trainer.mode=full", "system=colocated-sync"]
+    hybrid = load_config(TINY, [*full, "trainer.sharding=hybrid", "profile=cpu-4-2node"])
+    validate_config(hybrid, world_size=4)
     cases = [
         (["trainer.sharding=hybrid"], 1, "with trainer.mode=full"),
-        ([*full, "trainer.sharding=hybrid", "profile=cpu-2"], 2, "on one node"),
-        ([*full, "trainer.sharding=hybrid", "profile=cpu-2-hetero"], 2, "use trainer.sharding=flat"),
+        ([*full, "trainer.sharding=hybrid", "profile=cpu-2"], 2, "on one node.*use trainer.sharding=flat"),
+        # 3 trainers of a separate layout on 2 nodes of 2: two on node 0, one on node 1
+        (
+            [
+                *full[:1],
+                "system=separate-sync",
+                "pools.trainers=3",
+                "pools.generators=1",
+                "trainer.sharding=hybrid",
+                "profile=cpu-4-2node",
+            ],
+            4,
+            r"same number of trainer ranks on every node \(node 0: 2, node 1: 1\)",
+        ),
+        (
+            [*full, "trainer.sharding=hybrid", "trainer.backend=ddp", "profile=cpu-4-2node"],
+            4,
+            "trainer.backend=ddp; set trainer.backend=fsdp2",
+        ),
     ]
     for overrides, world, needle in cases:
         with pytest.raises(ConfigError, match=needle):
             validate_config(load_config(TINY, overrides), world_size=world)
+    # the planner checks the same rule (RunPlan.check)
+    ranks = range(32)
+    assert "trainer.backend=deepspeed" in hybrid_sharding_problem(ranks, H800.node_of, backend="deepspeed")
+    assert "trainer.mode=lora" in hybrid_sharding_problem(ranks, H800.node_of, mode="lora")

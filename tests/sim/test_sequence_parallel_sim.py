@@ -21,7 +21,7 @@ from digenrl.plan.sequence_shape import SEQUENCE_SHAPES, sequence_degrees
 from digenrl.plan.workload import Workload
 from digenrl.planning.memory import check_plan
 from digenrl.planning.planner import Planner
-from digenrl.runtime.profiles import load_profile
+from digenrl.runtime.hardware.profiles import load_profile
 from digenrl.sim.simulator import simulate
 
 REPO = Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from digenrl.runtime.profiles import load_profile
+from digenrl.runtime.hardware.profiles import load_profile
 from digenrl.sim.des import Delay, Mailbox, Simulation
 from digenrl.sim.network import Network
 

@@ -15,7 +15,7 @@ from digenrl.gap.unit_packer import UnitPacker
 from digenrl.plan import RunPlan
 from digenrl.plan.workload import Workload
 from digenrl.planning.memory import RankLoad, rank_memory
-from digenrl.runtime.profiles import load_profile
+from digenrl.runtime.hardware.profiles import load_profile
 from digenrl.sim.cluster import SimCluster
 from digenrl.sim.simulator import simulate
 from digenrl.sim.training import SimPacker, fsdp_gather_s, micro_batch_s

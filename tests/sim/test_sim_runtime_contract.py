@@ -12,7 +12,7 @@ from digenrl.costs.device_costs import DeviceCosts
 from digenrl.gap.fragments import FragmentPlan
 from digenrl.gap.unit_sharding import shard_units
 from digenrl.plan import RunPlan, Workload
-from digenrl.runtime.profiles import load_profile
+from digenrl.runtime.hardware.profiles import load_profile
 from digenrl.sim import simulate
 from digenrl.sim.cluster import SimCluster
 from digenrl.sim.schedules.disaggregated import handoff_bytes, stage_plan_for, unit_shares
@@ -180,7 +180,7 @@ def test_a_tsp_hand_off_is_priced_at_the_bytes_the_runtime_ships():
     from dataclasses import replace
 
     from digenrl.perf.measure_costs import wire_bytes
-    from digenrl.runtime.transfer import batch_to_tensors
+    from digenrl.runtime.comm.transfer import batch_to_tensors
     from tests.tsp.fixtures import PROMPTS, make_config, make_engine
 
     engine = make_engine(make_config("sampler.num_steps=4", "algo.group_size=2"))

@@ -12,8 +12,9 @@ import pytest
 from digenrl.plan import RunPlan
 from digenrl.plan.workload import Workload
 from digenrl.reports.validation import simulation_error
-from digenrl.runtime.events import merge_chrome_trace, summarize_events
-from digenrl.runtime.profiles import load_profile
+from digenrl.runtime.hardware.profiles import load_profile
+from digenrl.runtime.observe.events import merge_chrome_trace, summarize_events
+from digenrl.runtime.observe.span_phases import Phase
 from digenrl.sim.simulator import compute_seconds, simulate
 from tests.sim.toy_costs import toy_costs
 
@@ -61,7 +62,7 @@ def test_separate_sync_iteration_is_generate_plus_score_plus_train_exactly():
 def test_gap_strictly_shortens_the_iteration_and_gap_off_equals_the_barrier():
     """With >= 2 fragments per generator and training time > 0, streaming fragments beats the barrier.
 
-    Holds for buffered sends whatever the bytes, and for rendezvous sends (runtime/transfer.py) when
+    Holds for buffered sends whatever the bytes, and for rendezvous sends (runtime/comm/transfer.py) when
     moving a shard is free; with costly rendezvous sends a generator blocked on a busy trainer can lose
     the gain (the simulator shows it on some instances — a reason to pre-post receives in the runtime).
     """
@@ -256,8 +257,9 @@ def test_busy_gpu_seconds_are_conserved_across_schedules():
         assert compute_seconds(_trained(result.spans)) == pytest.approx(expected, rel=1e-9), plan.describe()
 
 
-def test_a_device_never_runs_two_things_at_once():
-    costs = toy_costs(
+def _moving_costs():
+    """Costs with bytes to move: transfers, syncs, residency and switches take time."""
+    return toy_costs(
         step=0.05,
         decode=0.02,
         reward=0.01,
@@ -271,16 +273,13 @@ def test_a_device_never_runs_two_things_at_once():
         grad_bytes=10**8,
         optimizer_bytes=10**9,
     )
+
+
+def test_a_device_never_runs_two_things_at_once():
+    costs = _moving_costs()
     profile = load_profile("cpu-4")
     w = _workload(prompts_per_iteration=8, iterations=4)
-    compute = (
-        "generate",
-        "score",
-        "train",
-        "optimizer",
-        "tag_switch",
-        "residency",
-    )
+    compute = (Phase.GENERATE, Phase.SCORE, Phase.TRAIN, Phase.OPTIMIZER, Phase.TAG_SWITCH, Phase.RESIDENCY)
     for plan in _all_plans(profile.world_size):
         result = simulate(profile, costs, w, plan)
         by_rank = defaultdict(list)
@@ -291,6 +290,25 @@ def test_a_device_never_runs_two_things_at_once():
             intervals.sort()
             for (_, end), (start, _) in itertools.pairwise(intervals):
                 assert start >= end - 1e-12, plan.describe()
+
+
+def test_every_phase_the_schedules_emit_is_declared():
+    """Every span name of every system's schedule is a declared Phase
+    (digenrl/runtime/observe/span_phases.py), and the schedules reach the names the summaries, TAG and the
+    figures group by."""
+    profile = load_profile("cpu-4")
+    plans = [
+        *_all_plans(profile.world_size),
+        RunPlan("colocated-sync", train_resident=False),
+        RunPlan("colocated-engine"),
+    ]
+    w = _workload(prompts_per_iteration=8, iterations=3)
+    emitted = {s["phase"] for plan in plans for s in simulate(profile, _moving_costs(), w, plan).spans}
+    assert emitted <= set(Phase)
+    expected = {Phase.GENERATE, Phase.SCORE, Phase.TRAIN, Phase.OPTIMIZER, Phase.SYNC, Phase.TRANSFER}
+    expected |= {Phase.TAG_SWITCH, Phase.RESIDENCY, Phase.OFFLOAD, Phase.ONLOAD, Phase.RESHARD}
+    expected |= {Phase.WAIT_FRAGMENT, Phase.WAIT_STAGE, Phase.WAIT_TRANSFER, Phase.WAIT_SYNC}
+    assert expected <= emitted, sorted(expected - emitted)
 
 
 def test_emitted_spans_pass_the_real_summary_and_trace(tmp_path):

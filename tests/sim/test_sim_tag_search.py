@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from digenrl.config import load_config
 from digenrl.costs import DeviceCosts
 from digenrl.rules import MAX_TAG_BUDGET, search_tag_budget, tag_budget_limit
-from digenrl.runtime.profiles import load_profile
+from digenrl.runtime.hardware.profiles import load_profile
 from digenrl.sim.predict import SimPredictor
 from digenrl.sim.simulator import simulate
 from tests.sim.toy_costs import toy_costs

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from digenrl.runtime.batch_ledger import read_batch_ledger
-from digenrl.runtime.metrics import read_metrics
+from digenrl.runtime.observe.metrics import read_metrics
+from digenrl.runtime.reproducibility.batch_ledger import read_batch_ledger
 
 #: the update's norms, compared relatively (``rel``)
 NORMS = ("update_norm", "grad_norm")
@@ -78,8 +78,8 @@ def _check(runs: str, a: dict[str, Any], b: dict[str, Any], key: str, ok: bool, 
 
 
 def ledger_batches(run: Path, iteration: int | None = None) -> dict[str, list]:
-    """The run's batched computations (its batch ledger, digenrl/runtime/batch_ledger.py), all ranks
-    together: each denoising step's forward batches and the decode batches as sorted lists (independent
+    """The run's batched computations (its batch ledger, digenrl/runtime/reproducibility/batch_ledger.py), all
+    ranks together: each denoising step's forward batches and the decode batches as sorted lists (independent
     computations, in any order on any rank; a TSP stage's steps count as the steps they are), and each
     trainer rank's micro-batches in accumulation order (the gradient's summation order), by rank.
     ``iteration``: that iteration's only."""

@@ -157,8 +157,8 @@ def assert_resumed_exactly(
     ``logs``) a second process segment in every log."""
     import torch
 
-    from digenrl.runtime.event_records import load_events
-    from digenrl.runtime.metrics import read_metrics
+    from digenrl.runtime.observe.event_records import load_events
+    from digenrl.runtime.observe.metrics import read_metrics
     from digenrl.trainer.checkpoint import full_trainer_state, load_latest_checkpoint
 
     a, b = read_metrics(full), read_metrics(resumed)

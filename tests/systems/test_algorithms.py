@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from digenrl.runtime.metrics import read_metrics
+from digenrl.runtime.observe.metrics import read_metrics
 from tests.systems.launcher import run_train
 
 SYSTEMS = (

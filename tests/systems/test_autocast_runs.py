@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from digenrl.runtime.metrics import read_metrics
+from digenrl.runtime.observe.metrics import read_metrics
 from tests.systems.launcher import run_train
 
 AUTOCAST = ["iterations=2", "model.dtype=bfloat16", "model.autocast=true", "sampler.guidance_scale=4.5"]

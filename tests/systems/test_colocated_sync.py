@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from digenrl.runtime.metrics import REQUIRED_KEYS, read_metrics
+from digenrl.runtime.observe.metrics import REQUIRED_KEYS, read_metrics
 from tests.systems.equivalence import assert_same_update
 from tests.systems.launcher import assert_resumed_exactly, resume_from_copy, run_train
 

@@ -14,7 +14,7 @@ import json
 import pytest
 
 from digenrl.config import ConfigError, load_config
-from digenrl.runtime.metrics import read_metrics
+from digenrl.runtime.observe.metrics import read_metrics
 from digenrl.validation import validate_config
 from tests.systems.equivalence import assert_same_update
 from tests.systems.launcher import RESUME_KEYS, TINY, assert_resumed_exactly, resume_from_copy, run_train

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from digenrl.async_policy.tcss import StalenessBound
-from digenrl.runtime.metrics import read_metrics
+from digenrl.runtime.observe.metrics import read_metrics
 from tests.systems.equivalence import assert_same_update
 from tests.systems.launcher import RESUME_KEYS, assert_resumed_exactly, resume_from_copy, run_train
 
@@ -172,7 +172,7 @@ def test_a_killed_run_with_the_planned_switch_resumes_to_the_uninterrupted_run(s
     run_train([*overrides, *SWITCH_RUN, "resume=true", f"out_dir={out}"], nproc=nproc, timeout_s=300)
     keys = (*RESUME_KEYS, "stale_fraction", "staleness_max")
     # the event logs too: every record reaches the file when it is written, so the SIGKILLed rank's spans
-    # up to its death are on disk (digenrl/runtime/events.py)
+    # up to its death are on disk (digenrl/runtime/observe/events.py)
     assert_resumed_exactly(switch_runs / "tsp2-slow-generator", out, keys, copied=False)
 
 

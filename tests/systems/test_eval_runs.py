@@ -10,7 +10,7 @@ import json
 import pytest
 
 from digenrl.config import load_config
-from digenrl.runtime.metrics import read_metrics
+from digenrl.runtime.observe.metrics import read_metrics
 from tests.systems.launcher import RESUME_KEYS, TINY, assert_resumed_exactly, resume_from_copy, run_train
 
 #: three held-out prompts: two trainer ranks get unequal shares (one padded)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from digenrl.runtime.metrics import read_metrics
+from digenrl.runtime.observe.metrics import read_metrics
 from digenrl.trainer.checkpoint import full_trainer_state, load_latest_checkpoint
 from tests.systems.equivalence import assert_same_batches, assert_same_update, ledger_batches
 from tests.systems.launcher import run_train

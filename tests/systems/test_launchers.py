@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from digenrl.runtime.metrics import read_metrics
+from digenrl.runtime.observe.metrics import read_metrics
 from tests.systems.launcher import RESUME_KEYS, run_train, train_env
 from tests.systems.preloaded_launch import ready_fork_server
 

@@ -1,7 +1,7 @@
 """A run's life at its edges: a rank killed without warning leaves its events and the resumed run's trace
 covers every iteration; a signal to the launcher stops torchrun and every worker; relative paths mean
-what they mean in the directory the user ran the command in (digenrl/runtime/events.py,
-digenrl/runtime/job.py, digenrl/launch.py)."""
+what they mean in the directory the user ran the command in (digenrl/runtime/observe/events.py,
+digenrl/runtime/launch/job.py, digenrl/launch.py)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from digenrl.runtime.event_records import load_events
-from digenrl.runtime.metrics import read_metrics
+from digenrl.runtime.observe.event_records import load_events
+from digenrl.runtime.observe.metrics import read_metrics
 from tests.systems.launcher import REPO, RUN_TRAIN, TINY, run_train, train_env
 
 BASE = ["system=colocated-sync", "profile=cpu-1"]
@@ -147,7 +147,8 @@ def test_sigterm_to_the_launcher_stops_torchrun_and_every_worker(stopped_launch)
     assert "received SIGTERM" in run["text"], run["text"][-3000:]
     for rank in (0, 1):  # every record a rank wrote before it was stopped is in its log
         assert any(r["type"] == "span" for r in load_events(run["out"]) if r["rank"] == rank)
-    # the workers' SIGTERM is a stop with a checkpoint of the last iteration (digenrl/runtime/stop_request.py)
+    # the workers' SIGTERM is a stop with a checkpoint of the last iteration
+    # (digenrl/runtime/faults/stop_request.py)
     from digenrl.trainer.checkpoint import latest_checkpoint_dir, read_meta
 
     checkpoint = latest_checkpoint_dir(run["out"])

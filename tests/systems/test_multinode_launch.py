@@ -18,7 +18,7 @@ from typing import ClassVar
 import pytest
 
 from digenrl.launch import launch_torchrun
-from digenrl.runtime.metrics import read_metrics
+from digenrl.runtime.observe.metrics import read_metrics
 from tests.runtime.spawn import spawn_workers
 from tests.systems.launcher import TINY, run_train
 
@@ -126,7 +126,7 @@ def _out_dir_check_rank(rank: int, world: int, root: str) -> None:
     import torch.distributed as dist
 
     from digenrl.launch import _require_shared_out_dir
-    from digenrl.runtime.distributed import init_distributed
+    from digenrl.runtime.comm.distributed import init_distributed
 
     home = Path(root) / f"node{rank}"
     home.mkdir()

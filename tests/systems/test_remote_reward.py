@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from digenrl.runtime.metrics import read_metrics
+from digenrl.runtime.observe.metrics import read_metrics
 from tests.systems.launcher import run_train
 
 RUN = [

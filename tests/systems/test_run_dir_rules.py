@@ -14,7 +14,7 @@ import time
 import pytest
 import torch
 
-from digenrl.runtime.metrics import read_metrics
+from digenrl.runtime.observe.metrics import read_metrics
 from digenrl.trainer.checkpoint import (
     checkpoint_steps,
     latest_checkpoint_dir,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from digenrl.runtime.metrics import read_metrics
+from digenrl.runtime.observe.metrics import read_metrics
 from tests.systems.launcher import RUN_TRAIN, run_train, train_env
 
 

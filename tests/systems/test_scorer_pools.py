@@ -1,7 +1,8 @@
 """Scorer pools: ranks that only run the reward model (``pools.scorers``), fed by the generators' last
 stage over the same transport. digenrl and separate-sync with a scorer rank compute the same update on
 the same trajectories; separate-async runs with one too, through the interleaving that once deadlocked it;
-the scorer rank's timeline shows the scoring."""
+the scorer rank's timeline shows the scoring. Every run evaluates (``eval.every=1``): its rewards come from
+the scorer rank too, equal to those a run without scorer ranks computes on its trainer."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import json
 
 import pytest
 
-from digenrl.runtime.metrics import read_metrics
+from digenrl.runtime.observe.metrics import read_metrics
 from tests.rewards.tiny_clip import save_tiny_clip
 from tests.systems.equivalence import assert_same_update
 from tests.systems.launcher import run_train
@@ -21,6 +22,10 @@ POOLS = [
     "pools.scorers=1",
     "iterations=2",
     "seed=3",
+    # evaluations of θ_0 and θ_2, each in two rollout calls of the one trainer (2 + 1 prompts)
+    "eval.every=1",
+    "eval.num_prompts=3",
+    "eval.batch_size=2",
 ]
 
 
@@ -52,7 +57,8 @@ def runs(tmp_path_factory):
             if name in DELAYS:
                 patch.setenv("DIGENRL_INJECT_DELAY", DELAYS[name])
             nproc = 3 if "pools.scorers=0" in overrides else 4
-            run_train([*POOLS, *reward, *overrides, f"out_dir={root / name}"], nproc=nproc)
+            proc = run_train([*POOLS, *reward, *overrides, f"out_dir={root / name}"], nproc=nproc)
+            (root / f"{name}.stdout").write_text(proc.stdout)
     return {name: root / name for name in variants}
 
 
@@ -90,6 +96,31 @@ def test_the_scorer_rank_scores_every_fragment_and_the_generators_do_not(runs, s
     assert all(s["role"] == "scorer" for s in spans[3])
     assert not any(s["phase"] == "score" for rank in (1, 2) for s in spans[rank])  # generators only wait
     assert len(read_metrics(out)) == 2
+
+
+@pytest.mark.parametrize("system", ["digenrl", "separate-sync", "separate-async"])
+def test_evaluation_scores_on_the_scorer_rank(runs, system):
+    """Issue 33: evaluation with scorer ranks scored on the trainers, which so held the reward model too."""
+    out = runs[system]
+    calls = {(s["iteration"], s["extra"]["call"]) for s in _spans(out, 3) if s["phase"] == "eval"}
+    assert calls == {(0, 0), (0, 1), (1, 0), (1, 1)}  # both evaluations, each of its rollout calls
+    assert [s["iteration"] for s in _spans(out, 0) if s["phase"] == "eval"] == [0, 1]  # the trainer's
+    banner = (out.parent / f"{system}.stdout").read_text()
+    assert "3 held-out prompt(s)" in banner and ", scored on scorer rank(s) [3]" in banner
+    records = read_metrics(out)
+    assert records[0]["eval_policy_version"] == 0 and records[-1]["eval_policy_version"] == 2
+
+
+def test_evaluation_on_the_scorer_rank_gives_what_the_trainer_computes_without_one(runs):
+    pooled, local = read_metrics(runs["separate-sync"]), read_metrics(runs["separate-sync-no-scorer"])
+    assert (
+        "scored on"
+        not in (runs["separate-sync-no-scorer"].parent / "separate-sync-no-scorer.stdout").read_text()
+    )
+    for a, b in ((pooled[0], local[0]), (pooled[-1], local[-1])):
+        assert a["eval_samples"] == b["eval_samples"] == 3
+        assert a["eval_reward_mean"] == pytest.approx(b["eval_reward_mean"], rel=1e-6)
+        assert a["eval_reward_std"] == pytest.approx(b["eval_reward_std"], rel=1e-5, abs=1e-9)
 
 
 def test_a_colocated_run_parks_the_reward_model_around_scoring_and_measures_each_swap(tmp_path):

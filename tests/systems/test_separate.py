@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from digenrl.config import ConfigError, load_config
-from digenrl.runtime.metrics import read_metrics
+from digenrl.runtime.observe.metrics import read_metrics
 from digenrl.trainer.checkpoint import load_latest_checkpoint
 from digenrl.validation import validate_config
 from tests.systems.equivalence import assert_same_update

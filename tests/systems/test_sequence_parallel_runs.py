@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from digenrl.runtime.metrics import read_metrics
+from digenrl.runtime.observe.metrics import read_metrics
 from tests.systems.equivalence import assert_same_update
 from tests.systems.launcher import run_train
 

@@ -1,4 +1,4 @@
-"""SIGTERM ends a run with a checkpoint (issue 35, item 6; digenrl/runtime/stop_request.py): the run
+"""SIGTERM ends a run with a checkpoint (issue 35, item 6; digenrl/runtime/faults/stop_request.py): the run
 finishes the iteration it is in, writes the checkpoint of that step, ends its logs and exits with
 128 + SIGTERM; ``resume=true`` continues from it. One single-process run of the tiny model, then a resume
 of one iteration."""
@@ -9,7 +9,7 @@ import signal
 import subprocess
 import time
 
-from digenrl.runtime.metrics import read_metrics
+from digenrl.runtime.observe.metrics import read_metrics
 from digenrl.trainer.checkpoint import latest_checkpoint_dir, read_meta, verify_checkpoint
 from tests.systems.launcher import run_train, train_command, train_env
 

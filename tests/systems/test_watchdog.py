@@ -1,6 +1,6 @@
 """A hung rank is named by every other rank — rank, role and phase — well before gloo's own timeout, and a
 normally finishing run raises no false alarm (torch's elastic agent with ranks forked from the preloaded
-server, tests/systems/preloaded_launch.py; tiny model, gloo; digenrl/runtime/watchdog.py)."""
+server, tests/systems/preloaded_launch.py; tiny model, gloo; digenrl/runtime/faults/watchdog.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from digenrl.runtime.watchdog import PHASE_BEAT_GAP_S, heartbeat_timing
+from digenrl.runtime.faults.watchdog import PHASE_BEAT_GAP_S, heartbeat_timing
 from tests.systems.launcher import TINY, run_train, train_env
 from tests.systems.preloaded_launch import run_preloaded, worker_log_lines
 

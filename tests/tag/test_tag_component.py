@@ -15,10 +15,10 @@ from digenrl.data.prompts import PromptSource
 from digenrl.gap.fragments import FragmentPlan
 from digenrl.gap.helper_share import helper_may_claim
 from digenrl.gap.stream import FragmentStream
-from digenrl.runtime.control_plane import ControlPlane
-from digenrl.runtime.errors import DistributedTimeoutError
-from digenrl.runtime.events import EventLogger, load_events
-from digenrl.runtime.profiles import load_profile
+from digenrl.runtime.comm.control_plane import ControlPlane
+from digenrl.runtime.comm.errors import DistributedTimeoutError
+from digenrl.runtime.hardware.profiles import load_profile
+from digenrl.runtime.observe.events import EventLogger, load_events
 from digenrl.sim.predict import SimPredictor
 from digenrl.tag.component import Tag, check_tag_config, tag_wanted
 from digenrl.tag.policy import TagPolicy

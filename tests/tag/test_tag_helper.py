@@ -13,8 +13,8 @@ import torch
 
 from digenrl.gap.fragments import FragmentPlan
 from digenrl.gap.stream import FragmentStream
-from digenrl.runtime.control_plane import ControlPlane
-from digenrl.runtime.events import EventLogger
+from digenrl.runtime.comm.control_plane import ControlPlane
+from digenrl.runtime.observe.events import EventLogger
 from digenrl.tag.helper import ParkedGradients, TagHelper, gathered_weights_fit, tag_supported
 from digenrl.trainer import PolicyTrainer
 from tests.tsp.fixtures import PROMPTS, bundle, make_config, make_engine

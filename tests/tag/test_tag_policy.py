@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from digenrl.config import load_config
-from digenrl.runtime.profiles import load_profile
+from digenrl.runtime.hardware.profiles import load_profile
 from digenrl.sim.predict import SimPredictor
 from digenrl.tag.policy import TagPolicy
 from tests.sim.toy_costs import toy_costs
@@ -42,7 +42,7 @@ def test_the_prediction_follows_the_runs_tcss_switch():
 
 
 def _span(phase: str, seconds: float, samples: int | None = None, **extra) -> dict:
-    """A span record as this rank's event log writes it (runtime/event_records.span_record)."""
+    """A span record as this rank's event log writes it (runtime/observe/event_records.span_record)."""
     record = {
         "type": "span",
         "rank": 0,

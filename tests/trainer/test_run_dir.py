@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from digenrl.config import RESUMABLE_KEYS, Config, ConfigError, apply_overrides, load_config
-from digenrl.runtime.distributed import DistContext
+from digenrl.runtime.comm.distributed import DistContext
 from digenrl.trainer.checkpoint import save_checkpoint
 from digenrl.trainer.run_dir import RUN_FILES, agree_run_start, clear_run, existing_run, plan_run_start
 from tests.runtime.spawn import spawn_workers
@@ -287,7 +287,7 @@ def test_latest_pointing_out_of_out_dir_is_refused(tmp_path):
 
 
 def test_resuming_with_other_prompts_under_the_same_path_is_refused_naming_both_hashes(tmp_path):
-    from digenrl.runtime.run_inputs import input_fingerprints
+    from digenrl.runtime.run_folder.run_inputs import input_fingerprints
 
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a red fox\na blue bird\n")
@@ -309,7 +309,7 @@ def test_resuming_with_other_prompts_under_the_same_path_is_refused_naming_both_
 
 
 def test_a_weights_directory_fingerprint_sees_other_weights_but_not_a_copy(tmp_path):
-    from digenrl.runtime.run_inputs import _directory_fingerprint
+    from digenrl.runtime.run_folder.run_inputs import _directory_fingerprint
 
     weights = tmp_path / "w"
     (weights / "transformer").mkdir(parents=True)

@@ -16,7 +16,7 @@ from digenrl.algo.timesteps import sde_step_mask
 from digenrl.data.text_condition import TextCondition
 from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.rollout.noise import INITIAL_NOISE_STEP, sample_seed, step_noise
-from digenrl.runtime.transfer import batch_from_tensors, batch_to_tensors
+from digenrl.runtime.comm.transfer import batch_from_tensors, batch_to_tensors
 
 from .fixtures import PROMPTS, bundle, make_config, make_engine
 

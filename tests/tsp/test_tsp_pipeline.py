@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from digenrl.config import ConfigError
-from digenrl.runtime.control_plane import ControlPlane
-from digenrl.runtime.events import EventLogger, load_events
-from digenrl.runtime.profiles import load_profile
+from digenrl.runtime.comm.control_plane import ControlPlane
+from digenrl.runtime.hardware.profiles import load_profile
+from digenrl.runtime.observe.events import EventLogger, load_events
 from digenrl.tsp.pipeline import TspLayout, plan_tsp
 from digenrl.tsp.stage_worker import InFlight, StageWorker
 

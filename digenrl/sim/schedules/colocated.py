@@ -33,10 +33,12 @@ from typing import Any
 from digenrl.data.rank_shares import RankShare
 from digenrl.plan import RunPlan
 from digenrl.plan.workload import Workload, split_evenly
+from digenrl.runtime.observe.span_phases import Phase
 from digenrl.sim.cluster import SimCluster
 from digenrl.sim.des import Process, Signal
+from digenrl.sim.phase_costs import generation_s, score_s
 from digenrl.sim.residency import colocated_moves, move_s
-from digenrl.sim.training import generation_s, optimizer_s, sharded, units_s
+from digenrl.sim.training import optimizer_s, sharded, units_s
 
 
 def run_colocated(cluster: SimCluster, plan: RunPlan) -> None:
@@ -50,17 +52,20 @@ def run_colocated(cluster: SimCluster, plan: RunPlan) -> None:
 def _colocated_rank(
     cluster: SimCluster, plan: RunPlan, rank: int, ranks: tuple[int, ...], share: RankShare
 ) -> Process:
-    w, cost = cluster.workload, cluster.cost(rank)
+    w = cluster.workload
     samples = share.samples
     for k in range(w.iterations):
         tags = {"iteration": k, "policy_version": k}
         yield from _move(cluster, plan, rank, "generate", tags)
         if plan.system == "colocated-overlap":
-            yield from _generate_overlapped(cluster, plan, rank, samples, tags)
+            yield from _generate_overlapped(cluster, plan, rank, share, tags)
         else:
-            yield from cluster.work(rank, "generate", generation_s(cluster, rank, ranks, samples), **tags)
-            yield from _move(cluster, plan, rank, "score", tags)
-            yield from cluster.work(rank, "score", cost.score_s(samples), samples=samples, **tags)
+            at = (k, share.start)  # every rank's phase ends with its slowest sample: the barriers below wait
+            seconds = generation_s(cluster, rank, samples, at=at, group=ranks)
+            yield from cluster.work(rank, Phase.GENERATE, seconds, **tags)
+            yield from _move(cluster, plan, rank, Phase.SCORE, tags)
+            seconds = score_s(cluster, rank, samples, at=at)
+            yield from cluster.work(rank, Phase.SCORE, seconds, samples=samples, **tags)
             yield from _move(cluster, plan, rank, "after_score", tags)
         yield from train_share(cluster, plan, rank, ranks, share, tags)
         cluster.finish_iteration(k)
@@ -73,15 +78,17 @@ def train_share(
     all-reduce (replicas) and the optimizer step (every colocated schedule, ``colocated-engine`` too)."""
     w, cost, net, k = cluster.workload, cluster.cost(rank), cluster.net, tags["iteration"]
     # advantages need every rank's rewards (assign_advantages gathers them): a barrier.
-    yield from cluster.collective(("advantages", k), rank, ranks, 0.0, "advantages", **tags)
+    yield from cluster.collective(("advantages", k), rank, ranks, 0.0, Phase.ADVANTAGES, **tags)
     seconds = units_s(cluster, rank, ranks, share.samples * w.train_steps, share.micro_batch_size)
-    yield from cluster.work(rank, "train", seconds, **tags)
+    yield from cluster.work(rank, Phase.TRAIN, seconds, **tags)
     if not sharded(cluster, ranks):
         seconds = net.allreduce_s(ranks, cost.grad_bytes)
-        yield from cluster.collective(("allreduce", k), rank, ranks, seconds, "allreduce", **tags)
-    yield from _move(cluster, plan, rank, "optimizer", tags)
+        yield from cluster.collective(("allreduce", k), rank, ranks, seconds, Phase.ALLREDUCE, **tags)
+    yield from _move(cluster, plan, rank, Phase.OPTIMIZER, tags)
     committed = w.samples_per_iteration if rank == ranks[0] else None
-    yield from cluster.work(rank, "optimizer", optimizer_s(cluster, rank, ranks), samples=committed, **tags)
+    yield from cluster.work(
+        rank, Phase.OPTIMIZER, optimizer_s(cluster, rank, ranks), samples=committed, **tags
+    )
 
 
 def _move(cluster: SimCluster, plan: RunPlan, rank: int, phase: str, tags: dict) -> Process:
@@ -93,7 +100,7 @@ def _move(cluster: SimCluster, plan: RunPlan, rank: int, phase: str, tags: dict)
         role = "train" if move.what == "optimizer" else move.what
         extra = {"role": role, "kind": "offload" if move.park else "onload", "bytes": move.nbytes}
         seconds = move_s(cluster.net, cost, [move], sync=True)
-        yield from cluster.work(rank, "residency", seconds, extra=extra, **tags)
+        yield from cluster.work(rank, Phase.RESIDENCY, seconds, extra=extra, **tags)
 
 
 def overlap_sub_batches(workload: Workload, plan: RunPlan, samples: int) -> list[int]:
@@ -107,24 +114,30 @@ def overlap_sub_batches(workload: Workload, plan: RunPlan, samples: int) -> list
     return [n for n in split_evenly(samples, plan.overlap_sub_batches) if n > 0]
 
 
-def _generate_overlapped(cluster: SimCluster, plan: RunPlan, rank: int, samples: int, tags: dict) -> Process:
+def _generate_overlapped(
+    cluster: SimCluster, plan: RunPlan, rank: int, share: RankShare, tags: dict
+) -> Process:
     """Generate sub-batch j+1 while a background worker scores sub-batch j."""
     last_scored = None
-    for j, part in enumerate(overlap_sub_batches(cluster.workload, plan, samples)):
-        seconds = generation_s(cluster, rank, tuple(range(cluster.profile.world_size)), part)
-        yield from cluster.work(rank, "generate", seconds, fragment=j, **tags)
-        scorer = _background_score(cluster, rank, last_scored, part, fragment=j, **tags)
+    first = share.start
+    group = tuple(range(cluster.profile.world_size))
+    for j, part in enumerate(overlap_sub_batches(cluster.workload, plan, share.samples)):
+        at = (tags["iteration"], first)
+        first += part
+        seconds = generation_s(cluster, rank, part, at=at, group=group)
+        yield from cluster.work(rank, Phase.GENERATE, seconds, fragment=j, **tags)
+        scorer = _background_score(cluster, rank, last_scored, part, at, fragment=j, **tags)
         last_scored = cluster.spawn(scorer, f"rank {rank} background scorer {tags['iteration']}.{j}")
     if last_scored is not None:
-        yield from cluster.wait_signal(rank, "wait_score", last_scored, **tags)
+        yield from cluster.wait_signal(rank, Phase.WAIT_SCORE, last_scored, **tags)
 
 
 def _background_score(
-    cluster: SimCluster, rank: int, previous: Signal | None, samples: int, **tags: Any
+    cluster: SimCluster, rank: int, previous: Signal | None, samples: int, at: tuple[int, int], **tags: Any
 ) -> Process:
     """One background worker per rank: sub-batches are scored one after another, in order."""
     if previous is not None:
         yield previous
-    cost = cluster.cost(rank)
     extra = {"background": True}
-    yield from cluster.work(rank, "score", cost.score_s(samples), samples=samples, extra=extra, **tags)
+    seconds = score_s(cluster, rank, samples, at=at)
+    yield from cluster.work(rank, Phase.SCORE, seconds, samples=samples, extra=extra, **tags)

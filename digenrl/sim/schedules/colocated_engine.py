@@ -33,9 +33,11 @@ from __future__ import annotations
 from digenrl.costs.cost_model import CostModel
 from digenrl.data.rank_shares import RankShare
 from digenrl.plan import RunPlan
+from digenrl.runtime.observe.span_phases import Phase
 from digenrl.sim.cluster import SimCluster
 from digenrl.sim.des import Process
 from digenrl.sim.network import GB
+from digenrl.sim.phase_costs import generation_s, score_s
 from digenrl.sim.schedules.colocated import train_share
 from digenrl.sim.training import fsdp_gather_s, sharded
 
@@ -90,7 +92,7 @@ def _measured(cost: CostModel, trainer_mode: str) -> dict:
 def _engine_rank(
     cluster: SimCluster, plan: RunPlan, rank: int, ranks: tuple[int, ...], share: RankShare
 ) -> Process:
-    w, cost = cluster.workload, cluster.cost(rank)
+    w = cluster.workload
     costs = switch_costs(cluster, rank, ranks)
     offload = plan.engine_offload
     full = w.trainer_mode == "full"
@@ -102,19 +104,23 @@ def _engine_rank(
     for k in range(w.iterations):
         tags = {"iteration": k, "policy_version": k}
         if offload:
-            yield from step("offload", "optimizer", "optimizer state and gradients", tags)
+            yield from step(Phase.OFFLOAD, "optimizer", "optimizer state and gradients", tags)
             if k > 0:  # the copy starts on the device; later iterations parked it for training
-                yield from step("onload", "copy onload", "generation copy", tags)
-        yield from step("reshard", "reshard", "trainer weights into generation copy", tags)
+                yield from step(Phase.ONLOAD, "copy onload", "generation copy", tags)
+        yield from step(Phase.RESHARD, "reshard", "trainer weights into generation copy", tags)
         if offload and full:
-            yield from step("offload", "weights", "trainer weights", tags)
+            yield from step(Phase.OFFLOAD, "weights", "trainer weights", tags)
         # the generation copy holds full weights: no FSDP gathers per forward (one rank's own model)
-        yield from cluster.work(rank, "generate", w.generation_s(cost, share.samples), **tags)
+        at = (k, share.start)
+        yield from cluster.work(
+            rank, Phase.GENERATE, generation_s(cluster, rank, share.samples, at=at), **tags
+        )
         if offload:
-            yield from step("offload", "copy", "generation copy", tags)
+            yield from step(Phase.OFFLOAD, "copy", "generation copy", tags)
             if full:
-                yield from step("onload", "weights onload", "trainer weights", tags)
-            yield from step("onload", "optimizer onload", "optimizer state and gradients", tags)
-        yield from cluster.work(rank, "score", cost.score_s(share.samples), samples=share.samples, **tags)
+                yield from step(Phase.ONLOAD, "weights onload", "trainer weights", tags)
+            yield from step(Phase.ONLOAD, "optimizer onload", "optimizer state and gradients", tags)
+        seconds = score_s(cluster, rank, share.samples, at=at)
+        yield from cluster.work(rank, Phase.SCORE, seconds, samples=share.samples, **tags)
         yield from train_share(cluster, plan, rank, ranks, share, tags)
         cluster.finish_iteration(k)

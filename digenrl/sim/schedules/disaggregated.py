@@ -65,10 +65,12 @@ from digenrl.gap.helper_share import helper_may_claim
 from digenrl.plan import RunPlan
 from digenrl.plan.workload import Workload
 from digenrl.rules import shard_sizes
+from digenrl.runtime.observe.span_phases import Phase
 from digenrl.sim.channel import Channel
 from digenrl.sim.cluster import SimCluster
 from digenrl.sim.des import Mailbox, Process
 from digenrl.sim.generator_weights import GeneratorWeights
+from digenrl.sim.phase_costs import generation_s, score_s
 from digenrl.sim.residency import move_s, tag_switch_moves
 from digenrl.sim.training import SimPacker, optimizer_s, sharded
 from digenrl.tsp.pipeline import TspLayout, check_boundaries
@@ -153,6 +155,10 @@ class _Run:
             iterations=w.iterations,
             switch=plan.switch_fragment(w) if plan.tcss else None,
         )
+
+    def at(self, frag: _Fragment) -> tuple[int, int]:
+        """Where ``frag``'s samples lie in its iteration (fragment f holds samples [f·S, f·S + S))."""
+        return frag.iteration, sum(self.sizes[: frag.index])
 
     def head_only(self, k: int) -> int:
         """Fragments of iteration ``k`` only pipelines take: those the plan binds to θ_{k−1}."""
@@ -273,9 +279,8 @@ class _Pipeline:
 
 
 def _stage(run: _Run, pipeline: _Pipeline, s: int) -> Process:
-    cluster, w = run.cluster, run.cluster.workload
+    cluster = run.cluster
     rank = pipeline.ranks[s]
-    cost = cluster.cost(rank)
     last = s == len(pipeline.ranks) - 1
     steps = pipeline.plan.steps(s)
     iteration = 0
@@ -285,20 +290,21 @@ def _stage(run: _Run, pipeline: _Pipeline, s: int) -> Process:
             if frag is not _STOP:
                 iteration = frag.iteration
         else:
-            channel = yield from cluster.wait_signal(rank, "wait_stage", pipeline.handovers[s].get())
-            frag = _STOP if channel is _STOP else (yield from channel.recv("wait_stage"))
+            channel = yield from cluster.wait_signal(rank, Phase.WAIT_STAGE, pipeline.handovers[s].get())
+            frag = _STOP if channel is _STOP else (yield from channel.recv(Phase.WAIT_STAGE))
         if frag is _STOP:
             if not last:
                 pipeline.handovers[s + 1].put(_STOP)
             return
         samples = frag.samples
-        seconds = w.generation_s(cost, samples, len(steps))
+        seconds = generation_s(cluster, rank, samples, len(steps), at=run.at(frag))
         extra = {"stage": s, "steps": [steps.start, steps.stop]}
-        yield from cluster.work(rank, "generate", seconds, extra=extra, **frag.tags())
+        yield from cluster.work(rank, Phase.GENERATE, seconds, extra=extra, **frag.tags())
         if not last:
             yield from pipeline.hand_over(s, frag)
             continue
-        yield from cluster.work(rank, "score", cost.score_s(samples), samples=samples, **frag.tags())
+        seconds = score_s(cluster, rank, samples, at=run.at(frag))
+        yield from cluster.work(rank, Phase.SCORE, seconds, samples=samples, **frag.tags())
         run.mark_scored(frag)
         pipeline.inflight -= 1
         pipeline.changed.notify_all()
@@ -319,7 +325,7 @@ def _admit(run: _Run, pipeline: _Pipeline, iteration: int) -> Process:
         if not claim_first:
             yield from weights.wait_for(rank, bound.oldest_version(k), **tags)
         yield from cluster.wait_until(
-            rank, "wait_pipeline", pipeline.changed, lambda: pipeline.inflight <= stages, **tags
+            rank, Phase.WAIT_PIPELINE, pipeline.changed, lambda: pipeline.inflight <= stages, **tags
         )
         queue = run.queue_of(k, pipeline.index)
         if queue:
@@ -371,7 +377,7 @@ def _trainer(run: _Run, rank: int) -> Process:
                 # TAG: the generators do not hold θ_k yet; wait for that or for a fragment, then decide
                 yield from cluster.wait_until(
                     rank,
-                    "wait_fragment",
+                    Phase.WAIT_FRAGMENT,
                     run.ready_changed[rank],
                     lambda pending=pending, k=k: (
                         run.weights.version >= k or any(run.ready(rank, k, f) for f in pending)
@@ -384,7 +390,7 @@ def _trainer(run: _Run, rank: int) -> Process:
             else:
                 yield from cluster.wait_until(
                     rank,
-                    "wait_fragment",
+                    Phase.WAIT_FRAGMENT,
                     run.ready_changed[rank],
                     lambda pending=pending, k=k: any(run.ready(rank, k, f) for f in pending),
                     **tags,
@@ -392,10 +398,12 @@ def _trainer(run: _Run, rank: int) -> Process:
         yield from _train(cluster, rank, packer.flush(), **tags)
         if not sharded(cluster, run.trainers):  # FSDP2 reduce-scatters inside every micro-batch
             seconds = cluster.net.allreduce_s(run.trainers, cost.grad_bytes)
-            yield from cluster.collective(("allreduce", k), rank, run.trainers, seconds, "allreduce", **tags)
+            yield from cluster.collective(
+                ("allreduce", k), rank, run.trainers, seconds, Phase.ALLREDUCE, **tags
+            )
         committed = w.samples_per_iteration if rank == run.trainers[0] else None
         yield from cluster.work(
-            rank, "optimizer", optimizer_s(cluster, rank, run.trainers), samples=committed, **tags
+            rank, Phase.OPTIMIZER, optimizer_s(cluster, rank, run.trainers), samples=committed, **tags
         )
         cluster.finish_iteration(k)
         if rank == run.trainers[0] and k + 1 < w.iterations:
@@ -405,7 +413,7 @@ def _trainer(run: _Run, rank: int) -> Process:
 def _train(cluster: SimCluster, rank: int, seconds: float, **tags) -> Process:
     """A ``train`` span for the micro-batches the packer ran (none when it only carried units)."""
     if seconds > 0:
-        yield from cluster.work(rank, "train", seconds, **tags)
+        yield from cluster.work(rank, Phase.TRAIN, seconds, **tags)
 
 
 class _Helper:
@@ -423,7 +431,7 @@ class _Helper:
         moves = tag_switch_moves(cost, self.run.plan.park_grads, packer.trained > 0, entering)
         extra = {"direction": "in" if entering else "out", "bytes": sum(m.nbytes for m in moves)}
         seconds = move_s(cluster.net, cost, moves, sync=True)
-        yield from cluster.work(self.rank, "tag_switch", seconds, extra=extra, **self.tags)
+        yield from cluster.work(self.rank, Phase.TAG_SWITCH, seconds, extra=extra, **self.tags)
 
     def enter(self, packer: SimPacker) -> Process:
         if not self.helping:
@@ -439,11 +447,11 @@ class _Helper:
 def _receive(
     run: _Run, rank: int, k: int, fragment: int, pending: list[int], received: list[int], tags: dict
 ) -> Process:
-    yield from run.inbound(rank, k, fragment).recv("wait_fragment", fragment=fragment, **tags)
+    yield from run.inbound(rank, k, fragment).recv(Phase.WAIT_FRAGMENT, fragment=fragment, **tags)
     if not run.groups_complete(k, fragment):  # split groups: the rest of its groups' rewards
         yield from run.cluster.wait_until(
             rank,
-            "wait_fragment",
+            Phase.WAIT_FRAGMENT,
             run.ready_changed[rank],
             lambda: run.groups_complete(k, fragment),
             fragment=fragment,
@@ -472,11 +480,12 @@ def _steal(run: _Run, rank: int, k: int) -> int | None:
 
 def _helper_generate(run: _Run, rank: int, frag: _Fragment) -> Process:
     """TAG: the trainer generates and scores ``frag`` with θ_k itself, then ships the shards (buffered)."""
-    cluster, w = run.cluster, run.cluster.workload
-    cost = cluster.cost(rank)
-    samples = frag.samples
+    cluster = run.cluster
+    samples, at = frag.samples, run.at(frag)
     extra = {"helper": True}
-    yield from cluster.work(rank, "generate", w.generation_s(cost, samples), extra=extra, **frag.tags())
-    yield from cluster.work(rank, "score", cost.score_s(samples), samples=samples, extra=extra, **frag.tags())
+    seconds = generation_s(cluster, rank, samples, at=at)
+    yield from cluster.work(rank, Phase.GENERATE, seconds, extra=extra, **frag.tags())
+    seconds = score_s(cluster, rank, samples, at=at)
+    yield from cluster.work(rank, Phase.SCORE, seconds, samples=samples, extra=extra, **frag.tags())
     run.mark_scored(frag)
     yield from run.ship(rank, frag, rendezvous=False)

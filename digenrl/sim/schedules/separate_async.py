@@ -24,9 +24,11 @@ from typing import Any
 
 from digenrl.plan import RunPlan
 from digenrl.plan.workload import split_evenly
+from digenrl.runtime.observe.span_phases import Phase
 from digenrl.sim.cluster import SimCluster
 from digenrl.sim.des import Mailbox, Process, Signal
 from digenrl.sim.generator_weights import GeneratorWeights
+from digenrl.sim.phase_costs import generation_s, score_s
 from digenrl.sim.schedules.separate_sync import trainer_units
 from digenrl.sim.training import optimizer_s, sharded, units_s
 
@@ -66,6 +68,7 @@ class _AsyncRun:
         w = cluster.workload  # one fragment of P·G / generators samples each (systems/separate.py)
         shares = split_evenly(w.prompts_per_iteration * w.group_size, len(self.generators))
         self.samples = dict(zip(self.generators, shares, strict=True))
+        self.first = dict(zip(self.generators, [sum(shares[:i]) for i in range(len(shares))], strict=True))
 
     def channel(self, batch: _Batch, generator: int, trainer: int):
         return self.cluster.channel(("reap", batch.index, generator, trainer), generator, trainer)
@@ -99,18 +102,21 @@ def run_separate_async(cluster: SimCluster, plan: RunPlan) -> None:
 def _generator(run: _AsyncRun, rank: int) -> Process:
     """Serve commands in order: ``("generate", batch)``, ``("send", batch)`` or ``("stop",)``."""
     cluster = run.cluster
-    w, cost = cluster.workload, cluster.cost(rank)
+    cost = cluster.cost(rank)
     samples = run.samples[rank]
     while True:
-        command = yield from cluster.wait_signal(rank, "wait_command", run.commands[rank].get())
+        command = yield from cluster.wait_signal(rank, Phase.WAIT_COMMAND, run.commands[rank].get())
         if command[0] == "stop":
             return
         batch: _Batch = command[1]
         tags = {"policy_version": batch.version, "fragment": batch.index}
         if command[0] == "generate":
-            span = yield from cluster.work(rank, "generate", w.generation_s(cost, samples), **tags)
+            at = (batch.index, run.first[rank])  # batch j draws as iteration j would
+            seconds = generation_s(cluster, rank, samples, at=at)
+            span = yield from cluster.work(rank, Phase.GENERATE, seconds, **tags)
             batch.spans.append(span)
-            span = yield from cluster.work(rank, "score", cost.score_s(samples), samples=samples, **tags)
+            seconds = score_s(cluster, rank, samples, at=at)
+            span = yield from cluster.work(rank, Phase.SCORE, seconds, samples=samples, **tags)
             batch.spans.append(span)
             batch.pending_generators -= 1
             if batch.pending_generators == 0:
@@ -158,14 +164,14 @@ def _lead_trainer(run: _AsyncRun) -> Process:
             launch()
         if inflight is not None and (not buffer or inflight.generated.fired):
             batch, inflight = inflight, None
-            yield from cluster.wait_signal(lead, "wait_generation", batch.generated, **tags)
+            yield from cluster.wait_signal(lead, Phase.WAIT_GENERATION, batch.generated, **tags)
             if plan.reap_before_launch:
                 run.reap(batch)
                 launch()
             else:
                 launch()
                 run.reap(batch)
-            yield from receive(batch, "wait_transfer", tags)
+            yield from receive(batch, Phase.WAIT_TRANSFER, tags)
             buffer.append(batch)
         elif inflight is None:
             launch()
@@ -177,9 +183,9 @@ def _lead_trainer(run: _AsyncRun) -> Process:
         if (j + 1) % plan.weight_sync_interval == 0 and j + 1 < w.iterations:
             if inflight is not None:  # drain before the weight sync
                 batch, inflight = inflight, None
-                yield from cluster.wait_signal(lead, "wait_drain", batch.generated, **tags)
+                yield from cluster.wait_signal(lead, Phase.WAIT_DRAIN, batch.generated, **tags)
                 run.reap(batch)
-                yield from receive(batch, "wait_transfer", tags)
+                yield from receive(batch, Phase.WAIT_TRANSFER, tags)
                 buffer.append(batch)
             yield from run.weights.publish(j + 1, iteration=j)
             epoch += 1
@@ -196,13 +202,13 @@ def _follower_trainer(run: _AsyncRun, rank: int) -> Process:
     """Receive reaped batches and train the steps the lead announces, in the order it sends them."""
     cluster = run.cluster
     while True:
-        command = yield from cluster.wait_signal(rank, "wait_command", run.commands[rank].get())
+        command = yield from cluster.wait_signal(rank, Phase.WAIT_COMMAND, run.commands[rank].get())
         if command[0] == "stop":
             return
         if command[0] == "recv":
             batch: _Batch = command[1]
             for g in run.generators:
-                yield from run.channel(batch, g, rank).recv("wait_transfer")
+                yield from run.channel(batch, g, rank).recv(Phase.WAIT_TRANSFER)
             continue
         j = command[1]
         yield from _train_step(run, rank, j, {"iteration": j, "policy_version": j})
@@ -212,12 +218,12 @@ def _train_step(run: _AsyncRun, rank: int, j: int, tags: dict) -> Process:
     cluster, trainers = run.cluster, run.trainers
     w, cost = cluster.workload, cluster.cost(rank)
     units = trainer_units(cluster, trainers, run.generators, rank)
-    yield from cluster.work(rank, "train", units_s(cluster, rank, trainers, units), **tags)
+    yield from cluster.work(rank, Phase.TRAIN, units_s(cluster, rank, trainers, units), **tags)
     if not sharded(cluster, trainers):  # FSDP2 reduce-scatters inside every micro-batch
         seconds = cluster.net.allreduce_s(trainers, cost.grad_bytes)
-        yield from cluster.collective(("allreduce", j), rank, trainers, seconds, "allreduce", **tags)
+        yield from cluster.collective(("allreduce", j), rank, trainers, seconds, Phase.ALLREDUCE, **tags)
     committed = w.samples_per_iteration if rank == trainers[0] else None
     yield from cluster.work(
-        rank, "optimizer", optimizer_s(cluster, rank, trainers), samples=committed, **tags
+        rank, Phase.OPTIMIZER, optimizer_s(cluster, rank, trainers), samples=committed, **tags
     )
     cluster.finish_iteration(j)

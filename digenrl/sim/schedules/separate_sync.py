@@ -12,7 +12,7 @@ order; trainers receive from the generators in rank order. With zero link
 costs an iteration takes exactly generate + score + train + all-reduce + optimizer step.
 
 With sequence parallelism a pool's group of N ranks is one member of it (``systems/separate_sync.py``):
-every rank of a generator group generates and scores the group's fragment (``sim/training.py``
+every rank of a generator group generates and scores the group's fragment (``sim/phase_costs.py``
 ``generation_s``: 1/N of the compute plus the all-to-alls) and its first rank ships it; every rank of a
 trainer group receives its group's share and trains it together.
 """
@@ -21,10 +21,12 @@ from __future__ import annotations
 
 from digenrl.plan import RunPlan
 from digenrl.plan.workload import split_evenly
+from digenrl.runtime.observe.span_phases import Phase
 from digenrl.sim.cluster import SimCluster
 from digenrl.sim.des import Process
 from digenrl.sim.generator_weights import GeneratorWeights
-from digenrl.sim.training import generation_s, optimizer_s, sharded, units_s
+from digenrl.sim.phase_costs import generation_s, score_s
+from digenrl.sim.training import optimizer_s, sharded, units_s
 
 
 def run_separate_sync(cluster: SimCluster, plan: RunPlan) -> None:
@@ -32,8 +34,12 @@ def run_separate_sync(cluster: SimCluster, plan: RunPlan) -> None:
     trainers, generators = plan.trainer_ranks(world), plan.generator_ranks(world)
     weights = GeneratorWeights(cluster, trainers[0], generators, trainers)
     rendezvous = plan.transport_mode == "rendezvous"
+    first = 0  # generator g generates samples [first, first + share) of every iteration (its group's)
     for rank, share in zip(generators, generator_samples(cluster, generators), strict=True):
-        cluster.spawn(_generator(cluster, rank, share, trainers, weights, rendezvous), f"generator {rank}")
+        process = _generator(cluster, rank, first, share, trainers, weights, rendezvous)
+        cluster.spawn(process, f"generator {rank}")
+        group = cluster.sequence_groups.get(rank, (rank,))
+        first += share if rank == group[-1] else 0
     for rank in trainers:
         cluster.spawn(_trainer(cluster, rank, trainers, generators, weights), f"trainer {rank}")
 
@@ -64,6 +70,7 @@ def trainer_shares(cluster: SimCluster, trainers: tuple[int, ...], samples: int)
 def _generator(
     cluster: SimCluster,
     rank: int,
+    first: int,
     samples: int,
     trainers: tuple[int, ...],
     weights: GeneratorWeights,
@@ -73,8 +80,11 @@ def _generator(
     for k in range(w.iterations):
         tags = {"iteration": k, "policy_version": k}
         yield from weights.wait_for(rank, k, iteration=k)
-        yield from cluster.work(rank, "generate", generation_s(cluster, rank, (rank,), samples), **tags)
-        yield from cluster.work(rank, "score", cost.score_s(samples), samples=samples, **tags)
+        at = (k, first)
+        yield from cluster.work(rank, Phase.GENERATE, generation_s(cluster, rank, samples, at=at), **tags)
+        yield from cluster.work(
+            rank, Phase.SCORE, score_s(cluster, rank, samples, at=at), samples=samples, **tags
+        )
         if rank not in shippers(cluster, (rank,)):
             continue  # a sequence-parallel peer: its group's first rank ships the fragment
         # samples split over the trainers like torch.tensor_split (systems/separate.py ``ship``)
@@ -111,14 +121,14 @@ def _trainer(
     for k in range(w.iterations):
         tags = {"iteration": k, "policy_version": k}
         for g in shippers(cluster, generators):
-            yield from cluster.channel(("batch", k, g, rank), g, rank).recv("wait_transfer", **tags)
-        yield from cluster.work(rank, "train", units_s(cluster, rank, trainers, units), **tags)
+            yield from cluster.channel(("batch", k, g, rank), g, rank).recv(Phase.WAIT_TRANSFER, **tags)
+        yield from cluster.work(rank, Phase.TRAIN, units_s(cluster, rank, trainers, units), **tags)
         if not sharded(cluster, trainers):  # FSDP2 reduce-scatters inside every micro-batch
             seconds = cluster.net.allreduce_s(trainers, cost.grad_bytes)
-            yield from cluster.collective(("allreduce", k), rank, trainers, seconds, "allreduce", **tags)
+            yield from cluster.collective(("allreduce", k), rank, trainers, seconds, Phase.ALLREDUCE, **tags)
         committed = w.samples_per_iteration if rank == trainers[0] else None
         yield from cluster.work(
-            rank, "optimizer", optimizer_s(cluster, rank, trainers), samples=committed, **tags
+            rank, Phase.OPTIMIZER, optimizer_s(cluster, rank, trainers), samples=committed, **tags
         )
         cluster.finish_iteration(k)
         if rank == trainers[0] and k + 1 < w.iterations:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -24,18 +25,28 @@ class DDPBackend(ParallelBackend):
         broadcast_module(self.module, self.group if self.group is not None else dist.group.WORLD)
 
     def finish_gradients(self) -> None:
-        grads = []
-        for p in self.trainable_parameters():  # a rank without units still takes part, with zeros
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            grads.append(p.grad)
-        for bucket in _buckets(grads):
-            flat = torch.cat([g.reshape(-1) for g in bucket])
-            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
-            offset = 0
-            for g in bucket:
-                g.copy_(flat[offset : offset + g.numel()].view_as(g))
-                offset += g.numel()
+        all_reduce_gradients(self.trainable_parameters(), self.group, self.local_view)
+
+
+def all_reduce_gradients(
+    params: list[nn.Parameter], group: Any, local_view: Callable[[torch.Tensor], torch.Tensor]
+) -> None:
+    """Sum every parameter's gradient over ``group`` in place (the part ``local_view`` gives: the whole
+    gradient of a replica, this rank's shard of a DTensor's), in same-dtype buckets; a parameter without a
+    gradient (this rank ran no unit) takes part with zeros. DDP's once-per-step reduction, and hybrid
+    sharding's across the replicas of a shard (digenrl/trainer/parallel/fsdp2.py)."""
+    grads = []
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        grads.append(local_view(p.grad))
+    for bucket in _buckets(grads):
+        flat = torch.cat([g.reshape(-1) for g in bucket])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+        offset = 0
+        for g in bucket:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
 
 
 def _buckets(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:

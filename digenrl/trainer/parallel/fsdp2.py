@@ -1,32 +1,56 @@
-"""``fsdp2``: ``fully_shard`` per transformer block, then the root (torch.distributed.fsdp)."""
+"""``fsdp2``: ``fully_shard`` per transformer block, then the root (torch.distributed.fsdp).
+
+``trainer.sharding=flat`` shards over the whole trainer group. ``hybrid`` (HSDP) shards over the trainer
+ranks of this rank's node and keeps one replica per node
+(:class:`~digenrl.runtime.comm.shard_groups.ShardGroups`): every micro-batch's all-gathers and reduce-scatter
+stay inside the node, and the gradient shard is summed over its replicas once per optimizer step, in
+:meth:`FSDP2Backend.finish_gradients`, as the simulator prices it (digenrl/sim/training.py ``optimizer_s``).
+FSDP2's own 2-D-mesh HSDP all-reduces across replicas in every backward unless the caller marks all but the
+step's last backward (``set_requires_all_reduce(False)``), and the accumulation here cannot know the last one
+ahead: fragments train as they arrive (GAP) and each rank pads to the longest rank's micro-batches. So the
+weights are sharded on the node's mesh and the cross-node sum is this module's, as DDP's is
+(:func:`~digenrl.trainer.parallel.ddp.all_reduce_gradients`). After it every replica holds the same gradient
+shard: clipping's norm over the node's shards is the global norm, the optimizer steps alike everywhere, and a
+sharded checkpoint (DCP) writes each shard once (its planner de-duplicates the replicas' identical chunks) and
+loads into any layout.
+"""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from digenrl.runtime.comm.distributed import named_collective
 from digenrl.trainer.parallel.base import ParallelBackend, broadcast_module
+from digenrl.trainer.parallel.ddp import all_reduce_gradients
+
+if TYPE_CHECKING:
+    from digenrl.runtime.comm.shard_groups import ShardGroups
 
 
 class FSDP2Backend(ParallelBackend):
-    """``fully_shard`` per transformer block, then the root (FSDP2, torch.distributed.fsdp)."""
+    """``fully_shard`` per transformer block, then the root (FSDP2, torch.distributed.fsdp); with
+    ``shard_groups`` (``trainer.sharding=hybrid``) inside the node, replicated across nodes (module doc)."""
 
     name = "fsdp2"
     lockstep = True
 
-    def __init__(self, flow_model: nn.Module, *, mode: str, **kwargs: Any) -> None:
+    def __init__(
+        self, flow_model: nn.Module, *, mode: str, shard_groups: ShardGroups | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(flow_model, **kwargs)
         from torch.distributed.device_mesh import DeviceMesh
         from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
         group = self.group if self.group is not None else dist.group.WORLD
-        broadcast_module(self.module, group)
-        mesh = DeviceMesh.from_group(group, self.device.type)
+        broadcast_module(self.module, group)  # every replica starts from the same weights
+        self.shard_groups = shard_groups
+        mesh = DeviceMesh.from_group(group if shard_groups is None else shard_groups.shard, self.device.type)
         model_dtype = next(self.module.parameters()).dtype
         mp = MixedPrecisionPolicy()
         self._param_dtype: torch.dtype | None = None
@@ -46,8 +70,19 @@ class FSDP2Backend(ParallelBackend):
                 if hasattr(m, "set_force_sum_reduction_for_comms"):  # torch >= 2.9; gloo needs it
                     m.set_force_sum_reduction_for_comms(True)
 
+    def finish_gradients(self) -> None:
+        """Hybrid sharding: sum each gradient shard over its replicas on the other nodes (once per step)."""
+        if self.shard_groups is not None:
+            groups = self.shard_groups
+            what = f"rank {dist.get_rank()}: the gradient all-reduce over replicas {groups.replica_ranks}"
+            with named_collective(what):
+                all_reduce_gradients(self.trainable_parameters(), groups.replica, self.local_view)
+
     def _reduce_sharded(self, value: torch.Tensor) -> torch.Tensor:
-        return self._sum_over_ranks(value)
+        if self.shard_groups is None:
+            return self._sum_over_ranks(value)
+        dist.all_reduce(value, op=dist.ReduceOp.SUM, group=self.shard_groups.shard)  # one node's shards
+        return value
 
     joint_generation = True
 
