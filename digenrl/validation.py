@@ -468,11 +468,12 @@ def check_sequence_parallel(cfg: Config, profile: HardwareProfile, world_size: i
             f"{cfg.sampler.sequence_parallel} differ, but under system={cfg.system!r} the same ranks "
             "generate and train with one model; set both to the same degree"
         )
-    if cfg.sampler.sequence_parallel > 1 and cfg.pools.scorers:
+    if cfg.pools.scorers:
+        key, degree = next(iter(on.items()))
         raise ConfigError(
-            f"sampler.sequence_parallel={cfg.sampler.sequence_parallel} with pools.scorers="
-            f"{cfg.pools.scorers}: a scorer rank serves one request per fragment, not one per rank of a "
-            "generator group; set pools.scorers=0 or sampler.sequence_parallel=1"
+            f"{key}={degree} with pools.scorers={cfg.pools.scorers}: a scorer rank serves one request per "
+            "fragment and per evaluation call, not one per rank of a sequence-parallel group; set "
+            f"pools.scorers=0 or {key}=1"
         )
     from digenrl.models.flow_model import token_count_for
     from digenrl.models.sequence_parallel import sequence_parallel_problem

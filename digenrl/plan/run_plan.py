@@ -532,8 +532,10 @@ class RunPlan:
                 problem = group_problem(ranks, degree, node_of, key)
             if problem:
                 raise ValueError(problem)
-        if self.generator_sequence_parallel > 1 and self.scorers:
-            raise ValueError("generator_sequence_parallel > 1 with scorer ranks (one request per fragment)")
+        if max(self.sequence_parallel, self.generator_sequence_parallel) > 1 and self.scorers:
+            raise ValueError(
+                "sequence parallelism with scorer ranks (one request per fragment and eval call)"
+            )
 
     def check(
         self,

@@ -82,6 +82,9 @@ def test_separate_pools_are_checked_each_with_its_own_degree():
     cfg.pools.trainers, cfg.pools.generators = 2, 2
     cfg.sampler.sequence_parallel, cfg.trainer.sequence_parallel = 1, 2  # they may differ on disjoint pools
     validate_config(cfg, 4)
+    cfg.pools.trainers, cfg.pools.generators, cfg.pools.scorers = 2, 1, 1
+    with pytest.raises(ConfigError, match=r"trainer\.sequence_parallel=2 with pools\.scorers=1"):
+        validate_config(cfg)
 
 
 def test_a_group_across_nodes_is_refused(tmp_path):
