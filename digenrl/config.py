@@ -179,6 +179,9 @@ class SamplerConfig:
     shift: float | None = field(default=None, metadata=within(0.0, 100.0, low_open=True))
     # max samples in one transformer forward; 0 = a whole rollout batch
     samples_per_forward: int = field(default=0, metadata=_NON_NEGATIVE_COUNT)
+    # Ulysses sequence parallelism of the rollout: N consecutive generating ranks of a node shard each
+    # forward's tokens and act as one data-parallel member (docs/models.md, "Sequence parallelism"); 1 = off
+    sequence_parallel: int = field(default=1, metadata=within(1, 1024))
 
 
 @dataclass
@@ -246,6 +249,9 @@ class TrainerConfig:
     backend: str = field(default="auto", metadata=among(TRAINER_BACKENDS))
     deepspeed_stage: int = field(default=2, metadata=among(DEEPSPEED_STAGES))  # ZeRO stage
     activation_checkpointing: bool = False
+    # Ulysses sequence parallelism of training: N consecutive trainer ranks of a node shard each forward's
+    # tokens and act as one data-parallel member (docs/models.md, "Sequence parallelism"); 1 = off
+    sequence_parallel: int = field(default=1, metadata=within(1, 1024))
     # a step whose gradient or resulting parameters are not finite is never committed; "stop" raises naming
     # the iteration, "skip" drops the step (weights and optimizer state stay, counted in the metrics)
     nonfinite: str = field(default="stop", metadata=among(NONFINITE_ACTIONS))

@@ -40,7 +40,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from digenrl.config import COMMAND_LINE, Config, ConfigError, Range, declared_fields, explicit_keys
+from digenrl.config import (
+    COLOCATED_SYSTEMS,
+    COMMAND_LINE,
+    Config,
+    ConfigError,
+    Range,
+    declared_fields,
+    explicit_keys,
+)
 
 log = logging.getLogger(__name__)
 
@@ -417,6 +425,7 @@ def validate_config(cfg: Config, world_size: int | None = None) -> None:
         )
 
     check_knobs(cfg)
+    check_sequence_parallel(cfg, profile, world_size)
     if world_size is not None and world_size > profile.world_size:
         raise ConfigError(
             f"{world_size} ranks were launched but profile={cfg.profile!r} has only {profile.world_size} "
@@ -432,6 +441,65 @@ def validate_config(cfg: Config, world_size: int | None = None) -> None:
                 raise ConfigError(error)
     if cfg.trainer.sharding == "hybrid":
         check_hybrid_sharding(cfg, profile, world_size)
+
+
+def check_sequence_parallel(cfg: Config, profile: HardwareProfile, world_size: int | None) -> None:
+    """``trainer.sequence_parallel`` / ``sampler.sequence_parallel``: a system that runs it
+    (:func:`digenrl.plan.sequence_shape.support_problem`), the same degree on ranks that both generate and
+    train, no scorer ranks beside sharded generators, a model whose heads, tokens and diffusers plan allow
+    it (:func:`digenrl.models.sequence_parallel.sequence_parallel_problem`), and groups of consecutive ranks
+    that divide their pool and stay inside one node (the all-to-alls run on the intra-node link)."""
+    from digenrl.plan.sequence_shape import group_problem, support_problem
+
+    degrees = {"trainer.sequence_parallel": cfg.trainer.sequence_parallel}
+    degrees["sampler.sequence_parallel"] = cfg.sampler.sequence_parallel
+    on = {key: n for key, n in degrees.items() if n > 1}
+    if not on:
+        return
+    t, colocated = cfg.trainer, cfg.system in COLOCATED_SYSTEMS
+    split = cfg.colocated.split if colocated else "equal"
+    for key, degree in on.items():
+        problem = support_problem(key, degree, cfg.system, t.mode, t.backend, split)
+        if problem:
+            raise ConfigError(problem)
+    if colocated and len(set(degrees.values())) > 1:
+        raise ConfigError(
+            f"trainer.sequence_parallel={t.sequence_parallel} and sampler.sequence_parallel="
+            f"{cfg.sampler.sequence_parallel} differ, but under system={cfg.system!r} the same ranks "
+            "generate and train with one model; set both to the same degree"
+        )
+    if cfg.pools.scorers:
+        key, degree = next(iter(on.items()))
+        raise ConfigError(
+            f"{key}={degree} with pools.scorers={cfg.pools.scorers}: a scorer rank serves one request per "
+            "fragment and per evaluation call, not one per rank of a sequence-parallel group; set "
+            f"pools.scorers=0 or {key}=1"
+        )
+    from digenrl.models.flow_model import token_count_for
+    from digenrl.models.sequence_parallel import sequence_parallel_problem
+    from digenrl.models.specs import get_model_spec
+
+    spec = get_model_spec(cfg.model.name)
+    height, width = cfg.model.height or spec.default_height, cfg.model.width or spec.default_width
+    tokens = token_count_for(spec, height, width, cfg.model.frames)
+    for key, degree in on.items():
+        problem = sequence_parallel_problem(spec, degree, tokens, key)
+        if problem:
+            raise ConfigError(problem)
+    if world_size is None:
+        return
+    if colocated:
+        pools = {"trainer.sequence_parallel": tuple(range(world_size))}
+    else:
+        from digenrl.systems.separate import separate_layout
+
+        layout = separate_layout(cfg, world_size)
+        pools = {"trainer.sequence_parallel": layout.trainer_ranks}
+        pools["sampler.sequence_parallel"] = layout.generator_ranks
+    for key, ranks in pools.items():
+        problem = group_problem(ranks, degrees[key], profile.node_of, key)
+        if problem:
+            raise ConfigError(f"{problem} (profile={cfg.profile!r})")
 
 
 def check_hybrid_sharding(cfg: Config, profile: HardwareProfile, world_size: int | None) -> None:

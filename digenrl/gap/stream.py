@@ -67,7 +67,8 @@ class FragmentStream:
     Args:
         plan: the fragment plan (P, F, D and the assignment).
         plane: the run's control plane (this rank's view).
-        trainer_ranks: the trainer pool; shard r goes to ``trainer_ranks[r]``.
+        trainer_ranks: the trainer pool; shard r goes to ``trainer_ranks[r]``, or with ``replicas`` = N to
+            each of ``trainer_ranks[r·N : (r+1)·N]`` (a sequence-parallel group trains its shard together).
         sharding: ``units`` (GAP) or ``samples`` (one fragment per generator, separate-sync).
         device: where received shards land.
         timeout_s: bound of every wait for a shard.
@@ -82,12 +83,14 @@ class FragmentStream:
         sharding: str,
         device: torch.device,
         timeout_s: float,
+        replicas: int = 1,
     ) -> None:
         if sharding not in SHARDINGS:
             raise ValueError(f"sharding={sharding!r} is not allowed; choose one of: {', '.join(SHARDINGS)}")
         self.plan = plan
         self.plane = plane
         self.trainer_ranks = tuple(trainer_ranks)
+        self.replicas = replicas
         self.sharding = sharding
         self.device = device
         self.timeout_s = timeout_s
@@ -204,10 +207,10 @@ class FragmentStream:
         return json.loads(raw)
 
     def shards(self, batch: TrajectoryBatch, fragment: int = 0) -> list[TrajectoryBatch]:
-        """One shard per trainer rank, in trainer order (see the module docstring). Unit shards of the
-        fragments of one iteration rotate the larger shares over the ranks (all fragments are equal), so
-        no rank trains more than one unit above another over the iteration."""
-        n = len(self.trainer_ranks)
+        """One shard per trainer rank (per group of ``replicas`` ranks), in trainer order (module docstring).
+        Unit shards of the fragments of one iteration rotate the larger shares over the ranks (all fragments
+        are equal), so no rank trains more than one unit above another over the iteration."""
+        n = len(self.trainer_ranks) // self.replicas
         if self.sharding == "units":
             return shard_units(batch, n, offset=fragment * batch.num_units)
         batch.final_latents = None  # the trainer never reads the clean latent
@@ -220,7 +223,8 @@ class FragmentStream:
         fragment keeps its own shard. Returns the sends in flight and the bytes shipped."""
         pending, sent = [], 0
         tags = {**tags, "iteration": iteration, "fragment": fragment}
-        for trainer, shard in zip(self.trainer_ranks, self.shards(batch, fragment), strict=True):
+        copies = [shard for shard in self.shards(batch, fragment) for _ in range(self.replicas)]
+        for trainer, shard in zip(self.trainer_ranks, copies, strict=True):
             key = self.key(iteration, fragment, trainer)
             if trainer == self.plane.rank:  # on the device received shards land on (they are packed together)
                 own = (shard.to(self.device), TransferStats(0, 0.0, 0, src=trainer, tags=tags))

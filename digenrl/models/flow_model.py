@@ -67,6 +67,15 @@ def latent_shape_for(
     return channels, f, h, w
 
 
+def token_count_for(spec: ModelSpec, height: int, width: int, frames: int | None = None) -> int:
+    """Image/video tokens the transformer sees (the `image_seq_len` of dynamic time shifting): latent cells
+    over the patch, pure spec arithmetic like :func:`latent_shape_for`."""
+    shape = latent_shape_for(spec, height, width, frames)
+    patch_t, patch = get_family(spec.family).patch_size(spec.transformer_config)
+    spatial = (shape[-2] // patch) * (shape[-1] // patch)
+    return spatial * (shape[1] // patch_t if spec.is_video else 1)
+
+
 class FlowModel(nn.Module):
     """Velocity predictor v(x_sigma, sigma, text) ~ noise - x0 for one generator of the zoo."""
 
@@ -144,10 +153,8 @@ class FlowModel(nn.Module):
         return latent_shape_for(self.spec, height, width, frames)
 
     def token_count(self, height: int, width: int, frames: int | None = None) -> int:
-        """Image/video tokens the transformer sees (the `image_seq_len` of dynamic time shifting)."""
-        shape = self.latent_shape(height, width, frames)
-        spatial = (shape[-2] // self.patch) * (shape[-1] // self.patch)
-        return spatial * (shape[1] // self.patch_t if self.spec.is_video else 1)
+        """Image/video tokens the transformer sees (:func:`token_count_for`)."""
+        return token_count_for(self.spec, height, width, frames)
 
     # --- forward -----------------------------------------------------------------------------------------
 

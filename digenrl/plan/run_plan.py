@@ -42,6 +42,7 @@ from digenrl.config import (
 )
 from digenrl.data.rank_shares import RankShare, rank_shares, split_backend_conflict
 from digenrl.gap.fragments import FragmentPlan
+from digenrl.plan.sequence_shape import group_problem, support_problem
 from digenrl.plan.workload import Workload
 from digenrl.rules import (
     fragment_size,
@@ -66,7 +67,9 @@ SCHEDULE_KEYS = (
     "trainer.deepspeed_stage",
     "trainer.micro_batch_size",
     "trainer.activation_checkpointing",
+    "trainer.sequence_parallel",
     "sampler.samples_per_forward",
+    "sampler.sequence_parallel",
     "residency",
     "colocated",
     "engine",
@@ -106,6 +109,11 @@ class RunPlan:
     ``samples_per_forward`` (None = the workload's ``trainer.micro_batch_size`` /
     ``trainer.activation_checkpointing`` / ``sampler.samples_per_forward``; a run's plan holds the values;
     the planner lowers them where memory requires, :mod:`digenrl.planning.memory`).
+    ``sequence_parallel`` (``trainer.sequence_parallel``; ``colocated-sync``: also
+    ``sampler.sequence_parallel``) and ``generator_sequence_parallel`` (``separate-sync``'s generator pool:
+    ``sampler.sequence_parallel``): groups of that many consecutive ranks of the pool shard every forward's
+    tokens (Ulysses) and act as one data-parallel member (:mod:`digenrl.plan.sequence_shape`, docs/models.md
+    "Sequence parallelism").
     ``colocated-*``: ``train_resident`` / ``reward_resident`` (``residency.*``: False parks the optimizer
     state during generation, and the reward weights outside scoring; :mod:`digenrl.sim.residency`),
     ``work_split`` (``colocated.split``, :data:`WORK_SPLITS`), ``overlap_sub_batches`` (``colocated-overlap``:
@@ -139,6 +147,8 @@ class RunPlan:
     micro_batch_size: int | None = None
     activation_checkpointing: bool | None = None
     samples_per_forward: int | None = None
+    sequence_parallel: int = 1
+    generator_sequence_parallel: int = 1
     train_resident: bool = True
     reward_resident: bool = True
     work_split: str = "equal"
@@ -176,7 +186,14 @@ class RunPlan:
                 raise ValueError(f"RunPlan.{name} must be None or an int >= 0, got {value!r}")
         if self.micro_batch_size == 0:
             raise ValueError("RunPlan.micro_batch_size must be >= 1")
-        for name in ("weight_sync_interval", "fragment_groups", "tsp_stages", "max_inflight"):
+        for name in (
+            "weight_sync_interval",
+            "fragment_groups",
+            "tsp_stages",
+            "max_inflight",
+            "sequence_parallel",
+            "generator_sequence_parallel",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"RunPlan.{name} must be an int >= 1, got {value!r}")
@@ -236,12 +253,16 @@ class RunPlan:
             knobs |= {"train_resident": cfg.residency.train_resident, "work_split": cfg.colocated.split}
             if cfg.system == "colocated-sync":  # colocated-overlap keeps the reward resident
                 knobs["reward_resident"] = cfg.residency.reward_resident
+                knobs["sequence_parallel"] = cfg.trainer.sequence_parallel
         else:
             pools = cfg.pools
             trainers, generators, scorers = separate_pools(
                 pools.trainers, pools.generators, pools.scorers, profile.world_size
             )
             knobs |= {"trainers": trainers, "generators": generators, "scorers": scorers}
+            if cfg.system == "separate-sync":
+                knobs["sequence_parallel"] = cfg.trainer.sequence_parallel
+                knobs["generator_sequence_parallel"] = cfg.sampler.sequence_parallel
         if cfg.system == "separate-async":
             knobs |= {
                 "max_staleness": cfg.asynchrony.max_staleness,
@@ -304,8 +325,14 @@ class RunPlan:
             out |= {"residency.train_resident": self.train_resident, "colocated.split": self.work_split}
             if self.system == "colocated-sync":
                 out["residency.reward_resident"] = self.reward_resident
+            if self.sequence_parallel > 1:
+                out["trainer.sequence_parallel"] = out["sampler.sequence_parallel"] = self.sequence_parallel
             return out
         out |= {"pools.trainers": self.trainers, "pools.generators": self.generators}
+        if self.sequence_parallel > 1:
+            out["trainer.sequence_parallel"] = self.sequence_parallel
+        if self.generator_sequence_parallel > 1:
+            out["sampler.sequence_parallel"] = self.generator_sequence_parallel
         if self.scorers:
             out["pools.scorers"] = self.scorers
         if self.system == "separate-async":
@@ -474,9 +501,41 @@ class RunPlan:
 
     def colocated_shares(self, workload: Workload, speeds: Sequence[float]) -> list[RankShare]:
         """Every rank's share of a colocated iteration as the runtime cuts it
-        (:func:`digenrl.data.rank_shares.rank_shares`; ``speeds``: each rank's ``relative_speed``)."""
+        (:func:`digenrl.data.rank_shares.rank_shares`; ``speeds``: each rank's ``relative_speed``). With
+        ``sequence_parallel`` = N the members are groups of N consecutive ranks, and every rank of a group
+        holds its group's share (digenrl/systems/colocated_sync.py)."""
         w = self.effective_workload(workload)
-        return rank_shares(w.prompts_per_iteration, w.group_size, speeds, w.micro_batch_size, self.work_split)
+        n = self.sequence_parallel
+        members = rank_shares(
+            w.prompts_per_iteration, w.group_size, speeds[::n], w.micro_batch_size, self.work_split
+        )
+        return [members[rank // n] for rank in range(len(speeds))]
+
+    def _check_sequence_parallel(
+        self, world_size: int, workload: Workload, node_of: Callable[[int], int]
+    ) -> None:
+        """The runtime's start-up checks of the two degrees (digenrl/validation.py
+        ``check_sequence_parallel``) that a plan can violate."""
+        if self.colocated and self.generator_sequence_parallel != 1:
+            raise ValueError(
+                "RunPlan.generator_sequence_parallel is for separate-sync's generator pool; a colocated "
+                "plan's ranks generate with sequence_parallel"
+            )
+        pools = {"sequence_parallel": self.trainer_ranks(world_size)}
+        pools["generator_sequence_parallel"] = self.generator_ranks(world_size)
+        split = self.work_split if self.colocated else "equal"
+        for key, ranks in pools.items():
+            degree = getattr(self, key)
+            mode, backend = workload.trainer_mode, self.trainer_backend
+            problem = support_problem(key, degree, self.system, mode, backend, split)
+            if problem is None and degree > 1:
+                problem = group_problem(ranks, degree, node_of, key)
+            if problem:
+                raise ValueError(problem)
+        if max(self.sequence_parallel, self.generator_sequence_parallel) > 1 and self.scorers:
+            raise ValueError(
+                "sequence parallelism with scorer ranks (one request per fragment and eval call)"
+            )
 
     def check(
         self,
@@ -500,6 +559,7 @@ class RunPlan:
             if problem:
                 raise ValueError(problem)
         p = workload.prompts_per_iteration
+        self._check_sequence_parallel(world_size, workload, node_of or (lambda rank: 0))
         if self.colocated:
             try:
                 self.colocated_shares(workload, [1.0] * world_size if speeds is None else speeds)
@@ -525,15 +585,18 @@ class RunPlan:
             )
         if self.system in ("separate-sync", "separate-async"):  # digenrl/systems/separate.py
             samples = p * workload.group_size
-            if samples % self.generators:
+            # a sequence-parallel group is one member of its pool
+            generators = self.generators // self.generator_sequence_parallel
+            trainers = self.trainers // self.sequence_parallel
+            if samples % generators:
                 raise ValueError(
-                    f"P·G={samples} samples are not divisible by {self.generators} generators (the same "
+                    f"P·G={samples} samples are not divisible by {generators} generators (the same "
                     "number of samples each)"
                 )
-            per_generator = samples // self.generators
-            if per_generator < self.trainers:
+            per_generator = samples // generators
+            if per_generator < trainers:
                 raise ValueError(
-                    f"each generator produces {per_generator} samples, fewer than {self.trainers} trainers"
+                    f"each generator produces {per_generator} samples, fewer than {trainers} trainers"
                 )
         if self.system == "digenrl":
             if self.generators % self.tsp_stages:
@@ -632,6 +695,10 @@ class RunPlan:
             knobs.append("activation ckpt")
         if self.trainer_sharding != "flat":
             knobs.append(f"{self.trainer_sharding} sharding")
+        if self.sequence_parallel > 1:
+            knobs.append(f"sequence parallel {self.sequence_parallel}")
+        if self.generator_sequence_parallel > 1:
+            knobs.append(f"generator sequence parallel {self.generator_sequence_parallel}")
         if self.samples_per_forward:
             knobs.append(f"{self.samples_per_forward} samples/forward")
         return knobs

@@ -15,7 +15,10 @@ model (:class:`~digenrl.costs.cost_model.CostModel`, bytes):
   micro-batch: ``train_peak(m) −`` that state ``− param_bytes``; with activation checkpointing only the
   block inputs are kept (:data:`CHECKPOINT_ACTIVATION_SHARE` of them, an estimate unless the file was
   measured with checkpointing). Full fine-tuning shards weights, gradients and optimizer state over the
-  trainer group (FSDP2, ``trainer.backend=auto``).
+  trainer group (FSDP2, ``trainer.backend=auto``). With Ulysses sequence parallelism over N ranks
+  (``RunPlan.sequence_parallel``) each rank holds 1/N of every sample's tokens, so both activation terms
+  are divided by N (the all-to-all's head-sharded Q, K, V and output are the same size as the sequence
+  shards they replace; arXiv 2309.14509 §3); weights, text encoders and the VAE stay whole on every rank.
 
 Phases take turns on a rank, so its peak is the static part plus the largest phase. A plan fits when every
 rank's peak stays below :data:`USABLE_FRACTION` of its device's ``memory_gib`` (the allocator's reserve
@@ -113,6 +116,8 @@ class RankLoad:
     #: ``colocated-engine``: "offload" (the generation copy on the device while generating, the trainer's
     #: states off it), "resident" (both copies always), "" (no generation copy)
     generation_copy: str = ""
+    #: Ulysses degree: the rank holds 1/N of each sample's activations (module docstring)
+    sequence_parallel: int = 1
 
 
 def rank_memory(
@@ -129,7 +134,7 @@ def rank_memory(
     if load.trains:
         static["trainable state"] = state - optimizer
         static["optimizer"] = resident_optimizer
-        act = train_activation_bytes(cost, load.micro_batch, cfg, load.checkpointing)
+        act = train_activation_bytes(cost, load.micro_batch, cfg, load.checkpointing) / load.sequence_parallel
         phases["train"] = {"activations": act}
         phases["optimizer step"] = {"optimizer": optimizer - resident_optimizer}
     if load.generates:
@@ -139,7 +144,9 @@ def rank_memory(
             phases["score"] = {"reward": float(cost.reward_param_bytes)}
         if not load.trains and _lora(cost):
             static["adapter"] = float(cost.weight_sync_bytes)
-        generate = {"activations": generator_activation_bytes(cost, load.gen_batch, cfg)}
+        generate = {
+            "activations": generator_activation_bytes(cost, load.gen_batch, cfg) / load.sequence_parallel
+        }
         if load.trains and not load.grads_while_generating:
             generate["gradients freed"] = -float(
                 cost.grad_bytes if _lora(cost) else cost.grad_bytes / load.shards
@@ -221,13 +228,15 @@ def _loads(plan: RunPlan, w: Workload, profile: HardwareProfile, choice: tuple) 
                 train_res,
                 reward_res,
                 generation_copy=engine,
+                sequence_parallel=plan.sequence_parallel,
             )
         return loads
     trainers, generators = plan.trainer_ranks(world), plan.generator_ranks(world)
     if plan.system == "digenrl":
         gen_batch = cap(plan.fragment_size(w))
     else:
-        gen_batch = cap(-(-w.prompts_per_iteration * w.group_size // len(generators)))  # separate.py
+        members = len(generators) // plan.generator_sequence_parallel  # a group generates one fragment
+        gen_batch = cap(-(-w.prompts_per_iteration * w.group_size // members))  # separate.py
     tag = plan.system == "digenrl" and plan.tag
     trainer = RankLoad(
         "trainer",
@@ -238,8 +247,11 @@ def _loads(plan: RunPlan, w: Workload, profile: HardwareProfile, choice: tuple) 
         gen_batch if tag else 0,
         len(shard_group(trainers, trainers[0], profile.node_of, plan.trainer_sharding)),
         grads_while_generating=tag and not plan.park_grads,
+        sequence_parallel=plan.sequence_parallel,
     )
-    generator = RankLoad("generator", False, True, gen_batch=gen_batch)
+    generator = RankLoad(
+        "generator", False, True, gen_batch=gen_batch, sequence_parallel=plan.generator_sequence_parallel
+    )
     return {**dict.fromkeys(trainers, trainer), **dict.fromkeys(generators, generator)}
 
 

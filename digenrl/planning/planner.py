@@ -41,6 +41,7 @@ from digenrl.config import COLOCATED_SYSTEMS, SYSTEMS
 from digenrl.costs.cost_model import CFG_KEYS, CostModel
 from digenrl.costs.device_costs import DeviceCosts
 from digenrl.plan import RunPlan
+from digenrl.plan.sequence_shape import sequence_degrees
 from digenrl.plan.workload import Workload
 from digenrl.planning.memory import Fit, fit_plan
 from digenrl.rules import search_tag_budget, tag_budget_limit
@@ -316,7 +317,8 @@ class Planner:
         staleness (exactly ``max_staleness`` for separate-async)."""
         world = self.world
         if system == "colocated-sync":
-            return [RunPlan(system, work_split=work_split)]
+            degrees = self.sequence_degrees() if work_split == "equal" else []
+            return [RunPlan(system, work_split=work_split, sequence_parallel=n) for n in [1, *degrees]]
         if system == "colocated-engine":  # veRL-Omni's hybrid engine; both copies resident where they fit
             return [RunPlan(system, work_split=work_split, engine_offload=o) for o in (True, False)]
         if system == "colocated-overlap":
@@ -327,12 +329,39 @@ class Planner:
             return [plan.with_(samples_per_forward=s) for s in self._overlap_sub_batch_sizes(plan)]
         splits = range(1, world)
         if system == "separate-sync":
-            return [RunPlan(system, trainers=n, generators=world - n) for n in splits]
+            # Ulysses degrees of a video model: the trainer pool's, with the generators whole or sharded alike
+            pairs = [(1, 1)] + [(d, g) for d in self.sequence_degrees() for g in (1, d)]
+            return [
+                RunPlan(
+                    system,
+                    trainers=n,
+                    generators=world - n,
+                    sequence_parallel=d,
+                    generator_sequence_parallel=g,
+                )
+                for n in splits
+                for d, g in pairs
+            ]
         if system == "separate-async":
             return [
                 RunPlan(system, trainers=n, generators=world - n, max_staleness=max_staleness) for n in splits
             ]
         raise ValueError(f"unknown baseline {system!r}; choose one of: {', '.join(BASELINES)}")
+
+    def sequence_degrees(self) -> list[int]:
+        """Ulysses degrees worth trying for this workload's model (:func:`sequence_degrees`): a video model
+        whose activations may not fit one device, sharded over groups inside a node (``colocated-sync``, and
+        ``separate-sync``'s trainer pool with its generators whole or sharded alike). Each is scored like
+        any plan, so it is chosen only where it fits when N = 1 does not, or runs faster (a larger
+        micro-batch, no checkpointing) despite its all-to-alls."""
+        if self.workload.trainer_mode != "lora":
+            return []
+        cost = self.costs.for_rank(0)
+        latent = cost.meta.get("latent_shape")
+        if latent is None or len(latent) != 4:
+            return []
+        per_node = max(group.devices_per_node for group in self.profile.nodes)
+        return sequence_degrees(cost.model, latent, per_node)
 
     def _overlap_sub_batch_sizes(self, plan: RunPlan) -> list[int | None]:
         """Sub-batch sizes of ``colocated-overlap`` worth simulating: the workload's (None; one group per

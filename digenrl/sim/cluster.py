@@ -50,6 +50,8 @@ class SimCluster:
         self.costs = costs
         self.workload = workload
         self.trainer_sharding = "flat"  # trainer.sharding of the plan (sim/training.py shard groups)
+        #: each rank's Ulysses group (the plan's degrees over its pools; sim/training.py), absent = alone
+        self.sequence_groups: dict[int, tuple[int, ...]] = {}
         self.sim = Simulation()
         self.net = Network(profile)
         self.log = SpanLog(roles)
@@ -58,6 +60,10 @@ class SimCluster:
         self.draws = SampleDraws(workload.variance, workload) if workload.variance is not None else None
         self._rendezvous: dict[Hashable, _Rendezvous] = {}
         self._channels: dict[Hashable, Channel] = {}
+
+    def sequence_degree(self, rank: int) -> int:
+        """How many ranks shard ``rank``'s sequence (1: no sequence parallelism)."""
+        return len(self.sequence_groups.get(rank, (rank,)))
 
     @property
     def now(self) -> float:

@@ -8,7 +8,9 @@ Every schedule prices its ``generate`` and ``score`` spans here, so one rule hol
   forward waits for its slowest sample). A colocated rank of a sharded full fine-tune generates with the
   sharded model, so every forward gathers the weights once (the gather of FSDP shards for generation that
   a colocated system pays and a dedicated generator, holding whole weights, does not): a forward takes the
-  longer of its compute and the gather.
+  longer of its compute and the gather. With Ulysses sequence parallelism a rank computes 1/N of each
+  forward of its group's samples plus one forward's all-to-alls of both CFG halves per step
+  (:func:`digenrl.sim.training.sequence_exchange_s`).
 * :func:`score_s`: the VAE decode (nominal) plus the reward call over the samples, times the combined
   reward factor of its members (a batched judge decode ends with its longest output; concurrent requests
   to a server with their slowest answer).
@@ -23,7 +25,7 @@ from collections.abc import Sequence
 
 from digenrl.sim.cluster import SimCluster
 from digenrl.sim.sample_draws import At
-from digenrl.sim.training import fsdp_gather_s, sharded
+from digenrl.sim.training import fsdp_gather_s, sequence_exchange_s, sharded
 
 
 def generation_s(
@@ -48,12 +50,15 @@ def generation_s(
     if calls is not None:
         step = sum(max(w.step_s(cost, size) * factor, gather) for size, factor in calls)
     elif not sharded(cluster, group):
-        return w.generation_s(cost, samples, steps)
+        step = w.step_s(cost, samples)
     else:
         full, rest = divmod(samples, chunk)
         step = full * max(w.step_s(cost, chunk), gather) + (
             max(w.step_s(cost, rest), gather) if rest else 0.0
         )
+    n = cluster.sequence_degree(rank)
+    if n > 1:  # LoRA only (no gather): 1/N of the compute plus the all-to-alls of both CFG halves
+        step = step / n + sequence_exchange_s(cluster, rank, samples * (2 if w.cfg else 1), 1)
     return (w.num_steps if steps is None else steps) * step
 
 

@@ -172,11 +172,27 @@ def _roles(profile: HardwareProfile, plan: RunPlan) -> dict[int, str]:
     return roles
 
 
+def sequence_groups(world: int, plan: RunPlan) -> dict[int, tuple[int, ...]]:
+    """Every rank's Ulysses group: N consecutive ranks of its pool (the trainer pool or the colocated ranks
+    with ``plan.sequence_parallel``, the generator pool with ``plan.generator_sequence_parallel``), as
+    digenrl/runtime/comm/sequence_groups.py ``build_sequence_groups`` forms them."""
+    pools = [(plan.trainer_ranks(world), plan.sequence_parallel)]
+    if not plan.colocated:
+        pools.append((plan.generator_ranks(world), plan.generator_sequence_parallel))
+    out = {}
+    for ranks, n in pools:
+        for first in range(0, len(ranks), n):
+            group = ranks[first : first + n]
+            out |= dict.fromkeys(group, group)
+    return out
+
+
 def _simulate_once(
     profile: HardwareProfile, costs: DeviceCosts, workload: Workload, plan: RunPlan
 ) -> SimResult:
     cluster = SimCluster(profile, costs, workload, _roles(profile, plan))
     cluster.trainer_sharding = plan.trainer_sharding
+    cluster.sequence_groups = sequence_groups(profile.world_size, plan)
     info = SCHEDULES[plan.system](cluster, plan) or {}
     makespan = cluster.sim.run()
     missing = [k for k in range(workload.iterations) if k not in cluster.iteration_end]

@@ -13,6 +13,14 @@
   ``trainer.sharding=flat``, the trainer ranks of its node with ``hybrid`` (HSDP), whose replicas add one
   all-reduce of their gradient shard across nodes per step (:func:`optimizer_s`: FSDP2 with the
   cross-replica reduction deferred to the step, as the runtime runs it).
+* :func:`sequence_exchange_s`: with Ulysses sequence parallelism over groups of N ranks
+  (``RunPlan.sequence_parallel`` / ``generator_sequence_parallel``) a rank computes 1/N of every forward
+  and backward of its group's samples and adds the all-to-alls of the activations over the intra-node
+  link, not overlapped with the compute (diffusers runs them in line): per transformer pass the bytes of
+  :meth:`~digenrl.plan.sequence_shape.SequenceShape.exchange_bytes` (arXiv 2309.14509). A training
+  micro-batch makes a forward and a backward pass (a checkpointed forward once more; with CFG the
+  detached unconditional forward too), a denoising step one forward (of both CFG halves:
+  :func:`digenrl.sim.phase_costs.generation_s`).
 * A rank's generation (with the FSDP gathers of a colocated full fine-tune) is priced in
   :mod:`digenrl.sim.phase_costs`, with the scoring.
 """
@@ -22,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from digenrl.data.micro_batches import split_units
+from digenrl.plan.sequence_shape import sequence_shape
 from digenrl.rules.schedule import replica_group, shard_group
 from digenrl.sim.cluster import SimCluster
 
@@ -48,10 +57,35 @@ def fsdp_gather_s(cluster: SimCluster, group: Sequence[int], nbytes: float, rank
     return (n - 1) / n * nbytes / cluster.net.ring_bottleneck_bytes_per_s(group)
 
 
+def sequence_exchange_s(cluster: SimCluster, rank: int, samples: int, passes: int) -> float:
+    """Seconds of ``rank``'s Ulysses all-to-alls over ``passes`` transformer passes of ``samples`` samples
+    (module docstring); 0 without sequence parallelism. Each all-to-all over ``rank``'s group
+    (``cluster.sequence_groups``) is limited by the slowest link from ``rank`` to a peer (nccl-tests
+    PERFORMANCE.md: an all-to-all moves (n−1)/n of the bytes over each rank's link)."""
+    n = cluster.sequence_degree(rank)
+    if n == 1 or samples <= 0:
+        return 0.0
+    cost = cluster.cost(rank)
+    shape = sequence_shape(cost.model)
+    latent = cost.meta.get("latent_shape")
+    if shape is None or latent is None:
+        raise ValueError(
+            f"sequence_parallel={n}: no sequence shape for {cost.model!r} (digenrl/plan/sequence_shape.py) "
+            "or no meta['latent_shape'] in its cost file; its all-to-alls cannot be priced"
+        )
+    peers = [peer for peer in cluster.sequence_groups[rank] if peer != rank]
+    rate = min(cluster.net.bytes_per_s(rank, peer) for peer in peers)
+    return shape.exchange_bytes(samples, shape.tokens(latent), n, passes) / rate
+
+
 def micro_batch_s(cluster: SimCluster, rank: int, group: Sequence[int], units: int) -> float:
     """Seconds of one micro-batch of ``units`` units on ``rank`` whose trainer group is ``group``."""
     w = cluster.workload
     compute = w.micro_batch_s(cluster.cost(rank), units)
+    n = cluster.sequence_degree(rank)
+    if n > 1:
+        passes = 2 + int(w.activation_checkpointing) + int(w.cfg)
+        return compute / n + sequence_exchange_s(cluster, rank, units, passes)
     if not units or not sharded(cluster, group):
         return compute
     return max(compute, 3 * fsdp_gather_s(cluster, group, cluster.cost(rank).param_bytes, rank))

@@ -143,7 +143,9 @@ class System:
             ),
             self.evaluation_phases() as phases,
         ):
-            return evaluator.run(iteration, version, weights=weights, phases=phases)
+            result = evaluator.run(iteration, version, weights=weights, phases=phases)
+        # with sequence parallelism every data group's first rank holds a result (rank 0's group included)
+        return result if self.ctx.rank == 0 else None
 
     # ------------------------------------------------------------------ checkpoint
     def checkpoint_payload(self, next_iteration: int) -> tuple[dict, dict | None]:

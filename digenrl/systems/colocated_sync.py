@@ -22,6 +22,7 @@ from digenrl.data.rank_shares import RankShare, rank_shares, split_backend_confl
 from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.rollout.scoring import ScoreResult
 from digenrl.runtime.comm.distributed import global_sum
+from digenrl.runtime.comm.sequence_groups import build_sequence_groups
 from digenrl.runtime.hardware.profiles import load_profile
 from digenrl.runtime.observe.events import EventLogger
 from digenrl.runtime.observe.span_phases import Phase
@@ -47,7 +48,9 @@ def residency_span(events: EventLogger, record: TransitionRecord, iteration: int
 
 
 def colocated_shares(cfg: Config, world_size: int) -> list[RankShare]:
-    """Every rank's share of the iteration (``colocated.split``), or a ConfigError naming the keys."""
+    """Every data-parallel member's share of the iteration (``colocated.split``), or a ConfigError naming
+    the keys. A member is a rank, or a group of ``trainer.sequence_parallel`` consecutive ranks that
+    generate and train the same samples together (docs/models.md, "Sequence parallelism")."""
     split = cfg.colocated.split
     backend = resolve_backend(cfg.trainer.backend, world_size=world_size, mode=cfg.trainer.mode)
     conflict = split_backend_conflict(split, backend, cfg.trainer.deepspeed_stage)
@@ -62,7 +65,7 @@ def colocated_shares(cfg: Config, world_size: int) -> list[RankShare]:
             )
         speeds = list(profile.relative_speeds[:world_size])
     else:
-        speeds = [1.0] * world_size
+        speeds = [1.0] * (world_size // cfg.trainer.sequence_parallel)
     try:
         return rank_shares(
             cfg.algo.prompts_per_iteration, cfg.algo.group_size, speeds, cfg.trainer.micro_batch_size, split
@@ -96,6 +99,14 @@ class ColocatedSync(System):
             )
 
     def setup(self) -> RankComponents:
+        # trainer.sequence_parallel > 1: groups of consecutive ranks, each one data-parallel member
+        self.sequence = build_sequence_groups(
+            range(self.ctx.world_size),
+            self.cfg.trainer.sequence_parallel,
+            timeout_s=self.cfg.runtime.timeout_s,
+        )
+        # samples are shared out, counted and their rewards gathered over it (None: every rank)
+        self.data_group = self.sequence.data_group if self.sequence else None
         parts = build_rank_components(
             self.cfg,
             self.ctx,
@@ -105,10 +116,12 @@ class ColocatedSync(System):
             clock_origin=self.clock_origin,
             run=self.run_start,
             generation_copy=self.generation_copy,
+            sequence=self.sequence,
             shard_groups=self.trainer_shard_groups(range(self.ctx.world_size)),
         )
         self.residency = self.build_residency(parts)
-        self.share = colocated_shares(self.cfg, self.ctx.world_size)[self.ctx.rank]
+        member = self.sequence.member if self.sequence else self.ctx.rank
+        self.share = colocated_shares(self.cfg, self.ctx.world_size)[member]
         parts.trainer.micro_batch_size = self.share.micro_batch_size  # colocated.split=speed: per rank
         return parts
 
@@ -175,20 +188,21 @@ class ColocatedSync(System):
         version = self.version.current
         t0 = time.perf_counter()
         batch, score = self.rollout(iteration, version)
-        batch = assign_advantages(batch, score, self.cfg.algo)
+        data = self.data_group
+        batch = assign_advantages(batch, score, self.cfg.algo, group=data)
         t1 = time.perf_counter()
         self.residency.before_optimizer_step()
         training = Accumulation(
-            self.parts.trainer, self.parts.events, iteration, version, global_sum(batch.num_units)
+            self.parts.trainer, self.parts.events, iteration, version, global_sum(batch.num_units, data)
         )
         step_stats = train_logical_batch(training, [batch], self.cfg.algo.num_updates_per_batch)
         self.version.advance()
-        reward_mean, reward_std = reward_summary(score.rewards[score.keep])
+        reward_mean, reward_std = reward_summary(score.rewards[score.keep], data)
         return IterationReport(
-            samples=int(global_sum(batch.batch_size)),
+            samples=int(global_sum(batch.batch_size, data)),
             reward_mean=reward_mean,
             reward_std=reward_std,
-            train=training.stats.reduce(),
+            train=training.stats.reduce(data),
             step=step_stats,
             phase_s={"rollout": t1 - t0, "train": time.perf_counter() - t1},
         )

@@ -25,6 +25,7 @@ from digenrl.rollout.remote_scoring import ScorerPool
 from digenrl.rollout.sampler import Sampler
 from digenrl.rollout.scoring import Scorer
 from digenrl.runtime.comm.distributed import DistContext
+from digenrl.runtime.comm.sequence_groups import SequenceGroups
 from digenrl.runtime.comm.shard_groups import ShardGroups
 from digenrl.runtime.observe.events import EventLogger
 from digenrl.runtime.observe.metrics import MetricsWriter, open_tensorboard, open_wandb
@@ -76,6 +77,7 @@ def build_rank_components(
     generation_copy: bool = False,
     shard_groups: ShardGroups | None = None,
     scorer_pool: ScorerPool | None = None,
+    sequence: SequenceGroups | None = None,
 ) -> RankComponents:
     """Build this rank's parts. The same seed gives every rank the same initial weights, so the
     policy is identical everywhere before the first update (checked by the weight checksum tests).
@@ -161,6 +163,12 @@ def build_rank_components(
             autocast=autocast,
             cudnn_sdpa=cfg.model.cudnn_sdpa,
         )
+    if sequence is not None:
+        from digenrl.models.sequence_parallel import enable_sequence_parallel
+
+        if generation_model is not None:
+            raise ValueError("sequence parallelism with a separate generation copy (colocated-engine)")
+        enable_sequence_parallel(bundle.flow_model, sequence.sequence_group, sequence.single_rank_group)
     engine = scorer = None
     prompt_sets = configured_prompt_sets(cfg.data)
     if score:
@@ -227,7 +235,7 @@ def build_rank_components(
             scorer_pool.evaluation_scoring(bundle.decoder) if remote else local_scoring(scorer),
             prompt_sets["data.eval_prompts"].prompts,
             device=ctx.device,
-            group=process_group,
+            group=process_group if sequence is None else sequence.data_group,
             scored_on=f"scorer rank(s) {list(scorer_pool.scorer_ranks)}" if remote else "",
         )
     return RankComponents(

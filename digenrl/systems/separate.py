@@ -50,6 +50,7 @@ from digenrl.rollout.scoring import ScoreResult
 from digenrl.rules import separate_pools
 from digenrl.runtime.comm.control_plane import ControlPlane
 from digenrl.runtime.comm.distributed import global_sum, named_collective
+from digenrl.runtime.comm.sequence_groups import SequenceGroups, build_sequence_groups
 from digenrl.runtime.comm.weight_sync import (
     POLICY_VERSION_NAME,
     SyncStats,
@@ -124,7 +125,9 @@ class SeparateSystem(System):
         of a group when groups are fewer than generators); every trainer gets samples."""
         check_trainer_pool_backend(cfg)
         layout = separate_layout(cfg, world_size)
-        gens, trainers = len(layout.generator_ranks), len(layout.trainer_ranks)
+        # a sequence-parallel group of either pool is one member of it (docs/models.md)
+        gens = len(layout.generator_ranks) // cfg.sampler.sequence_parallel
+        trainers = len(layout.trainer_ranks) // cfg.trainer.sequence_parallel
         p, g = cfg.algo.prompts_per_iteration, cfg.algo.group_size
         if (p * g) % gens:
             raise ConfigError(
@@ -146,6 +149,18 @@ class SeparateSystem(System):
             )
         self.layout = separate_layout(cfg, ctx.world_size)
         self.groups = build_process_groups(self.layout, timeout_s=cfg.runtime.timeout_s)
+        # trainer.sequence_parallel / sampler.sequence_parallel: each pool's groups, built on every rank in
+        # this order (None where the degree is 1 or this rank is in the other pool)
+        self.trainer_sequence = build_sequence_groups(
+            self.layout.trainer_ranks,
+            cfg.trainer.sequence_parallel,
+            timeout_s=cfg.runtime.timeout_s,
+        )
+        self.generator_sequence = build_sequence_groups(
+            self.layout.generator_ranks,
+            cfg.sampler.sequence_parallel,
+            timeout_s=cfg.runtime.timeout_s,
+        )
         self.role = self.layout.role_of(ctx.rank)
         if ctx.rank == 0:
             log.info(
@@ -171,6 +186,7 @@ class SeparateSystem(System):
             clock_origin=self.clock_origin,
             run=self.run_start,
             process_group=self.groups.trainer_group,
+            sequence=self.trainer_sequence or self.generator_sequence,
             shard_groups=self.trainer_shard_groups(self.layout.trainer_ranks),
             scorer_pool=self.scorer_pool,
         )
@@ -201,6 +217,7 @@ class SeparateSystem(System):
             sharding=self.sharding,
             device=ctx.device,
             timeout_s=cfg.runtime.timeout_s,
+            replicas=cfg.trainer.sequence_parallel,
         )
         self.bound = self.staleness_bound()
         return parts
@@ -271,10 +288,11 @@ class SeparateSystem(System):
         return False
 
     def fragment_plan(self) -> FragmentPlan:
-        """The separate baselines: one fragment per generator, its contiguous share of the samples — whole
-        groups when generators divide the groups, else part of a group (its advantages come from the
-        rewards gathered over the generator pool, :meth:`SeparateSync.advantages`)."""
-        gens = len(self.layout.generator_ranks)
+        """The separate baselines: one fragment per generator (per sequence-parallel group of generators),
+        its contiguous share of the samples — whole groups when generators divide the groups, else part of
+        a group (its advantages come from the rewards gathered over the generator pool,
+        :meth:`SeparateSync.advantages`)."""
+        gens = len(self.layout.generator_ranks) // self.cfg.sampler.sequence_parallel
         p, g = self.cfg.algo.prompts_per_iteration, self.cfg.algo.group_size
         return FragmentPlan(p, 1, gens, assignment="round-robin", group_size=g, sample_size=p * g // gens)
 
@@ -299,6 +317,13 @@ class SeparateSystem(System):
     @property
     def generator_ranks(self) -> tuple[int, ...]:
         return self.layout.generator_ranks
+
+    @staticmethod
+    def data_group(sequence: SequenceGroups | None, pool_group: object) -> object:
+        """The group a pool shares out, counts and gathers samples over: the pool, or with sequence
+        parallelism one rank per group of it
+        (:class:`~digenrl.runtime.comm.sequence_groups.SequenceGroups`)."""
+        return pool_group if sequence is None else sequence.data_group
 
     def ship_and_wait(self, batch: TrajectoryBatch, iteration: int, fragment: int, tags: dict) -> float:
         """Ship a fragment and wait until every trainer has taken it (reap before launch: the transfer
@@ -344,7 +369,7 @@ class SeparateSystem(System):
     ) -> IterationReport:
         """A trainer rank's iteration, reduced over the trainer pool (collectives, in this order, on every
         trainer rank): the ``rewards`` and ``samples`` of its share of the logical batch, its training."""
-        group = self.groups.trainer_group
+        group = self.data_group(self.trainer_sequence, self.groups.trainer_group)
         reward_mean, reward_std = reward_summary(rewards, group)
         return IterationReport(
             samples=round(global_sum(samples, group)),

@@ -34,12 +34,15 @@ class SeparateSync(SeparateSystem):
         self.initial_sync()
 
     def my_fragment(self) -> int:
-        """This generator's fragment: its contiguous share of the iteration's samples."""
-        return self.generator_ranks.index(self.ctx.rank)
+        """This generator's fragment: its contiguous share of the iteration's samples (its sequence-parallel
+        group's, shared by the group's ranks)."""
+        return self.generator_ranks.index(self.ctx.rank) // self.cfg.sampler.sequence_parallel
 
     def advantages(self, batch: TrajectoryBatch, score: ScoreResult) -> TrajectoryBatch:
-        """Group advantages with rewards gathered over the generator pool (it holds the whole batch)."""
-        return assign_advantages(batch, score, self.cfg.algo, group=self.groups.generator_group)
+        """Group advantages with rewards gathered over the generator pool (it holds the whole batch; one
+        rank per sequence-parallel group of it)."""
+        group = self.data_group(self.generator_sequence, self.groups.generator_group)
+        return assign_advantages(batch, score, self.cfg.algo, group=group)
 
     # ------------------------------------------------------------------ generator pool
     def rollout(self, iteration: int) -> tuple[TrajectoryBatch, ScoreResult]:
@@ -61,6 +64,10 @@ class SeparateSync(SeparateSystem):
         return batch, score
 
     def ship(self, batch: TrajectoryBatch, iteration: int) -> None:
+        """Send the fragment to the trainers: from the first rank of a sequence-parallel group only (its
+        peers computed the same fragment)."""
+        if self.generator_sequence is not None and self.generator_sequence.local:
+            return
         with self.parts.events.span(Phase.TRANSFER, iteration=iteration, policy_version=self.version.current):
             tags = {"policy_version": self.version.current, "producer": self.ctx.rank}
             self.ship_and_wait(batch, iteration, self.my_fragment(), tags)
@@ -81,8 +88,9 @@ class SeparateSync(SeparateSystem):
         with events.span(Phase.WAIT_TRANSFER, iteration=iteration, policy_version=version):
             batch = self.receive_all(iteration, version, staleness)
         t1 = time.perf_counter()
+        data = self.data_group(self.trainer_sequence, group)  # each sample counted once per group
         training = Accumulation(
-            self.parts.trainer, events, iteration, version, global_sum(batch.num_units, group)
+            self.parts.trainer, events, iteration, version, global_sum(batch.num_units, data)
         )
         step_stats = train_logical_batch(training, [batch], self.cfg.algo.num_updates_per_batch)
         t2 = time.perf_counter()

@@ -10,6 +10,11 @@ Every generator splits its samples over the trainer ranks as evenly as possible 
 ``ship``: ``torch.tensor_split``, first ranks take the larger parts), sending to the trainers in rank
 order; trainers receive from the generators in rank order. With zero link
 costs an iteration takes exactly generate + score + train + all-reduce + optimizer step.
+
+With sequence parallelism a pool's group of N ranks is one member of it (``systems/separate_sync.py``):
+every rank of a generator group generates and scores the group's fragment (``sim/phase_costs.py``
+``generation_s``: 1/N of the compute plus the all-to-alls) and its first rank ships it; every rank of a
+trainer group receives its group's share and trains it together.
 """
 
 from __future__ import annotations
@@ -29,20 +34,37 @@ def run_separate_sync(cluster: SimCluster, plan: RunPlan) -> None:
     trainers, generators = plan.trainer_ranks(world), plan.generator_ranks(world)
     weights = GeneratorWeights(cluster, trainers[0], generators, trainers)
     rendezvous = plan.transport_mode == "rendezvous"
-    first = 0  # generator g generates samples [first, first + share) of every iteration
+    first = 0  # generator g generates samples [first, first + share) of every iteration (its group's)
     for rank, share in zip(generators, generator_samples(cluster, generators), strict=True):
         process = _generator(cluster, rank, first, share, trainers, weights, rendezvous)
         cluster.spawn(process, f"generator {rank}")
-        first += share
+        group = cluster.sequence_groups.get(rank, (rank,))
+        first += share if rank == group[-1] else 0
     for rank in trainers:
         cluster.spawn(_trainer(cluster, rank, trainers, generators, weights), f"trainer {rank}")
 
 
 def generator_samples(cluster: SimCluster, generators: tuple[int, ...]) -> list[int]:
-    """Samples per generator: one fragment of P·G / generators each (``systems/separate.py``
-    ``fragment_plan``; part of a group when groups are fewer than generators)."""
+    """Samples per generator rank: one fragment of P·G / generators each (``systems/separate.py``
+    ``fragment_plan``; part of a group when groups are fewer than generators), a sequence-parallel group's
+    fragment on each of its ranks."""
     w = cluster.workload
-    return split_evenly(w.prompts_per_iteration * w.group_size, len(generators))
+    n = cluster.sequence_degree(generators[0])
+    members = split_evenly(w.prompts_per_iteration * w.group_size, len(generators) // n)
+    return [members[i // n] for i in range(len(generators))]
+
+
+def shippers(cluster: SimCluster, generators: tuple[int, ...]) -> tuple[int, ...]:
+    """The generator ranks that ship their fragment: each one's group's first rank."""
+    return tuple(g for g in generators if cluster.sequence_groups.get(g, (g,))[0] == g)
+
+
+def trainer_shares(cluster: SimCluster, trainers: tuple[int, ...], samples: int) -> list[int]:
+    """``samples`` split over the trainer ranks like ``torch.tensor_split`` over the trainer members (a
+    sequence-parallel group's share to each of its ranks: ``gap/stream.py`` ``replicas``)."""
+    n = cluster.sequence_degree(trainers[0])
+    members = split_evenly(samples, len(trainers) // n)
+    return [members[i // n] for i in range(len(trainers))]
 
 
 def _generator(
@@ -63,8 +85,10 @@ def _generator(
         yield from cluster.work(
             rank, Phase.SCORE, score_s(cluster, rank, samples, at=at), samples=samples, **tags
         )
+        if rank not in shippers(cluster, (rank,)):
+            continue  # a sequence-parallel peer: its group's first rank ships the fragment
         # samples split over the trainers like torch.tensor_split (systems/separate.py ``ship``)
-        for t, share in zip(trainers, split_evenly(samples, len(trainers)), strict=True):
+        for t, share in zip(trainers, trainer_shares(cluster, trainers, samples), strict=True):
             channel = cluster.channel(("batch", k, rank, t), rank, t)
             nbytes = share * cost.fragment_bytes_per_sample
             yield from channel.send(nbytes, rendezvous=rendezvous, what="batch", **tags)
@@ -73,11 +97,16 @@ def _generator(
 def trainer_units(
     cluster: SimCluster, trainers: tuple[int, ...], generators: tuple[int, ...], rank: int
 ) -> int:
-    """Units trainer ``rank`` receives: from every generator its ``tensor_split`` share of samples."""
+    """Units trainer ``rank`` receives: from every shipping generator its ``tensor_split`` share of
+    samples."""
     w = cluster.workload
     position = trainers.index(rank)
-    samples = sum(split_evenly(n, len(trainers))[position] for n in generator_samples(cluster, generators))
-    return samples * w.train_steps
+    shipped = [
+        n
+        for g, n in zip(generators, generator_samples(cluster, generators), strict=True)
+        if g in shippers(cluster, generators)
+    ]
+    return sum(trainer_shares(cluster, trainers, n)[position] for n in shipped) * w.train_steps
 
 
 def _trainer(
@@ -91,7 +120,7 @@ def _trainer(
     units = trainer_units(cluster, trainers, generators, rank)
     for k in range(w.iterations):
         tags = {"iteration": k, "policy_version": k}
-        for g in generators:
+        for g in shippers(cluster, generators):
             yield from cluster.channel(("batch", k, g, rank), g, rank).recv(Phase.WAIT_TRANSFER, **tags)
         yield from cluster.work(rank, Phase.TRAIN, units_s(cluster, rank, trainers, units), **tags)
         if not sharded(cluster, trainers):  # FSDP2 reduce-scatters inside every micro-batch
