@@ -128,8 +128,13 @@ def test_throughput_grid_of_the_committed_table_is_readable():
     panels = figure.axes
     assert len(panels) == len(profiles) * len(models)
     systems = ordered_systems(r.system for r in rows)
+    cells = {(profiles.index(r.extra["profile"]), models.index(panel_model(r))) for r in rows}
     for index, axes in enumerate(panels):
         profile, model = profiles[index // len(models)], models[index % len(models)]
+        row, column = divmod(index, len(models))
+        if (row, column) not in cells:  # a profile x scenario pair the table has no rows for: blank
+            assert not axes.axison
+            continue
         assert axes.get_title() == f"{model}\n{profile} · {rows_of(rows, model, profile)[0].gpus} GPUs"
         bars = [p for p in axes.patches if p.get_fill()]
         expected = {r.system: r for r in rows_of(rows, model, profile)}
@@ -143,7 +148,8 @@ def test_throughput_grid_of_the_committed_table_is_readable():
         )
         assert all(p.get_hatch() == SIMULATED_HATCH for p in bars)  # the committed table is all simulated
         labels = [t.get_text() for t in axes.get_xticklabels()]
-        assert labels == (systems if index // len(models) == len(profiles) - 1 else [""] * len(systems))
+        lowest = all((below, column) not in cells for below in range(row + 1, len(profiles)))
+        assert labels == (systems if lowest else [""] * len(systems))  # names under a column's lowest panel
     assert overlapping_texts(figure) == []
 
 
