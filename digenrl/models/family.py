@@ -52,6 +52,9 @@ class ModelFamily:
     ``lora_targets``: module-name suffixes the default LoRA adapter wraps (peft ``target_modules``).
     ``specs``: the zoo entries of this family (published configurations and tiny CPU variants).
     ``pipeline_class``: the diffusers pipeline class of the family (exports load through it).
+    ``kohya_lora``: whether ComfyUI's loader maps ``lora_transformer_<diffusers module>`` keys onto this
+    family's diffusers modules (comfy/lora.py does for SD3 and FLUX), so ``export.py --format kohya`` may
+    write it (digenrl/trainer/lora_export.py).
     """
 
     name: str
@@ -63,6 +66,7 @@ class ModelFamily:
     specs: tuple[ModelSpec, ...]
     pipeline_class: str
     vae_decode: Callable[[nn.Module, Tensor], Tensor] = plain_vae_decode
+    kohya_lora: bool = False
 
     def __post_init__(self) -> None:
         if not self.lora_targets:

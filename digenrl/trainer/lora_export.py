@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from digenrl.models.specs import get_family
+from digenrl.models.specs import family_names, get_family
 from digenrl.trainer.lora import ADAPTER_NAME, default_lora_targets, lora_config
 
 if TYPE_CHECKING:
@@ -50,8 +50,6 @@ if TYPE_CHECKING:
 DIFFUSERS_LORA_FILE = "pytorch_lora_weights.safetensors"
 KOHYA_LORA_FILE = "lora_kohya.safetensors"
 KOHYA_PREFIX = "lora_transformer_"
-#: The families whose diffusers module names ComfyUI maps from ``lora_transformer_`` keys (comfy/lora.py).
-KOHYA_FAMILIES = ("sd3", "flux")
 PEFT_CONFIG_FILE = "adapter_config.json"
 PEFT_WEIGHTS_FILE = "adapter_model.safetensors"
 #: ``checkpoint.export_lora``: the sub-directories of a checkpoint step directory it writes.
@@ -120,10 +118,11 @@ def kohya_lora_state(state: dict[str, torch.Tensor], config: LoraConfig) -> dict
 def check_kohya_family(family: str) -> None:
     """Refuse (``ValueError`` naming ``--format``) a family whose modules ComfyUI does not map from
     ``lora_transformer_`` keys."""
-    if family not in KOHYA_FAMILIES:
+    if not get_family(family).kohya_lora:
+        kohya = [name for name in family_names() if get_family(name).kohya_lora]
         raise ValueError(
             f"--format kohya: ComfyUI maps lora_transformer_ keys onto the diffusers modules of "
-            f"{' and '.join(KOHYA_FAMILIES)} models only, not {family!r}; use --format diffusers or peft"
+            f"{' and '.join(kohya)} models only, not {family!r}; use --format diffusers or peft"
         )
 
 

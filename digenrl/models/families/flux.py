@@ -160,5 +160,6 @@ FAMILY = ModelFamily(
     latent_compression=autoencoder_kl_compression,
     lora_targets=ATTENTION_TARGETS,
     pipeline_class="FluxPipeline",
+    kohya_lora=True,
     specs=(FLUX1_DEV, TINY_FLUX),
 )

@@ -191,5 +191,6 @@ FAMILY = ModelFamily(
     latent_compression=autoencoder_kl_compression,
     lora_targets=ATTENTION_TARGETS,
     pipeline_class="StableDiffusion3Pipeline",
+    kohya_lora=True,
     specs=(SD35_MEDIUM, TINY_SD3),
 )
