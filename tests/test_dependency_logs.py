@@ -41,7 +41,12 @@ def _kept(record: logging.LogRecord) -> bool:
 def test_each_known_line_is_dropped_and_nothing_else() -> None:
     quiet_dependency_logs()
     quiet_dependency_logs()  # idempotent
-    assert all(len(logging.getLogger(name).filters) == 1 for name in KNOWN_NOISE)
+    # one filter of ours per logger (diffusers may add its own rank-zero filter to its loggers)
+    ours = [
+        [f for f in logging.getLogger(n).filters if type(f).__name__ == "_DropKnownNoise"]
+        for n in KNOWN_NOISE
+    ]
+    assert all(len(filters) == 1 for filters in ours), ours
     so = "/x/site-packages/torchao/_C_mxfp8.cpython-310-x86_64-linux-gnu.so"
     assert not _kept(_record("torchao", f"Failed to load {so}: Could not load this library"))
     assert not _kept(_record("torchao", "Failed to load /x/torchao/_C_cutlass_90a.abi3.so: nope"))
