@@ -695,7 +695,13 @@ def panel_rows(
 
     context = multiprocessing.get_context("spawn")  # no forked torch / thread state in the workers
     with ProcessPoolExecutor(max_workers=min(jobs, len(work)), mp_context=context) as pool:
-        for future in as_completed([pool.submit(_panel, item) for item in work]):
+        futures = {pool.submit(_panel, item): item for item in work}
+        for future in as_completed(futures):
+            error = future.exception()
+            if error is not None:  # stop at once naming the panel; the table keeps the panels that ended
+                scenario, profile = futures[future][:2]
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise RuntimeError(f"panel {scenario.label} @ {profile} failed: {error}") from error
             yield future.result()
 
 
