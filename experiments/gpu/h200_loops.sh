@@ -84,8 +84,9 @@ fi
 #     safety table's FLUX row is what keeps training off cuDNN for head dim 128
 if wanted attention-masked; then
     # shellcheck disable=SC2086
-    step attention-masked 100 $PY experiments/measure.py attention $ATTN_DEVICE --cases qwen-padded,qwen-bucketed \
-        --backends current,native,_native_cudnn,_native_efficient,flex --time-budget-s 75 --out "$WORK/attention-masked"
+    step attention-masked $((${ATTN_BUDGET_S:-75} + 25)) $PY experiments/measure.py attention $ATTN_DEVICE \
+        --cases qwen-padded,qwen-bucketed --backends current,native,_native_cudnn,_native_efficient,flex \
+        --time-budget-s "${ATTN_BUDGET_S:-75}" --out "$WORK/attention-masked"
 fi
 if wanted regression-flux && [[ $DRY != 1 ]]; then
     step regression-flux 130 $PY experiments/measure.py trainer --regression-only --regression-model flux.1-dev \
