@@ -15,7 +15,9 @@
 #     in .whl/models, installed by gpu_setup)
 #     ONLY="attention sd35-profile generator-graphs" ...: issue 37's round 2 (attention kernels per backend,
 #     the H100 loop with its profile, the generator step with and without CUDA graphs); on any kind, the
-#     rows carry the GPU's name (kind nvidia-h100-x1 for the H100 rows)
+#     rows carry the GPU's name (kind nvidia-h100-x1 for the H100 rows); ONLY="attention-masked regression-flux
+#     generator-graphs" ... the follow-ups (Qwen-Image's masked shapes alone, ATTN_BUDGET_S seconds; cuDNN's
+#     backward on FLUX.1-dev's blocks against flash, the check that could lift the table's FLUX row)
 #   CPU dry run of the same commands with the tiny model: DRY=1 bash experiments/gpu/h200_loops.sh
 #
 # Results under $OUT: log.txt, summary.md, results.tgz (summary.json/md from experiments/gpu/loops_summary.py,
