@@ -126,8 +126,9 @@ loop sd35 180 "$SD35"
 loop sd35-profile 230 "$SD35" iterations=3 runtime.profile_iteration=2
 # issue 37 item 2: the generator step of SD3.5-medium (B = 16, CFG) compiled by blocks (the loops' path) and
 # compiled whole with mode reduce-overhead (CUDA graphs of the fixed-shape step), each in its own process
+# (GEN_MODES picks a subset)
 if wanted generator-graphs; then
-    for mode in default reduce-overhead; do
+    for mode in ${GEN_MODES:-default reduce-overhead}; do
         step "generator-$mode" 150 $PY experiments/measure.py generator --model $GEN_MODEL --paths optimized \
             --compile --compile-mode $mode --batch-sizes 16 --cfg on --warmup 3 --iters 10 \
             --out "$WORK/generator-$mode"
