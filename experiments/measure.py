@@ -4,6 +4,7 @@
     python experiments/measure.py costs      --model tiny-sd3               # cost file, real components
     python experiments/measure.py generator  --model sd3.5-medium --compile  # generator step benchmark
     python experiments/measure.py trainer    --model flux.1-dev --compile --autocast   # trainer benchmark
+    python experiments/measure.py attention  --out runs/attention            # attention kernels per backend
     python experiments/measure.py reward     --reward vlm-judge --batch-sizes 1,4,8,16  # reward benchmark
     python experiments/measure.py switch     --model flux.1-dev --modes lora,full  # colocated-engine switch
     python experiments/measure.py reward-latency --reward vlm-judge --lengths 1,16,64,256  # judge per sample
@@ -42,6 +43,7 @@ COMMANDS = {
     "costs": "digenrl.perf.measure_costs",
     "generator": "digenrl.perf.bench_generator",
     "trainer": "digenrl.perf.bench_trainer",
+    "attention": "digenrl.perf.bench_attention",
     "reward": "digenrl.perf.bench_reward",
     "backends": "digenrl.perf.bench_backends",
     "switch": "digenrl.perf.measure_switch",

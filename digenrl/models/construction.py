@@ -51,16 +51,27 @@ def clean_config(config: dict[str, Any]) -> dict[str, Any]:
 def cast_floating(model: nn.Module, dtype: torch.dtype) -> nn.Module:
     """Cast floating parameters/buffers to `dtype`, keeping the class's `_keep_in_fp32_modules` in float32
     for half dtypes, as diffusers' `from_pretrained(torch_dtype=...)` does (a module path component must
-    equal one of the names, diffusers modeling_utils / model_loading_utils)."""
+    equal one of the names, diffusers modeling_utils / model_loading_utils).
+
+    Buffers are replaced, not given new ``.data``: a buffer registered as a view (diffusers' ``PatchEmbed``
+    registers ``pos_embed.float().unsqueeze(0)``) would keep its float32 ``_base`` under a bf16 ``.data``,
+    and ``torch.compile`` of a module reading it then fails (fake-tensor metadata check: "torch.float32 !=
+    torch.bfloat16"; seen compiling SD3.5-medium whole, issue 37)."""
     keep = set(getattr(model, "_keep_in_fp32_modules", None) or ())
     half = dtype in (torch.float16, torch.bfloat16)
+
+    def target(name: str) -> torch.dtype:
+        return torch.float32 if half and keep.intersection(name.split(".")) else dtype
+
     with torch.no_grad():
-        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-            if not tensor.is_floating_point():
-                continue
-            target = torch.float32 if half and keep.intersection(name.split(".")) else dtype
-            if tensor.dtype != target:
-                tensor.data = tensor.data.to(target)
+        for name, tensor in model.named_parameters():
+            if tensor.is_floating_point() and tensor.dtype != target(name):
+                tensor.data = tensor.data.to(target(name))
+        for module_name, module in model.named_modules():
+            for name, buffer in list(module._buffers.items()):
+                full = f"{module_name}.{name}" if module_name else name
+                if buffer is not None and buffer.is_floating_point() and buffer.dtype != target(full):
+                    module._buffers[name] = buffer.to(target(full))
     return model
 
 

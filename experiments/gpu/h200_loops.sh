@@ -13,6 +13,11 @@
 #     each (10 minutes a call; a cold compile cache costs ~130 s per model)
 #     ONLY="fp8-agreement sd35-fp8 sd35" ..., ONLY="flux-fp8 flux-mb8" ...: FP8 beside 16-bit (torchao's wheel
 #     in .whl/models, installed by gpu_setup)
+#     ONLY="attention sd35-profile generator-graphs" ...: issue 37's round 2 (attention kernels per backend,
+#     the H100 loop with its profile, the generator step with and without CUDA graphs); on any kind, the
+#     rows carry the GPU's name (kind nvidia-h100-x1 for the H100 rows); ONLY="attention-masked regression-flux
+#     generator-graphs" ... the follow-ups (Qwen-Image's masked shapes alone, ATTN_BUDGET_S seconds; cuDNN's
+#     backward on FLUX.1-dev's blocks against flash, the check that could lift the table's FLUX row)
 #   CPU dry run of the same commands with the tiny model: DRY=1 bash experiments/gpu/h200_loops.sh
 #
 # Results under $OUT: log.txt, summary.md, results.tgz (summary.json/md from experiments/gpu/loops_summary.py,
@@ -28,12 +33,16 @@ if [[ $DRY == 1 ]]; then
     SD35="--config experiments/configs/tiny.yaml system=colocated-sync profile=cpu-1 model.dtype=bfloat16"
     FLUX=$SD35
     ITER="iterations=2"
+    GEN_MODEL=tiny-sd3
+    ATTN_DEVICE="--device cpu --cases tiny,tiny-masked --backends current,native,_native_math"
 else
     gpu_setup
     PY=python3
     SD35="--config experiments/configs/sd35-medium-lora.yaml"
     FLUX="--config experiments/configs/flux-dev-lora.yaml"
     ITER="iterations=4"
+    GEN_MODEL=sd3.5-medium
+    ATTN_DEVICE=""
 fi
 ONLY=${ONLY:-"regression parity sd35 sd35-nocudnn sd35-eager"}
 
@@ -54,7 +63,8 @@ loop() {
         cp "$RUNS/$name"/profile/rank*.json "$RUNS/$name"/profile/rank*.md "$WORK/runs/$name/profile/" 2>/dev/null
         rm -f "$WORK/runs/$name"/profile/*.trace.json
     fi
-    $PY experiments/gpu/loops_summary.py "$RUNS" --out "$WORK" --hardware "$(hardware)" >/dev/null
+    $PY experiments/gpu/loops_summary.py "$RUNS" --out "$WORK" --hardware "$(hardware)" \
+        --command "ONLY=\"$ONLY\" bash experiments/gpu/h200_loops.sh" >/dev/null
 }
 hardware() { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep . || echo cpu; }
 
@@ -64,6 +74,26 @@ if wanted regression && [[ $DRY != 1 ]]; then
     step regression 100 $PY experiments/measure.py trainer --regression-only --regression-model sd3.5-medium \
         --regression-blocks 4,1 --regression-heights 512,1024 --regression-settings no-cudnn,cudnn,safe \
         --regression-timeout-s 60 --out "$WORK/regression-sd3.5-medium.json"
+fi
+# 1b. issue 37: every attention backend at the models' joint-attention shapes, forward and forward + backward,
+#     with its numerics against float32 math attention (digenrl/perf/bench_attention.py; flex compiles last)
+if wanted attention; then
+    # shellcheck disable=SC2086
+    step attention 110 $PY experiments/measure.py attention $ATTN_DEVICE --time-budget-s 80 --out "$WORK/attention"
+fi
+# 1c. the masked Qwen-Image shapes alone (padded to 512 text tokens, and cut to the longest prompt), and the
+#     cuDNN SDPA backward on FLUX.1-dev's blocks (2 + 2 at the real width, 512²) against the flash kernel's: the
+#     safety table's FLUX row is what keeps training off cuDNN for head dim 128
+if wanted attention-masked; then
+    # shellcheck disable=SC2086
+    step attention-masked $((${ATTN_BUDGET_S:-75} + 25)) $PY experiments/measure.py attention $ATTN_DEVICE \
+        --cases qwen-padded,qwen-bucketed --backends current,native,_native_cudnn,_native_efficient,flex \
+        --time-budget-s "${ATTN_BUDGET_S:-75}" --out "$WORK/attention-masked"
+fi
+if wanted regression-flux && [[ $DRY != 1 ]]; then
+    step regression-flux 130 $PY experiments/measure.py trainer --regression-only --regression-model flux.1-dev \
+        --regression-heights 512 --regression-settings no-cudnn,cudnn --regression-timeout-s 60 \
+        --out "$WORK/regression-flux.1-dev.json"
 fi
 # 2. issue 21: does a generator rank roll out what a trainer rank does (same seed, policy v0)?
 if wanted parity; then
@@ -94,6 +124,16 @@ fi
 loop sd35 180 "$SD35"
 # the kernel profile of the same loop on its own (a cold compile cache takes ~130 s of a call): iteration 2
 loop sd35-profile 230 "$SD35" iterations=3 runtime.profile_iteration=2
+# issue 37 item 2: the generator step of SD3.5-medium (B = 16, CFG) compiled by blocks (the loops' path) and
+# compiled whole with mode reduce-overhead (CUDA graphs of the fixed-shape step), each in its own process
+# (GEN_MODES picks a subset)
+if wanted generator-graphs; then
+    for mode in ${GEN_MODES:-default reduce-overhead}; do
+        step "generator-$mode" 150 $PY experiments/measure.py generator --model $GEN_MODEL --paths optimized \
+            --compile --compile-mode $mode --batch-sizes 16 --cfg on --warmup 3 --iters 10 \
+            --out "$WORK/generator-$mode"
+    done
+fi
 loop sd35-nocudnn 140 "$SD35" model.cudnn_sdpa=disabled
 loop sd35-eager 90 "$SD35" model.compile=false model.autocast=false
 # FP8 base linears (model.fp8=true), beside the sd35 row of the same call

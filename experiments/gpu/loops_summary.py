@@ -8,12 +8,14 @@ resolved ``config.yaml``). ``loop.json`` beside a run (written by the script) na
     python experiments/gpu/loops_summary.py RUNS_DIR --out OUT_DIR [--command "..."] [--hardware "..."]
 
 Writes ``OUT_DIR/summary.json`` (a list of objects with ``model``, ``config``, ``prompts``, ``samples_per_s``,
-``rollout_s``, ``train_s``, ``fraction_of_bound``, ``peak_mem_gib``, ``path`` and more) and ``summary.md``.
+``rollout_s``, ``train_s``, ``fraction_of_bound``, ``peak_mem_gib``, ``path``, the call's ``hardware``,
+``command`` and ``date``, and more) and ``summary.md``.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import statistics
 from pathlib import Path
@@ -44,7 +46,7 @@ def code_path(cfg: dict) -> str:
     return path
 
 
-def summarise_run(run: Path) -> dict:
+def summarise_run(run: Path, *, hardware: str = "", command: str = "", date: str = "") -> dict:
     cfg = yaml.safe_load((run / "config.yaml").read_text())
     rows = read_metrics(run)
     # the iterations after the first (it compiles), but not one run under the kernel profiler (slower)
@@ -71,6 +73,9 @@ def summarise_run(run: Path) -> dict:
         "ratio_min": min((r["ratio_min"] for r in later if r.get("ratio_min") is not None), default=None),
         "peak_mem_gib": round(max((r.get("peak_mem_gib") or 0.0) for r in rows), 2) if rows else None,
         "path": code_path(cfg),
+        "hardware": hardware,
+        "command": command,
+        "date": date,
         "profile": _profile(run),
     }
 
@@ -117,13 +122,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("runs", help="directory holding one run directory per loop")
     p.add_argument("--out", required=True)
     p.add_argument("--command", default="bash experiments/gpu/h200_loops.sh")
-    p.add_argument("--hardware", default="")
+    p.add_argument("--hardware", default="", help="the GPU's name (nvidia-smi), written into every row")
+    p.add_argument("--date", default=None, help="written into every row (default: today, UTC)")
     args = p.parse_args(argv)
+    date = args.date or datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
     runs = sorted(d for d in Path(args.runs).iterdir() if (d / "metrics.jsonl").exists())
     rows = []
     for run in runs:
         try:
-            rows.append(summarise_run(run))
+            rows.append(summarise_run(run, hardware=args.hardware, command=args.command, date=date))
         except (OSError, KeyError, ValueError) as exc:  # a run cut short: say so, keep the others
             print(f"[loops_summary] {run.name}: not summarised ({type(exc).__name__}: {exc})")
     out = Path(args.out)

@@ -38,3 +38,17 @@ def test_the_summary_table_carries_each_profiled_runs_kernel_tables(tmp_path):
     assert rows["flux-mb8"]["samples_per_s"] > rows["flux"]["samples_per_s"]  # micro-batch 8 vs 2
     md = (tmp_path / "out" / "summary.md").read_text()
     assert "## flux: kernel profile" in md and "| train |" in md and "## flux-mb8: kernel profile" not in md
+
+
+def test_every_row_names_the_hardware_command_and_date_of_its_call(tmp_path):
+    runs = tmp_path / "runs"
+    shutil.copytree(LOOPS / "h100-round2" / "runs" / "sd35-profile", runs / "sd35-profile")
+    argv = [str(runs), "--out", str(tmp_path / "out"), "--hardware", "NVIDIA H100 80GB HBM3"]
+    assert loops_summary.main([*argv, "--command", "ONLY=x bash s.sh", "--date", "2026-12-07"]) == 0
+    (row,) = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert (row["hardware"], row["command"], row["date"]) == (
+        "NVIDIA H100 80GB HBM3",
+        "ONLY=x bash s.sh",
+        "2026-12-07",
+    )
+    assert row["samples_per_s"] == pytest.approx(2.9418, abs=1e-4)  # the H100 row the README quotes

@@ -185,3 +185,26 @@ def test_wan_keeps_fp32_modules_in_half_precision():
     with torch.no_grad():
         v = fm(torch.randn(1, 4, 2, 4, 4), torch.rand(1), cond)
     assert v.dtype == torch.bfloat16 and torch.isfinite(v.float()).all()
+
+
+def test_bf16_model_compiles_whole_because_no_buffer_keeps_a_float32_base():
+    """cast_floating replaces buffers: SD3's pos_embed is registered as a view of a float32 tensor, and a
+    bf16 ``.data`` under that float32 ``_base`` made ``torch.compile`` of the whole transformer (mode
+    reduce-overhead, issue 37) fail its fake-tensor check. Compiled with dynamo alone, it runs and gives the
+    eager output."""
+    from digenrl.models import TextCondition, build_flow_model, get_model_spec
+    from digenrl.models.optimize import CompileSettings, compile_flow_model
+
+    spec = get_model_spec("tiny-sd3")
+    torch.manual_seed(0)
+    fm = build_flow_model(spec, dtype=torch.bfloat16, device=torch.device("cpu"))
+    views = [n for n, b in fm.transformer.named_buffers() if b._base is not None and b._base.dtype != b.dtype]
+    assert views == []
+    x = torch.randn(2, *fm.latent_shape(32, 32, None), dtype=torch.bfloat16)
+    cond = TextCondition.random(spec.text_encoder, 2, device=torch.device("cpu"), dtype=torch.bfloat16)
+    sigma = torch.full((2,), 0.5)
+    with torch.no_grad():
+        eager = fm(x, sigma, cond)
+        compile_flow_model(fm, CompileSettings(backend="eager", regional=False))
+        compiled = fm(x, sigma, cond)
+    assert torch.equal(eager, compiled)
