@@ -1,26 +1,22 @@
 #!/usr/bin/env bash
-# Issue 34, item 5 and item 2, one device call: the per-sample cost distributions the simulator draws from
-# (`simulate.py throughput --variance FILE`) and the hybrid engine's switch at the tables' model sizes.
+# Issue 34, item 5, one device call: the per-sample cost distributions the simulator draws from
+# (`simulate.py throughput --variance FILE`). The hybrid engine's switch at the tables' model sizes is
+# experiments/gpu/switch_costs.sh's call.
 #   1. judge   — the VLM judge (Qwen2.5-VL-7B size, random weights) answering 1..256 tokens
 #                (`measure.py reward-latency`, digenrl/perf/measure_sample_costs.py);
 #   2. frames  — Wan2.1-14B's denoising step at 33/49/65/81 frames (`measure.py sample-costs`);
 #   3. server  — a PickScore reward server on this machine, 200 requests one at a time (queueing under load
-#                is not included: the file says so);
-#   4. switch  — offload/onload and re-shard of `system=colocated-engine` (experiments/gpu/switch_costs.sh's
-#                step), recorded in the cost files of this card's kind.
-# Results: $OUT/log.txt, $OUT/results.tgz (variance/*.json, switch/*.json, costs/*.json).
+#                is not included: the file says so).
+# Results: $OUT/log.txt, $OUT/results.tgz (variance/*.json).
 #
 #   device run (kind nvidia-h200 or nvidia-h100-x1, carry [".whl"], timeout 600):
-#     DEVICE=h200 bash experiments/gpu/variance_costs.sh
-#     DEVICE=h200 ONLY="switch" bash experiments/gpu/variance_costs.sh
-#     DEVICE=h100 SWITCH_MODELS="qwen-image wan2.1-14b" bash experiments/gpu/variance_costs.sh  # H100: the two
-#       models its switch was not yet measured at
+#     bash experiments/gpu/variance_costs.sh
+#     ONLY="judge frames" bash experiments/gpu/variance_costs.sh
 OUT=${OUT:-/tmp/device_out} WORK=${WORK:-/tmp/device_work} DEADLINE_S=${DEADLINE_S:-560}
 # shellcheck source=experiments/gpu/steps.sh
 source experiments/gpu/steps.sh
 gpu_setup
-DEVICE=${DEVICE:-h200}
-ONLY=${ONLY:-judge frames server switch}
+ONLY=${ONLY:-judge frames server}
 V="$WORK/variance"
 if wanted judge; then
     step judge 150 python3 experiments/measure.py reward-latency --reward vlm-judge --lengths 1,16,64,128,256 \
@@ -43,18 +39,5 @@ for _ in range(90):
         time.sleep(1)
 " && python3 experiments/measure.py reward-latency --url http://127.0.0.1:8765 --requests 200 --out "$0"' "$V"
     kill "$server" 2>/dev/null
-fi
-if wanted switch; then
-    for model in ${SWITCH_MODELS:-sd3.5-medium flux.1-dev qwen-image wan2.1-14b}; do
-        cost=experiments/results/costs/$DEVICE-$model.json
-        record=()
-        [[ -f $cost ]] && record=(--cost-file "$cost")
-        step "switch-$model" 100 python3 experiments/measure.py switch --model "$model" --modes lora,full \
-            --out "$WORK/switch" "${record[@]}"
-        if [[ -f $cost ]]; then
-            mkdir -p "$WORK/costs"
-            cp "$cost" "$WORK/costs/"
-        fi
-    done
 fi
 finish
