@@ -29,6 +29,8 @@ VARIANTS = {
     "split-group-overlap": (["system=colocated-overlap", "profile=cpu-2"], 2),
     # cpu-2-hetero declares rank 0 twice as fast as rank 1: 3 samples against 1, both at the full micro-batch
     "speed": (["system=colocated-sync", "profile=cpu-2-hetero", "colocated.split=speed"], 2),
+    # the hybrid engine (generation copy, re-shard, states offloaded while generating) with the same split
+    "speed-engine": (["system=colocated-engine", "profile=cpu-2-hetero", "colocated.split=speed"], 2),
     # the lockstep rule: 3 samples at micro-batch 3 against 1 at 1, the same number of steps
     "speed-lockstep": (
         ["system=colocated-sync", "profile=cpu-2-hetero", "colocated.split=speed-lockstep"],
@@ -61,7 +63,8 @@ def _train_samples(out_dir, rank: int) -> list[int]:
 
 
 @pytest.mark.parametrize(
-    "variant", ["split-group", "split-group-overlap", "speed", "speed-lockstep", "split-group-separate"]
+    "variant",
+    ["split-group", "split-group-overlap", "speed", "speed-engine", "speed-lockstep", "split-group-separate"],
 )
 def test_same_update_as_the_whole_group_run(runs, variant):
     assert_same_update(
