@@ -193,7 +193,12 @@ def test_the_committed_throughput_table_never_puts_digenrl_below_a_baseline():
     assert {"flux.1-dev full-FT", "flux.1-dev + 7B reward", "wan2.1-14b", "hunyuan-video 33f"} <= scenarios
     # every plan is a run_train.py command (issue 21 item 4) and every system has a plan on h800-32 video
     # (the baselines cut a prompt group over GPUs when groups are fewer, issue 24 item 4)
-    assert not [r.model for r in rows if "simulator only" in r.extra["plan"]]
+    assert not [r.model for r in rows if "simulator only" in r.extra.get("plan", "")]
+    # issue 34: both GPU regimes, the engine in every panel, variance panels labelled as such
+    assert {r.extra["regime"].split(";")[0] for r in rows} == {"identical", "mixed"}
+    assert {r.model for r in rows if r.system == "colocated-engine"} == {r.model for r in rows}
+    variance = [r for r in rows if "+variance" in r.model]
+    assert variance and all("variance" in r.extra["regime"].split(";") for r in variance)
     video = [
         r
         for r in rows
