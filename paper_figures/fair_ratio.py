@@ -1,6 +1,6 @@
 """DigenRL ÷ the best fair baseline, per panel, grouped by regime (issue 34 item 7), from a throughput table
 of ``experiments/simulate.py throughput`` (its ``ratio_vs_best_fair_baseline`` and
-``mechanisms_ratio_vs_best_fair_baseline`` columns, docs/simulator.md "Reading the throughput table").
+``mechanisms_ratio_vs_best_fair_baseline`` columns; experiments/results/README.md, "Throughput tables").
 
 One horizontal bar group per panel (``<scenario> @ <profile>``), panels grouped by the regime of their
 GPUs (identical / mixed) and sorted by scenario; three bars per panel:

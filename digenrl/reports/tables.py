@@ -389,10 +389,11 @@ def _row(score: PlanScore, label: str, profile: HardwareProfile, **extra: Any) -
 
 def regime_of(profile: HardwareProfile, scenario: Scenario, label: str, score: PlanScore | None) -> str:
     """The regimes a row represents (:data:`REGIMES`), ``;``-joined: ``identical`` or ``mixed`` GPUs;
-    ``switch`` for the hybrid engine's rows (its offload/onload and re-shard costs, measured:
-    ``meta.engine_switch`` of the cost files); ``memory`` where memory shaped the row's plan (the fit
-    lowered a knob, parked or offloaded state) or no plan of it fits; ``multi-node full FT`` where a full
-    fine-tune's shards span nodes; ``variance`` where per-sample costs are drawn (``--variance``)."""
+    ``switch`` for the hybrid engine's rows (its offload/onload and re-shard costs: measured where the
+    cost file has ``meta.engine_switch``, else modelled from the profile's host link); ``memory`` where
+    memory shaped the row's plan (the fit lowered a knob, parked or offloaded state) or no plan of it fits;
+    ``multi-node full FT`` where a full fine-tune's shards span nodes; ``variance`` where per-sample costs
+    are drawn (``--variance``)."""
     types = {profile.device_type(r).name for r in range(profile.world_size)}
     tags = ["mixed" if len(types) > 1 else "identical"]
     if label.startswith("colocated-engine"):
@@ -432,7 +433,7 @@ def comparison_rows(
     ``ratio_vs_best_fair_baseline``: a row's samples/s over the best baseline of at most its staleness.
     The fair set is every baseline row of the panel, each tuned over its own knobs: colocated-sync and
     colocated-overlap (on mixed GPUs also with the fair speed split: full-size micro-batches, uneven
-    counts), the hybrid engine colocated-engine (switch costs measured), separate-sync and separate-async.
+    counts), the hybrid engine colocated-engine, separate-sync and separate-async.
     ``mechanisms_ratio_vs_best_fair_baseline``: the same ratio for the best plan that uses at least one
     mechanism, so a tie reached by falling back to a baseline plan is visible."""
     common = {

@@ -107,7 +107,8 @@ def _fair_ratios_are_consistent(group):
     the best baseline of at most its staleness (the mechanisms' ratio likewise, never above digenrl's)."""
     baselines = [r for r in group if not r.system.startswith("digenrl") and r.throughput["samples_per_s"] > 0]
     for r in group:
-        assert r.extra["regime"].split(";")[0] in ("identical", "mixed"), (r.model, r.system)
+        tags = r.extra["regime"].split(";")
+        assert tags[0] in ("identical", "mixed") and set(tags) <= set(tables.REGIMES), (r.model, tags)
         rate = r.throughput["samples_per_s"]
         if rate == 0:
             continue
