@@ -122,6 +122,8 @@ TRAIN_ORDERS = ("index", "arrival")
 TAG_POLICIES = ("auto", "always")
 #: ``model.cudnn_sdpa`` (digenrl/models/attention_safety.py): the safety table decides per shape, or off
 CUDNN_SDPA_SETTINGS = ("auto", "disabled")
+#: ``model.text_padding`` (digenrl/models/text_padding.py): padded text with a key mask, or cut per row group
+TEXT_PADDING_MODES = ("mask", "split")
 
 #: Bounds shared by several keys. A bound is the largest value a real run could want, with room to spare;
 #: what lies beyond it is a typo or an overflow, refused before any worker starts.
@@ -146,6 +148,10 @@ class ModelConfig:
     # auto: cuDNN's fused SDPA stays on where digenrl/models/attention_safety.py's table allows it for this
     # model's attention shape; disabled: off on every rank (A/B, or a failure the table does not know yet)
     cudnn_sdpa: str = field(default="auto", metadata=among(CUDNN_SDPA_SETTINGS))
+    # Qwen-Image's padded prompt tokens (digenrl/models/text_padding.py): split = each forward runs rows of
+    # one real text length with the padding cut and no attention mask (exact, the unmasked flash / cuDNN
+    # kernels); mask = every prompt padded to the encoder's max length, padded keys masked (the pipeline)
+    text_padding: str = field(default="split", metadata=among(TEXT_PADDING_MODES))
     # torch.compile the transformer's repeated blocks (digenrl/models/optimize.py); None = on for a CUDA
     # device, off on CPU (the GPU path the cost files measure, docs/design.md §5)
     compile: bool | None = None

@@ -8,7 +8,7 @@ slice micro-batches (`index_select` / `[]`) and ship them between ranks (`to_dic
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -31,11 +31,18 @@ class TextShape(Protocol):
 
 @dataclass
 class TextCondition:
-    """`embeds` [B, L, D]; `pooled` [B, Dp] or None; `mask` [B, L] (bool, True = real token) or None."""
+    """`embeds` [B, L, D]; `pooled` [B, Dp] or None; `mask` [B, L] (bool, True = real token) or None.
+
+    `lengths`: host-side real-token count of each row, known when every row's mask is a prefix (real tokens,
+    then right padding): what lets a model cut the padding (digenrl/models/text_padding.py) without reading
+    the mask back from the device on every forward. Row operations carry it along where they can on the host
+    (slices, host indices, repeats, concatenation); :meth:`with_lengths` reads it from the mask once.
+    """
 
     embeds: Tensor
     pooled: Tensor | None = None
     mask: Tensor | None = None
+    lengths: tuple[int, ...] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.embeds.ndim != 3:
@@ -48,6 +55,13 @@ class TextCondition:
         if self.mask is not None and tuple(self.mask.shape) != (batch, length):
             raise ValueError(
                 f"TextCondition.mask must be [B={batch}, L={length}], got shape {tuple(self.mask.shape)}"
+            )
+        if self.lengths is not None and (
+            self.mask is None or len(self.lengths) != batch or not all(0 <= n <= length for n in self.lengths)
+        ):
+            raise ValueError(
+                f"TextCondition.lengths must give one count in [0, L={length}] per row of a masked batch of "
+                f"{batch}, got {self.lengths}"
             )
 
     @property
@@ -65,17 +79,23 @@ class TextCondition:
     def dtype(self) -> torch.dtype:
         return self.embeds.dtype
 
-    def _map(self, fn) -> TextCondition:
+    def _map(self, fn, lengths: tuple[int, ...] | None = None) -> TextCondition:
+        """``fn`` applied to every tensor; ``lengths``: the result's host lengths, if the caller knows."""
         return TextCondition(
             embeds=fn(self.embeds),
             pooled=None if self.pooled is None else fn(self.pooled),
             mask=None if self.mask is None else fn(self.mask),
+            lengths=lengths,
         )
 
     def index_select(self, index: Tensor | Sequence[int]) -> TextCondition:
-        """Rows `index` (any order, repeats allowed)."""
+        """Rows `index` (any order, repeats allowed). A host index (a sequence or a CPU tensor) keeps the
+        host lengths; a device index drops them (reading it back would be the sync they exist to avoid)."""
+        lengths = None
+        if self.lengths is not None and not (isinstance(index, Tensor) and index.device.type != "cpu"):
+            lengths = tuple(self.lengths[i] for i in torch.as_tensor(index, dtype=torch.long).tolist())
         idx = torch.as_tensor(index, dtype=torch.long, device=self.embeds.device)
-        return self._map(lambda t: t.index_select(0, idx))
+        return self._map(lambda t: t.index_select(0, idx), lengths)
 
     def __getitem__(self, key: int | slice | Tensor | Sequence[int]) -> TextCondition:
         """Batch indexing that always keeps the batch dimension (an int gives a batch of one)."""
@@ -84,14 +104,28 @@ class TextCondition:
                 raise IndexError(f"TextCondition index {key} out of range for batch {self.batch_size}")
             key = slice(key % self.batch_size, key % self.batch_size + 1)
         if isinstance(key, slice):
-            return self._map(lambda t: t[key])
+            return self._map(lambda t: t[key], None if self.lengths is None else self.lengths[key])
         return self.index_select(key)
 
     def repeat_interleave(self, repeats: int) -> TextCondition:
         """Each row repeated `repeats` times in place: [a, b] -> [a, a, b, b] (group expansion)."""
         if repeats < 1:
             raise ValueError(f"repeats must be >= 1, got {repeats}")
-        return self._map(lambda t: t.repeat_interleave(repeats, dim=0))
+        lengths = None if self.lengths is None else tuple(n for n in self.lengths for _ in range(repeats))
+        return self._map(lambda t: t.repeat_interleave(repeats, dim=0), lengths)
+
+    def with_lengths(self) -> TextCondition:
+        """This condition with its host :attr:`lengths` (one read of the mask from its device when they are
+        not known yet; call it once per batch, not per forward). Unchanged when there is no mask, or when a
+        row's mask is not a prefix (then no length describes it and the padding stays)."""
+        if self.mask is None or self.lengths is not None:
+            return self
+        mask = self.mask.cpu()
+        counts = mask.sum(dim=1)
+        prefix = torch.arange(mask.shape[1]).unsqueeze(0) < counts.unsqueeze(1)
+        if not torch.equal(mask, prefix):
+            return self
+        return TextCondition(self.embeds, self.pooled, self.mask, tuple(counts.tolist()))
 
     @classmethod
     def random(
@@ -101,18 +135,27 @@ class TextCondition:
         *,
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
+        real_tokens: int | None = None,
     ) -> TextCondition:
-        """Random embeddings with the shapes of ``text`` (a model spec's ``text_encoder``), all tokens
-        real: what benchmarks feed a random-weight transformer in place of an encoded prompt (the
-        systems cost does not depend on the values)."""
+        """Random embeddings with the shapes of ``text`` (a model spec's ``text_encoder``): what benchmarks
+        feed a random-weight transformer in place of an encoded prompt (the systems cost does not depend on
+        the values). ``real_tokens``: of a masked encoder, that many real tokens a row and the rest padding
+        (zero embeddings, masked), as a padded prompt arrives; None = every token real."""
         embeds = torch.randn(batch, text.seq_len, text.embed_dim, device=device, dtype=dtype)
         pooled = (
             None
             if text.pooled_dim is None
             else torch.randn(batch, text.pooled_dim, device=device, dtype=dtype)
         )
-        mask = torch.ones(batch, text.seq_len, device=device, dtype=torch.bool) if text.uses_mask else None
-        return cls(embeds, pooled, mask)
+        if not text.uses_mask:
+            return cls(embeds, pooled, None)
+        real = text.seq_len if real_tokens is None else real_tokens
+        if not 1 <= real <= text.seq_len:
+            raise ValueError(f"real_tokens={real_tokens} must be in [1, {text.seq_len}]")
+        mask = torch.zeros(batch, text.seq_len, device=device, dtype=torch.bool)
+        mask[:, :real] = True
+        embeds[:, real:] = 0
+        return cls(embeds, pooled, mask, lengths=(real,) * batch)
 
     @classmethod
     def cat(cls, conditions: Sequence[TextCondition]) -> TextCondition:
@@ -127,10 +170,12 @@ class TextCondition:
         if len(shapes) != 1:
             raise ValueError(f"TextCondition.cat: embeds [L, D] differ across conditions: {sorted(shapes)}")
         first = conditions[0]
+        known = all(c.lengths is not None for c in conditions)
         return cls(
             embeds=torch.cat([c.embeds for c in conditions]),
             pooled=None if first.pooled is None else torch.cat([c.pooled for c in conditions]),
             mask=None if first.mask is None else torch.cat([c.mask for c in conditions]),
+            lengths=tuple(n for c in conditions for n in c.lengths) if known else None,
         )
 
     def to(self, device: str | torch.device | None = None, dtype: torch.dtype | None = None) -> TextCondition:
@@ -141,13 +186,13 @@ class TextCondition:
                 return t.to(device=device, dtype=dtype)
             return t.to(device=device)
 
-        return self._map(move)
+        return self._map(move, self.lengths)
 
     def detach(self) -> TextCondition:
-        return self._map(lambda t: t.detach())
+        return self._map(lambda t: t.detach(), self.lengths)
 
     def pin_memory(self) -> TextCondition:
-        return self._map(lambda t: t.pin_memory())
+        return self._map(lambda t: t.pin_memory(), self.lengths)
 
     def num_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.to_dict().values())

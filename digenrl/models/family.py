@@ -55,6 +55,9 @@ class ModelFamily:
     ``kohya_lora``: whether ComfyUI's loader maps ``lora_transformer_<diffusers module>`` keys onto this
     family's diffusers modules (comfy/lora.py does for SD3 and FLUX), so ``export.py --format kohya`` may
     write it (digenrl/trainer/lora_export.py).
+    ``cuts_text_padding``: the transformer only masks padded text keys and numbers text positions from the
+    first text token, so a forward may cut the padded tail and drop the mask (``model.text_padding=split``,
+    digenrl/models/text_padding.py, which says why that is exact).
     """
 
     name: str
@@ -67,6 +70,7 @@ class ModelFamily:
     pipeline_class: str
     vae_decode: Callable[[nn.Module, Tensor], Tensor] = plain_vae_decode
     kohya_lora: bool = False
+    cuts_text_padding: bool = False
 
     def __post_init__(self) -> None:
         if not self.lora_targets:

@@ -20,6 +20,7 @@ from digenrl.data.text_condition import TextCondition
 from digenrl.models.construction import instantiate_diffusers_model, load_diffusers_model
 from digenrl.models.spec_types import ModelSpec
 from digenrl.models.specs import get_family, get_model_spec
+from digenrl.models.text_padding import check_text_padding, padding_free_forward
 from digenrl.models.vae import latent_channels, latent_compression
 
 
@@ -89,6 +90,9 @@ class FlowModel(nn.Module):
         self.patch_t, self.patch = family.patch_size(spec.transformer_config)
         self.latent_channels = latent_channels(spec)
         self.autocast_dtype: torch.dtype | None = None
+        self._cuts_text_padding = family.cuts_text_padding
+        # "mask" (the padded text as built) or "split" (digenrl/models/text_padding.py); set_text_padding
+        self.text_padding = "mask"
 
     # --- mixed precision ---------------------------------------------------------------------------------
 
@@ -120,6 +124,12 @@ class FlowModel(nn.Module):
         for module in self.transformer.modules():
             if hasattr(module, "cast_input_dtype_enabled"):  # a peft tuner layer
                 module.cast_input_dtype_enabled = not enabled
+
+    def set_text_padding(self, mode: str) -> None:
+        """``model.text_padding``: ``split`` runs each forward as groups of rows of one real text length with
+        the padding cut and no mask, for families where that is exact (``ModelFamily.cuts_text_padding``;
+        a no-op elsewhere); ``mask`` keeps the padded, masked text."""
+        self.text_padding = check_text_padding(mode)
 
     # --- properties --------------------------------------------------------------------------------------
 
@@ -191,11 +201,19 @@ class FlowModel(nn.Module):
             scale = self.spec.default_guidance_scale if guidance is None else guidance
             guidance = self._per_sample(scale, batch, "guidance", latents.device)
         cond = cond.to(device=latents.device, dtype=dtype)
+        latents = latents.to(dtype)
+        if self.text_padding == "split" and self._cuts_text_padding and cond.mask is not None:
+            return padding_free_forward(self._transformer_call, latents, sigma, cond, guidance)
+        return self._transformer_call(latents, sigma, cond, guidance)
+
+    def _transformer_call(
+        self, latents: Tensor, sigma: Tensor, cond: TextCondition, guidance: Tensor | None
+    ) -> Tensor:
         if self.autocast_dtype is None:
-            return self._velocity(self.transformer, latents.to(dtype), sigma, cond, guidance)
+            return self._velocity(self.transformer, latents, sigma, cond, guidance)
         with torch.autocast(latents.device.type, dtype=self.autocast_dtype):
-            v = self._velocity(self.transformer, latents.to(dtype), sigma, cond, guidance)
-        return v.to(dtype)
+            v = self._velocity(self.transformer, latents, sigma, cond, guidance)
+        return v.to(self.dtype)
 
     @staticmethod
     def _per_sample(value: Tensor | float, batch: int, name: str, device: torch.device) -> Tensor:

@@ -82,6 +82,7 @@ class AppliedOptimizations:
     compile_skipped: str | None = None  # why compile=True was not applied
     notes: tuple[str, ...] = field(default_factory=tuple)
     autocast: bool = False  # FlowModel.set_autocast: 16-bit autocast, LoRA matmuls in bf16
+    text_padding: str = "mask"  # FlowModel.set_text_padding (digenrl/models/text_padding.py)
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -92,6 +93,7 @@ class AppliedOptimizations:
             "compile_skipped": self.compile_skipped,
             "notes": list(self.notes),
             "autocast": self.autocast,
+            "text_padding": self.text_padding,
         }
 
 
@@ -150,6 +152,7 @@ def optimize_flow_model(
     autocast: bool = False,
     compute_dtype: torch.dtype | None = None,
     cudnn_sdpa: str = "auto",
+    text_padding: str = "mask",
 ) -> AppliedOptimizations:
     """Apply the safe attention backend and, if ``compile``, ``torch.compile`` to ``flow_model`` in place.
 
@@ -158,7 +161,8 @@ def optimize_flow_model(
     the forward is unchanged bit for bit. Compile is skipped (with the reason) when the transformer is
     already FSDP2-sharded: torchtitan compiles blocks *before* ``fully_shard``, and the trainer here shards
     first. ``compute_dtype``: the dtype autocast computes in when the parameters are not in it (fp32 master
-    shards of FSDP2 full fine-tuning); default the model's own.
+    shards of FSDP2 full fine-tuning); default the model's own. ``text_padding``: ``model.text_padding``
+    (:meth:`FlowModel.set_text_padding`; the default ``mask`` leaves the forward as built).
     """
     choice = select_attention_backend(
         attention_backend,
@@ -169,14 +173,21 @@ def optimize_flow_model(
     )
     apply_attention_backend(flow_model, choice.backend)
     flow_model.set_autocast(autocast, compute_dtype)
+    flow_model.set_text_padding(text_padding)
     if not compile:
-        return AppliedOptimizations(attention=choice, compiled=False, autocast=autocast)
+        return AppliedOptimizations(
+            attention=choice, compiled=False, autocast=autocast, text_padding=text_padding
+        )
     settings = compile_settings or CompileSettings()
     if _is_fsdp_sharded(flow_model.transformer):
         reason = "the transformer is FSDP2-sharded already (compile blocks before fully_shard)"
         log.warning("model.compile=true ignored: %s", reason)
         return AppliedOptimizations(
-            attention=choice, compiled=False, compile_skipped=reason, autocast=autocast
+            attention=choice,
+            compiled=False,
+            compile_skipped=reason,
+            autocast=autocast,
+            text_padding=text_padding,
         )
     notes = []
     if settings.mode == "reduce-overhead" and settings.regional:
@@ -196,4 +207,5 @@ def optimize_flow_model(
         compile_settings=settings,
         notes=tuple(notes),
         autocast=autocast,
+        text_padding=text_padding,
     )

@@ -135,3 +135,6 @@ def enable_sequence_parallel(flow_model: FlowModel, group: Any, single_rank_grou
         processor._parallel_config = config
     transformer._parallel_config = config
     apply_context_parallel(transformer, cp, plan)
+    # the plan shards the text tokens too (Qwen-Image): their count must stay the padded length the
+    # degree was checked against, so model.text_padding=split falls back to the padded, masked text here
+    flow_model.set_text_padding("mask")

@@ -116,6 +116,7 @@ class _CachedPrompt:
     embeds: Tensor
     pooled: Tensor | None
     mask: Tensor | None
+    length: int | None = None  # real tokens when the mask is a prefix (TextCondition.lengths)
 
 
 class TextEncoder(nn.Module):
@@ -227,10 +228,12 @@ class TextEncoder(nn.Module):
             if p in self._cache:
                 self._cache.move_to_end(p)
         first = rows[0]
+        lengths = [r.length for r in rows]
         return TextCondition(
             embeds=torch.stack([r.embeds for r in rows]),
             pooled=None if first.pooled is None else torch.stack([r.pooled for r in rows]),
             mask=None if first.mask is None else torch.stack([r.mask for r in rows]),
+            lengths=None if first.mask is None or None in lengths else tuple(lengths),
         )
 
     def negative_condition(self, batch_size: int) -> TextCondition:
@@ -250,11 +253,14 @@ class TextEncoder(nn.Module):
         self.encoder_calls += 1
         outputs = {c.spec.name: self._run_component(c, prompts) for c in self.components}
         embeds, pooled, mask = compose_condition(self.spec, outputs)
+        # the host lengths are read here, once per prompt the cache has not seen
+        lengths = TextCondition(embeds, pooled, mask).with_lengths().lengths
         return {
             p: _CachedPrompt(
                 embeds=embeds[i].clone(),
                 pooled=None if pooled is None else pooled[i].clone(),
                 mask=None if mask is None else mask[i].clone(),
+                length=None if lengths is None else lengths[i],
             )
             for i, p in enumerate(prompts)
         }

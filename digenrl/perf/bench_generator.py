@@ -23,7 +23,9 @@ Per row: median ms per step over ``--iters`` after ``--warmup`` (CUDA events), F
 the same run (``--ceiling-size``, 8192 on a GPU), and peak CUDA memory. With both paths, a log-prob agreement
 check (same seeds through :mod:`digenrl.rollout.noise`) compares them: the optimised path recomputes the
 eager path's recorded transitions (the trainer's on-policy ratio, max |r − 1|) and samples its own from the
-same noise (relative error). Text conditions are random tensors of the spec's shapes (no text encoder).
+same noise (relative error). Text conditions are random tensors of the spec's shapes (no text encoder);
+``--text-tokens`` pads them as a masked encoder (Qwen-Image) pads real prompts, and ``--text-padding`` sets
+``model.text_padding`` on the optimised path (the eager path keeps the padded, masked text).
 
 ``--out`` is a directory (``generator-<model>.json`` and ``.md`` are written there) or a ``.json`` path (the
 ``.md`` goes beside it). The JSON is rewritten after every row, so a run cut short keeps what it measured.
@@ -40,7 +42,7 @@ import traceback
 
 import torch
 
-from digenrl.config import Config, apply_overrides
+from digenrl.config import TEXT_PADDING_MODES, Config, apply_overrides
 from digenrl.data.dtypes import TORCH_DTYPES
 from digenrl.models import FlowModel, TextCondition, build_flow_model, get_model_spec
 from digenrl.models.fp8 import apply_fp8
@@ -82,6 +84,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--cuda-graphs", action="store_true", help="= --compile --compile-mode reduce-overhead (fixed shapes)"
     )
+    p.add_argument(
+        "--text-tokens",
+        default=None,
+        help="COND,UNCOND: real tokens of the prompts and of the empty prompt of a masked text encoder "
+        "(Qwen-Image), the rest padding as the encoder pads them; default every token real",
+    )
+    p.add_argument(
+        "--text-padding",
+        default="mask",
+        choices=TEXT_PADDING_MODES,
+        help="optimised path: model.text_padding (digenrl/models/text_padding.py)",
+    )
     bench_cli.add_timing_flags(
         p,
         warmup=2,
@@ -96,6 +110,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.batch_sizes = int_list(args.batch_sizes, "--batch-sizes", p)
     bench_cli.check_timing(args, p)
     args.paths = name_list(args.paths, "--paths", PATHS, p)
+    if args.text_tokens is not None:
+        tokens = int_list(args.text_tokens, "--text-tokens", p)
+        if len(tokens) != 2 or min(tokens) < 1:
+            p.error(f"--text-tokens takes COND,UNCOND (two counts >= 1), got {args.text_tokens!r}")
+        args.text_tokens = tuple(tokens)
     if args.cuda_graphs:
         args.compile, args.compile_mode = True, "reduce-overhead"
     if args.agreement_steps < 0 or args.agreement_samples < 1:
@@ -117,14 +136,26 @@ def make_sampler(model: str, spec, tokens: int, cfg_on: bool) -> Sampler:
 class StepCase:
     """Inputs of one (batch, cfg) configuration, drawn once and reused by both paths."""
 
-    def __init__(self, flow_model: FlowModel, sampler: Sampler, batch: int, latent_shape, uncond) -> None:
+    def __init__(
+        self,
+        flow_model: FlowModel,
+        sampler: Sampler,
+        batch: int,
+        latent_shape,
+        uncond,
+        real_tokens: int | None = None,
+    ) -> None:
         device = flow_model.device
         self.sampler = sampler
         self.x = torch.randn(batch, *latent_shape, device=device)
         self.sigma = sampler.sigmas[0].to(device).expand(batch)
         self.sigma_next = sampler.sigmas[1].to(device).expand(batch)
         self.cond = TextCondition.random(
-            flow_model.spec.text_encoder, batch, device=device, dtype=flow_model.dtype
+            flow_model.spec.text_encoder,
+            batch,
+            device=device,
+            dtype=flow_model.dtype,
+            real_tokens=real_tokens,
         )
         self.uncond = uncond if sampler.true_cfg else None
         self.noise = torch.randn_like(self.x)
@@ -211,8 +242,13 @@ def run(args: argparse.Namespace) -> dict:
         warmup=args.warmup,
         iters=args.iters,
         attention_backend=args.attention_backend,
+        real_text_tokens=list(args.text_tokens) if args.text_tokens else None,
+        text_padding=args.text_padding,
     )
-    uncond = TextCondition.random(flow_model.spec.text_encoder, 1, device=device, dtype=flow_model.dtype)
+    cond_tokens, uncond_tokens = args.text_tokens or (None, None)
+    uncond = TextCondition.random(
+        flow_model.spec.text_encoder, 1, device=device, dtype=flow_model.dtype, real_tokens=uncond_tokens
+    )
     cfg_modes = {"on": [True], "off": [False], "both": [False, True]}[args.cfg]
     cases: dict[tuple[int, bool], StepCase | str] = {}
     for batch in args.batch_sizes:
@@ -221,7 +257,12 @@ def run(args: argparse.Namespace) -> dict:
                 cases[(batch, cfg)] = "guidance-embedded model: no separate CFG pass"
                 continue
             cases[(batch, cfg)] = StepCase(
-                flow_model, make_sampler(spec.name, spec, tokens, cfg), batch, latent_shape, uncond
+                flow_model,
+                make_sampler(spec.name, spec, tokens, cfg),
+                batch,
+                latent_shape,
+                uncond,
+                cond_tokens,
             )
 
     flops: dict[tuple[int, bool], int] = {}
@@ -251,6 +292,7 @@ def run(args: argparse.Namespace) -> dict:
                 attention_backend=args.attention_backend,
                 needs_backward=args.needs_backward,
                 compile_settings=settings,
+                text_padding=args.text_padding,
             )
             report["paths"]["optimized"] = {**applied.to_dict(), "fp8_layers": fp8_layers}
         else:
@@ -314,7 +356,11 @@ def _agreement_inputs(flow_model, spec, tokens, latent_shape, uncond, args) -> d
         "seeds": [sample_seed(0, 0, i, 0) for i in range(n)],
         "latent_shape": tuple(latent_shape),
         "cond": TextCondition.random(
-            flow_model.spec.text_encoder, n, device=flow_model.device, dtype=flow_model.dtype
+            flow_model.spec.text_encoder,
+            n,
+            device=flow_model.device,
+            dtype=flow_model.dtype,
+            real_tokens=args.text_tokens[0] if args.text_tokens else None,
         ),
         "uncond": uncond if sampler.true_cfg else None,
         "steps": args.agreement_steps,
@@ -339,6 +385,12 @@ def format_markdown(report: dict) -> str:
         f"{report['device_name']}, {report['dtype']}, {report.get('height')}x{report.get('width')}"
         + (f"x{report['frames']}f" if report.get("frames") else "")
         + f", {report.get('image_tokens')} image + {report.get('text_tokens')} text tokens"
+        + (
+            " (real: {} a prompt, {} the empty one)".format(*report["real_text_tokens"])
+            if report.get("real_text_tokens")
+            else ""
+        )
+        + f", text padding {report.get('text_padding', 'mask')}"
     )
     lines = [head, ""]
     if ceiling:

@@ -294,7 +294,7 @@ class RolloutEngine:
         x = batch.final_latents.to(self.device)
         seeds = batch.seeds.tolist()
         b = len(seeds)
-        cond = batch.cond.to(self.device)
+        cond = batch.cond.to(self.device).with_lengths()  # host text lengths: one read a batch, not a step
         uncond = self.uncond()
         train_steps = batch.step_indices.cpu()
         sde_mask = sde_step_mask(t, batch.step_indices[0].cpu(), mode=self.sde_mode) if b else None

@@ -162,6 +162,7 @@ def build_rank_components(
             needs_backward=True,
             autocast=autocast,
             cudnn_sdpa=cfg.model.cudnn_sdpa,
+            text_padding=cfg.model.text_padding,
         )
     if sequence is not None:
         from digenrl.models.sequence_parallel import enable_sequence_parallel

@@ -92,7 +92,15 @@ class _MicroBatch:
         )
 
 
-def _gather_units(batch: TrajectoryBatch, units: list[tuple[int, int]], device: torch.device) -> _MicroBatch:
+def _gather_units(
+    batch: TrajectoryBatch,
+    units: list[tuple[int, int]],
+    device: torch.device,
+    cond: TextCondition | None = None,
+) -> _MicroBatch:
+    """``cond``: the batch's condition with its host lengths (:meth:`TextCondition.with_lengths`, read once
+    per batch; default ``batch.cond``), so the micro-batch's rows carry theirs (the host index keeps them)."""
+    cond = batch.cond if cond is None else cond
     b = torch.tensor([u[0] for u in units], dtype=torch.long)
     k = torch.tensor([u[1] for u in units], dtype=torch.long)
 
@@ -106,7 +114,7 @@ def _gather_units(batch: TrajectoryBatch, units: list[tuple[int, int]], device: 
         next_sigmas=take(batch.next_sigmas),
         log_probs=take(batch.log_probs),
         advantages=batch.advantages[b.to(batch.advantages.device)].to(device, non_blocking=True),
-        cond=batch.cond.index_select(b.to(batch.cond.device)).to(device),
+        cond=cond.index_select(b).to(device),
         # left where the batch is (no host sync per micro-batch); only GRPO-Guard's RatioNorm reads them
         seeds=batch.seeds[b.to(batch.seeds.device)],
         step_indices=batch.step_indices[b.to(batch.step_indices.device), k.to(batch.step_indices.device)],
@@ -214,6 +222,7 @@ class PolicyTrainer:
             autocast=cfg.model.optimised(torch.device(device).type)[1],
             compute_dtype=compute_dtype,
             cudnn_sdpa=cfg.model.cudnn_sdpa,
+            text_padding=cfg.model.text_padding,
         )
         if self.checkpoint_format == "sharded" and self.backend.name == "deepspeed":
             raise ValueError("trainer.checkpoint_format=sharded needs trainer.backend=fsdp2, not deepspeed")
@@ -322,9 +331,10 @@ class PolicyTrainer:
         # float64 accumulators add the fp32 per-micro-batch sums exactly as Python floats would.
         acc = torch.zeros(5, dtype=torch.float64, device=self.device)  # loss, ratio, clipped, kl, units
         extremes = torch.full((2,), -math.inf, dtype=torch.float64, device=self.device)  # -min, max
+        cond = batch.cond.with_lengths()
         for i in range(rounds):
             if i < len(plan):
-                mb, weight = _gather_units(batch, plan[i], self.device), unit_weight
+                mb, weight = _gather_units(batch, plan[i], self.device, cond), unit_weight
                 if self.ledger is not None:
                     self.ledger.record("train", batch.iteration, "units", _unit_keys(batch, plan[i]))
                 self._template = mb.first()

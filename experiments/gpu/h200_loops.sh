@@ -18,6 +18,8 @@
 #     rows carry the GPU's name (kind nvidia-h100-x1 for the H100 rows); ONLY="attention-masked regression-flux
 #     generator-graphs" ... the follow-ups (Qwen-Image's masked shapes alone, ATTN_BUDGET_S seconds; cuDNN's
 #     backward on FLUX.1-dev's blocks against flash, the check that could lift the table's FLUX row)
+#     ONLY="qwen-text" ...: Qwen-Image's generator step with padded, masked text and with model.text_padding=split
+#     (issue 37 item 1); ONLY="qwen" / ONLY="qwen-mask" ...: the loop on either path, one call each
 #   CPU dry run of the same commands with the tiny model: DRY=1 bash experiments/gpu/h200_loops.sh
 #
 # Results under $OUT: log.txt, summary.md, results.tgz (summary.json/md from experiments/gpu/loops_summary.py,
@@ -34,6 +36,8 @@ if [[ $DRY == 1 ]]; then
     FLUX=$SD35
     ITER="iterations=2"
     GEN_MODEL=tiny-sd3
+    QWEN_MODEL=tiny-qwen-image
+    QWEN_TEXT=10,3  # the tiny encoder's 16 tokens
     ATTN_DEVICE="--device cpu --cases tiny,tiny-masked --backends current,native,_native_math"
 else
     gpu_setup
@@ -42,6 +46,8 @@ else
     FLUX="--config experiments/configs/flux-dev-lora.yaml"
     ITER="iterations=4"
     GEN_MODEL=sd3.5-medium
+    QWEN_MODEL=qwen-image
+    QWEN_TEXT=40,5
     ATTN_DEVICE=""
 fi
 ONLY=${ONLY:-"regression parity sd35 sd35-nocudnn sd35-eager"}
@@ -134,6 +140,17 @@ if wanted generator-graphs; then
             --out "$WORK/generator-$mode"
     done
 fi
+# issue 37 item 1: Qwen-Image's generator step (B = 8, CFG) with the text padded to 512 tokens and masked
+# (model.text_padding=mask, the path before) and with rows grouped by real text length, padding cut, no mask
+# (split, the default now), each compiled in its own process; 40 real tokens a prompt and 5 for the empty
+# one (the chat template's suffix), as Qwen2.5-VL encodes a short prompt. TEXT_MODES picks a subset
+if wanted qwen-text; then
+    for mode in ${TEXT_MODES:-mask split}; do
+        step "qwen-text-$mode" 150 $PY experiments/measure.py generator --model $QWEN_MODEL --paths optimized \
+            --compile --needs-backward --batch-sizes 8 --cfg on --text-tokens $QWEN_TEXT --text-padding $mode \
+            --warmup 2 --iters 5 --out "$WORK/qwen-text-$mode"
+    done
+fi
 loop sd35-nocudnn 140 "$SD35" model.cudnn_sdpa=disabled
 loop sd35-eager 90 "$SD35" model.compile=false model.autocast=false
 # FP8 base linears (model.fp8=true), beside the sd35 row of the same call
@@ -148,12 +165,17 @@ loop flux-mb8 240 "$FLUX" iterations=3 trainer.micro_batch_size=8
 loop flux-fp8 260 "$FLUX" iterations=3 trainer.micro_batch_size=8 model.fp8=true
 # what FLUX's profile suggests for Qwen-Image (micro-batch 2 idles between small kernels): a larger
 # micro-batch, with activation checkpointing to fit; iteration 2 under the kernel profiler
-loop qwen-mb8-ckpt 340 "$SD35" model=qwen-image trainer.micro_batch_size=8 trainer.activation_checkpointing=true \
+loop qwen-mb8-ckpt 340 "$SD35" model=$QWEN_MODEL trainer.micro_batch_size=8 trainer.activation_checkpointing=true \
     iterations=3 runtime.profile_iteration=2
 # Qwen-Image: the SD3.5-medium settings (2 x 8, 10 steps, CFG 4.5) at micro-batch 2, as issue 23's table
-loop qwen 330 "$SD35" model=qwen-image trainer.micro_batch_size=2 iterations=3
+loop qwen 330 "$SD35" model=$QWEN_MODEL trainer.micro_batch_size=2 iterations=3
 loop qwen-eager 330 "$SD35" model=qwen-image trainer.micro_batch_size=2 iterations=2 model.compile=false \
     model.autocast=false
+# issue 37 item 1: the two Qwen-Image loops above run model.text_padding=split (the default); these are the
+# same runs on the padded, masked text (the path of the rows before it), one call each beside its partner
+loop qwen-mask 330 "$SD35" model=$QWEN_MODEL trainer.micro_batch_size=2 iterations=3 model.text_padding=mask
+loop qwen-mb8-ckpt-mask 340 "$SD35" model=$QWEN_MODEL trainer.micro_batch_size=8 \
+    trainer.activation_checkpointing=true iterations=3 runtime.profile_iteration=2 model.text_padding=mask
 $PY experiments/gpu/loops_summary.py "$RUNS" --out "$WORK" --hardware "$(hardware)" \
     --command "ONLY=\"$ONLY\" bash experiments/gpu/h200_loops.sh"
 cp "$WORK/summary.json" "$OUT/" 2>/dev/null

@@ -61,12 +61,14 @@ def rollout_batch(
     seed: int,
     uncond: TextCondition | None = None,
     iteration: int = 0,
+    cond: TextCondition | None = None,
 ) -> TrajectoryBatch:
     """On-policy trajectories: all samples go through one forward per step (the rollout composition);
-    the first ``num_train_steps`` transitions are recorded as trained units. Advantages are random."""
+    the first ``num_train_steps`` transitions are recorded as trained units. Advantages are random.
+    ``cond``: the samples' condition (default: random SD3-shaped embeddings)."""
     g = torch.Generator().manual_seed(seed)
     shape = flow_model.latent_shape(HEIGHT, WIDTH)
-    cond = random_cond(batch_size, g)
+    cond = random_cond(batch_size, g) if cond is None else cond
     x = torch.randn(batch_size, *shape, generator=g)
     lat, nxt, logp, sig, nsig = [], [], [], [], []
     for k in range(num_train_steps):

@@ -38,7 +38,8 @@ def qwen_image_velocity(
 ) -> Tensor:
     """QwenImageTransformer2DModel, pipeline_qwenimage.py: 2x2-packed tokens, `timestep = t / 1000` = sigma
     (its Timesteps projection scales by 1000), `img_shapes` [(1, h/2, w/2)] per sample for the 3-axis RoPE,
-    `encoder_hidden_states_mask` masking padded text keys. True CFG (with norm rescale) is the caller's."""
+    `encoder_hidden_states_mask` masking padded text keys (None when `model.text_padding=split` has cut the
+    padding, digenrl/models/text_padding.py). True CFG (with norm rescale) is the caller's."""
     b, _, h, w = latents.shape
     out = transformer(
         hidden_states=pack_2x2(latents),
@@ -248,4 +249,5 @@ FAMILY = ModelFamily(
     pipeline_class="QwenImagePipeline",
     specs=(QWEN_IMAGE, TINY_QWEN_IMAGE),
     vae_decode=vae_decode,
+    cuts_text_padding=True,  # padded keys masked, text RoPE from position 0 (digenrl/models/text_padding.py)
 )
