@@ -155,6 +155,9 @@ class ModelConfig:
     # torch.compile the transformer's repeated blocks (digenrl/models/optimize.py); None = on for a CUDA
     # device, off on CPU (the GPU path the cost files measure, docs/design.md §5)
     compile: bool | None = None
+    # torch.compile the VAE's decoder network, the score phase's decode (digenrl/models/optimize.py
+    # compile_vae_decoder); off: the eager decode
+    compile_vae: bool = False
     # 16-bit autocast over the transformer: LoRA matmuls in bf16 (FlowModel.set_autocast); None = on for a
     # CUDA device when model.dtype is 16-bit
     autocast: bool | None = None

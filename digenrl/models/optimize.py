@@ -40,6 +40,7 @@ from digenrl.models.attention_safety import (
     select_attention_backend,
 )
 from digenrl.models.flow_model import FlowModel
+from digenrl.models.vae import LatentDecoder
 
 log = logging.getLogger(__name__)
 
@@ -124,14 +125,19 @@ def _raise_recompile_limit() -> None:
             return
 
 
-def compile_flow_model(flow_model: FlowModel, settings: CompileSettings | None = None) -> int:
-    """``nn.Module.compile`` the transformer's repeated blocks (or the whole transformer); returns how many
-    modules were compiled. Compilation itself happens lazily at the first forward of each shape."""
-    settings = settings or CompileSettings()
+def _compile_kwargs(settings: CompileSettings) -> dict[str, object]:
     _raise_recompile_limit()
     kwargs = {"backend": settings.backend, "dynamic": settings.dynamic, "fullgraph": settings.fullgraph}
     if settings.backend == "inductor":
         kwargs["mode"] = settings.mode
+    return kwargs
+
+
+def compile_flow_model(flow_model: FlowModel, settings: CompileSettings | None = None) -> int:
+    """``nn.Module.compile`` the transformer's repeated blocks (or the whole transformer); returns how many
+    modules were compiled. Compilation itself happens lazily at the first forward of each shape."""
+    settings = settings or CompileSettings()
+    kwargs = _compile_kwargs(settings)
     transformer = flow_model.transformer
     blocks = repeated_blocks(transformer) if settings.regional and settings.mode != "reduce-overhead" else []
     if blocks:
@@ -140,6 +146,20 @@ def compile_flow_model(flow_model: FlowModel, settings: CompileSettings | None =
         return len(blocks)
     transformer.compile(**kwargs)
     return 1
+
+
+def compile_vae_decoder(decoder: LatentDecoder, settings: CompileSettings | None = None) -> bool:
+    """``model.compile_vae``: ``nn.Module.compile`` the VAE's decoder network (diffusers' ``vae.decoder``,
+    what ``vae.decode`` runs after its post-quant conv), so the score phase's decode runs inductor's fused
+    kernels instead of eager convolutions, norms and activations one launch at a time. Returns whether a
+    decoder network was found and compiled. Compilation happens at the first decode of each shape (the
+    rollout's decode batches: one or two shapes); the pixels agree with the eager decode up to float
+    rounding."""
+    network = getattr(decoder.vae, "decoder", None)
+    if not isinstance(network, nn.Module):
+        return False
+    network.compile(**_compile_kwargs(settings or CompileSettings()))
+    return True
 
 
 def optimize_flow_model(

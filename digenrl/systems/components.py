@@ -17,7 +17,7 @@ from digenrl.config import Config
 from digenrl.data.dtypes import TORCH_DTYPES
 from digenrl.data.prompts import PromptSource, configured_prompt_sets, metadata_lookup
 from digenrl.models import ModelBundle, build_model_bundle
-from digenrl.models.optimize import optimize_flow_model
+from digenrl.models.optimize import compile_vae_decoder, optimize_flow_model
 from digenrl.rewards.registry import build_configured_reward
 from digenrl.rollout.engine import RolloutEngine
 from digenrl.rollout.evaluate import Evaluator, local_scoring
@@ -180,6 +180,8 @@ def build_rank_components(
             device=ctx.device,
             remote=cfg.reward.remote_settings(),
         )
+        if cfg.model.compile_vae:
+            compile_vae_decoder(bundle.decoder)
         # decoded in the rollout's forward batches: two schedules that generate in the same batches then
         # decode (and score) the same shapes too (docs/operations.md, "Reproducible runs")
         scorer = Scorer(

@@ -8,8 +8,8 @@ resolved ``config.yaml``). ``loop.json`` beside a run (written by the script) na
     python experiments/gpu/loops_summary.py RUNS_DIR --out OUT_DIR [--command "..."] [--hardware "..."]
 
 Writes ``OUT_DIR/summary.json`` (a list of objects with ``model``, ``config``, ``prompts``, ``samples_per_s``,
-``rollout_s``, ``train_s``, ``fraction_of_bound``, ``peak_mem_gib``, ``path``, the call's ``hardware``,
-``command`` and ``date``, and more) and ``summary.md``.
+``rollout_s``, ``train_s``, ``score_s``, ``fraction_of_bound``, ``peak_mem_gib``, ``path``, the call's
+``hardware``, ``command`` and ``date``, and more) and ``summary.md``.
 """
 
 from __future__ import annotations
@@ -43,7 +43,17 @@ def code_path(cfg: dict) -> str:
         path += ", cuDNN SDPA off"
     if model.get("fp8"):
         path += ", FP8"
+    if model.get("compile_vae"):
+        path += ", VAE compiled"
+    if model.get("text_padding") == "mask" and "qwen" in str(model.get("name")):
+        path += ", text padded + masked"
     return path
+
+
+def _score_s(row: dict) -> float | None:
+    """One iteration's decode + reward seconds (``model.compile_vae``'s target): the slowest role's."""
+    scores = [p["score"] for p in (row.get("phase_seconds") or {}).values() if "score" in p]
+    return max(scores) if scores else None
 
 
 def summarise_run(run: Path, *, hardware: str = "", command: str = "", date: str = "") -> dict:
@@ -66,6 +76,7 @@ def summarise_run(run: Path, *, hardware: str = "", command: str = "", date: str
         "samples_per_s": _median([r.get("samples_per_s") for r in later]),
         "rollout_s": _median([r.get("rollout_s") for r in later]),
         "train_s": _median([r.get("train_s") for r in later]),
+        "score_s": _median([_score_s(r) for r in later]),
         "first_iteration_s": round(rows[0]["wall_s"], 2) if rows else None,
         "fraction_of_bound": _median([r.get("fraction_of_bound") for r in later]),
         "fraction_of_bound_by_phase": by_phase,
