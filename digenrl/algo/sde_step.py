@@ -79,8 +79,26 @@ def _per_sample(name: str, value: float | Tensor, sample: Tensor) -> Tensor:
     return t.reshape(batch, *([1] * (sample.ndim - 1)))
 
 
+def check_sigma_pairs(sigma: Tensor, sigma_next: Tensor) -> None:
+    """Raise unless 0 <= σ' < σ <= 1 (+ rounding) for every transition (elementwise, any equal shapes): what
+    every step's formulas assume. It reads the values, a host sync for device tensors, so a caller that runs
+    many steps (the rollout engine, the trainer) checks its grid or batch once and passes
+    ``sigmas_checked=True`` to each step."""
+    if not bool(
+        ((sigma > 0) & (sigma <= 1 + SIGMA_ONE_ATOL) & (sigma_next >= 0) & (sigma_next < sigma)).all()
+    ):
+        raise ValueError(
+            f"sigma/sigma_next must satisfy 0 <= sigma_next < sigma <= 1 (+{SIGMA_ONE_ATOL} rounding), "
+            f"got sigma={sigma.flatten().tolist()} sigma_next={sigma_next.flatten().tolist()}"
+        )
+
+
 def _prepare(
-    velocity: Tensor, sample: Tensor, sigma: float | Tensor, sigma_next: float | Tensor
+    velocity: Tensor,
+    sample: Tensor,
+    sigma: float | Tensor,
+    sigma_next: float | Tensor,
+    sigmas_checked: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     v = _as_fp32("velocity", velocity)
     x = _as_fp32("sample", sample)
@@ -91,11 +109,8 @@ def _prepare(
         )
     s = _per_sample("sigma", sigma, x)
     s_next = _per_sample("sigma_next", sigma_next, x)
-    if not bool(((s > 0) & (s <= 1 + SIGMA_ONE_ATOL) & (s_next >= 0) & (s_next < s)).all()):
-        raise ValueError(
-            f"sigma/sigma_next must satisfy 0 <= sigma_next < sigma <= 1 (+{SIGMA_ONE_ATOL} rounding), "
-            f"got sigma={s.flatten().tolist()} sigma_next={s_next.flatten().tolist()}"
-        )
+    if not sigmas_checked:
+        check_sigma_pairs(s, s_next)
     return v, x, s, s_next
 
 
@@ -171,6 +186,7 @@ def flow_sde_step(
     noise: Tensor | None = None,
     prev_sample: Tensor | None = None,
     sigma_max: float | None = None,
+    sigmas_checked: bool = False,
 ) -> StepResult:
     """FlowGRPO's stochastic step x_σ → x_σ' with its log-probability (flow_grpo `sde_step_with_logprob`).
 
@@ -187,6 +203,8 @@ def flow_sde_step(
             `sigma_max = self.sigmas[1]`). Required if any σ == 1 and noise_level > 0. Unlike the
             reference's exact `== 1`, σ within SIGMA_ONE_ATOL of 1 counts as 1: a float32 σ_0 of 1 − 1 ulp
             would otherwise give σ_t ≈ 4000·a, and 1 + 1 ulp a NaN.
+        sigmas_checked: the caller ran :func:`check_sigma_pairs` on these values already (once for a grid
+            or a batch), so the step skips its own check, a host read of the sigmas every step.
 
     'sde': σ_t = a·sqrt(σ/(1 − σ)), μ = x + dt·[v + σ_t²/(2σ)·(x + (1 − σ)v)], std = σ_t·sqrt(−dt),
     log_prob = mean over non-batch dims of log N(x'; μ, std²) (full density, constants included; the
@@ -202,7 +220,7 @@ def flow_sde_step(
     _check_noise_level("noise_level", noise_level)
     if sde_type == "cps" and noise_level > 1:
         raise ValueError(f"noise_level for sde_type 'cps' must be in [0, 1], got {noise_level!r}")
-    v, x, s, s_next = _prepare(velocity, sample, sigma, sigma_next)
+    v, x, s, s_next = _prepare(velocity, sample, sigma, sigma_next, sigmas_checked)
     noise, prev_sample = _resolve_sampling(noise, prev_sample, x, deterministic=noise_level == 0)
     if noise_level == 0:
         return _deterministic_result(x, v, s, s_next, prev_sample)
@@ -247,6 +265,7 @@ def dance_step(
     eta: float,
     noise: Tensor | None = None,
     prev_sample: Tensor | None = None,
+    sigmas_checked: bool = False,
 ) -> StepResult:
     """DanceGRPO's stochastic step: FlowGRPO's drift with a constant η (0.3 image, 0.25 HunyuanVideo).
 
@@ -257,10 +276,10 @@ def dance_step(
     DanceGRPO also averages over dims (not sums), but its `- log(std) - log(sqrt(2π))` sits on a separate
     statement and is discarded, so its value is only −(x' − μ)²/(2·std²). The dropped terms do not depend
     on the weights, so log-ratios, PPO ratios and gradients are identical; only the logged value differs.
-    eta = 0 gives the Euler step exactly, with log_prob = 0.
+    eta = 0 gives the Euler step exactly, with log_prob = 0. ``sigmas_checked``: as in `flow_sde_step`.
     """
     _check_noise_level("eta", eta)
-    v, x, s, s_next = _prepare(velocity, sample, sigma, sigma_next)
+    v, x, s, s_next = _prepare(velocity, sample, sigma, sigma_next, sigmas_checked)
     noise, prev_sample = _resolve_sampling(noise, prev_sample, x, deterministic=eta == 0)
     if eta == 0:
         return _deterministic_result(x, v, s, s_next, prev_sample)

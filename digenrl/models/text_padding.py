@@ -74,7 +74,9 @@ def padding_free_forward(
     groups = length_groups(cond.lengths)
     outs, order = [], []
     for n, rows in groups:
-        part = TextCondition(_rows(cond.embeds, rows)[:, :n], _rows(cond.pooled, rows))
+        # contiguous: a cut [rows, :n] is a strided view, which the blocks' linears and norms would copy or
+        # run on slow strided kernels (bf16 on a CPU: 10x), and compile would specialise on its strides
+        part = TextCondition(_rows(cond.embeds, rows)[:, :n].contiguous(), _rows(cond.pooled, rows))
         outs.append(forward(_rows(latents, rows), _rows(sigma, rows), part, _rows(guidance, rows)))
         order += rows
     if len(outs) == 1:

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from digenrl.algo.sde_step import dpm_solver_2m_step
+from digenrl.algo.sde_step import check_sigma_pairs, dpm_solver_2m_step
 from digenrl.algo.timesteps import MixWindow, sde_step_mask, select_train_steps
 from digenrl.config import AlgoConfig
 from digenrl.data.seeding import mix_seed
@@ -299,6 +299,10 @@ class RolloutEngine:
         train_steps = batch.step_indices.cpu()
         sde_mask = sde_step_mask(t, batch.step_indices[0].cpu(), mode=self.sde_mode) if b else None
         sigmas = self.sampler.sigmas.to(self.device)
+        # the steps' sigma pairs, checked once on the host grid instead of read back from the device each step
+        check_sigma_pairs(
+            self.sampler.sigmas[first:until_step], self.sampler.sigmas[first + 1 : until_step + 1]
+        )
         chunk = self.samples_per_forward or b
         if self.ledger is not None and first < until_step:
             keys = sample_keys(batch.prompt_ids.tolist(), batch.sample_ids.tolist())
@@ -325,7 +329,13 @@ class RolloutEngine:
                     self.model, x[sl], sigma, cond.index_select(torch.arange(sl.start, sl.stop)), uncond
                 )
                 res = self.sampler.transition(
-                    v, x[sl], sigma, sigmas[i + 1].expand(n), noise=noise[sl], stochastic=bool(sde_mask[i])
+                    v,
+                    x[sl],
+                    sigma,
+                    sigmas[i + 1].expand(n),
+                    noise=noise[sl],
+                    stochastic=bool(sde_mask[i]),
+                    sigmas_checked=True,
                 )
                 nxt[sl] = res.prev_sample
                 step_log_prob[sl] = res.log_prob

@@ -18,6 +18,7 @@ unconditional forward needs no autograd graph (:data:`CFG_SPLIT_MIN_BATCH`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -153,13 +154,23 @@ class Sampler:
         noise: torch.Tensor | None = None,
         prev_sample: torch.Tensor | None = None,
         stochastic: bool = True,
+        sigmas_checked: bool = False,
     ) -> StepResult:
         """One denoising transition with its log-prob (fp32). ``stochastic=False`` is the ODE step
-        (FlowGRPO-Fast's steps outside the SDE window, and evaluation)."""
+        (FlowGRPO-Fast's steps outside the SDE window, and evaluation). ``sigmas_checked``: the caller ran
+        :func:`~digenrl.algo.sde_step.check_sigma_pairs` on these sigmas (its grid or batch) once, so the step
+        does not read them back from the device."""
         level = self.noise_level if stochastic else 0.0
         if self.sde_type == "dance":
             return dance_step(
-                velocity, sample, sigma, sigma_next, eta=level, noise=noise, prev_sample=prev_sample
+                velocity,
+                sample,
+                sigma,
+                sigma_next,
+                eta=level,
+                noise=noise,
+                prev_sample=prev_sample,
+                sigmas_checked=sigmas_checked,
             )
         return flow_sde_step(
             velocity,
@@ -170,8 +181,14 @@ class Sampler:
             sde_type=self.sde_type,
             noise=noise,
             prev_sample=prev_sample,
-            sigma_max=float(self.sigmas[1]),
+            sigma_max=self.sigma_max,
+            sigmas_checked=sigmas_checked,
         )
+
+    @cached_property
+    def sigma_max(self) -> float:
+        """The grid's σ_1 as a Python float, read once (flow_sde_step's ``sigma_max``)."""
+        return float(self.sigmas[1])
 
     def describe(self) -> str:
         guidance = (

@@ -39,6 +39,7 @@ from torch import nn
 
 from digenrl.algo.loss import PolicyLossTerms, clipped_policy_loss, kl_to_reference, ratio_norm_terms
 from digenrl.algo.nft import nft_loss, velocity_kl
+from digenrl.algo.sde_step import check_sigma_pairs
 from digenrl.config import Config
 from digenrl.data.micro_batches import plan_micro_batches
 from digenrl.models.fp8 import apply_fp8
@@ -244,7 +245,8 @@ class PolicyTrainer:
         """Per-unit total loss [n] (with graph), the PolicyLossTerms, and the per-unit KL [n] or None.
 
         The reference forward runs without autograd, so it keeps the rollout's batched CFG layout; the
-        training forward follows ``sampler.cfg_grad`` (:meth:`Sampler.velocity`)."""
+        training forward follows ``sampler.cfg_grad`` (:meth:`Sampler.velocity`). The micro-batch's sigma
+        pairs must have been checked (:meth:`accumulate` checks its batch's once)."""
         if self.cfg.algo.name == "diffusionnft":
             return self._nft_unit_losses(mb)
         sampler, model = self.sampler, self.flow_model
@@ -255,10 +257,18 @@ class PolicyTrainer:
             with torch.no_grad(), reference_policy(model):
                 v_ref = sampler.velocity(model, mb.latents, mb.sigmas, mb.cond, self.uncond)
                 ref_mean = sampler.transition(
-                    v_ref, mb.latents, mb.sigmas, mb.next_sigmas, prev_sample=mb.next_latents
+                    v_ref,
+                    mb.latents,
+                    mb.sigmas,
+                    mb.next_sigmas,
+                    prev_sample=mb.next_latents,
+                    sigmas_checked=True,
                 ).mean
         v = sampler.velocity(model, mb.latents, mb.sigmas, mb.cond, self.uncond)
-        res = sampler.transition(v, mb.latents, mb.sigmas, mb.next_sigmas, prev_sample=mb.next_latents)
+        # the batch's sigma pairs were checked once by accumulate(): no read of them per micro-batch
+        res = sampler.transition(
+            v, mb.latents, mb.sigmas, mb.next_sigmas, prev_sample=mb.next_latents, sigmas_checked=True
+        )
         algo = self.cfg.algo
         bias = scale = None
         if algo.ratio_norm:  # GRPO-Guard's RatioNorm (digenrl.algo.loss.ratio_norm_terms)
@@ -331,7 +341,11 @@ class PolicyTrainer:
         # float64 accumulators add the fp32 per-micro-batch sums exactly as Python floats would.
         acc = torch.zeros(5, dtype=torch.float64, device=self.device)  # loss, ratio, clipped, kl, units
         extremes = torch.full((2,), -math.inf, dtype=torch.float64, device=self.device)  # -min, max
+        # host reads once per batch, not per micro-batch: the text lengths (model.text_padding) and the
+        # transitions' sigma pairs (unit_losses skips the per-step check; DiffusionNFT trains no transitions)
         cond = batch.cond.with_lengths()
+        if self.cfg.algo.name != "diffusionnft":
+            check_sigma_pairs(batch.sigmas, batch.next_sigmas)
         for i in range(rounds):
             if i < len(plan):
                 mb, weight = _gather_units(batch, plan[i], self.device, cond), unit_weight
@@ -362,8 +376,7 @@ class PolicyTrainer:
                 ]
             ).to(acc)
             extremes = torch.maximum(extremes, torch.stack([-ratio.min(), ratio.max()]).to(extremes))
-        loss_sum, ratio_sum, clipped, kl_sum, units = acc.tolist()
-        neg_min, ratio_max = extremes.tolist()
+        loss_sum, ratio_sum, clipped, kl_sum, units, neg_min, ratio_max = torch.cat([acc, extremes]).tolist()
         return {
             "loss_sum": loss_sum,
             "ratio_sum": ratio_sum,

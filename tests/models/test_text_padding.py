@@ -151,3 +151,17 @@ def test_a_training_step_gives_the_same_loss_and_update(encoder):
         torch.testing.assert_close(g_split[name], grad, **TOL, msg=lambda m, n=name: f"{n}: {m}")
     for name, weight in w_mask.items():
         torch.testing.assert_close(w_split[name], weight, **TOL)
+
+
+def test_split_reads_nothing_back_when_the_lengths_are_known(encoder):
+    """A CFG batch as the sampler builds it (prompts, then the empty prompt's rows): the lengths came from the
+    encoder's cache, so the forward reads no tensor value back (a device sync on a GPU)."""
+    from tests.trainer.test_host_reads import counted_reads
+
+    cond = TextCondition.cat([encoder.encode(PROMPTS), encoder.negative_condition(len(PROMPTS))])
+    model = _model("split")
+    x = torch.randn(len(cond), *model.latent_shape(32, 32))
+    sigma = torch.full((len(cond),), 0.5)
+    with torch.no_grad(), counted_reads() as counts:
+        model(x, sigma, cond)
+    assert sum(counts.values()) == 0, counts
