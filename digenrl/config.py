@@ -434,6 +434,10 @@ class ColocatedConfig:
     same number of micro-batch steps on every rank (for FSDP2 / ZeRO-2/3)."""
 
     split: str = field(default="equal", metadata=among(COLOCATED_SPLITS))
+    # colocated-overlap: the background scorer decodes and scores on its own CUDA stream, after the
+    # generation of its sub-batch, so that GPU work overlaps the next sub-batch's generation instead of
+    # queueing behind it on the default stream (digenrl/systems/colocated_overlap.py); no effect on a CPU
+    score_stream: bool = True
 
 
 @dataclass

@@ -35,7 +35,7 @@ from digenrl.trainer.parallel.base import resolve_backend
 
 class ColocatedEngine(ColocatedSync):
     name = "colocated-engine"
-    knobs = ("colocated", "engine")
+    knobs = ("colocated.split", "engine")
     generation_copy = True
 
     @classmethod

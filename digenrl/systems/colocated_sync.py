@@ -80,7 +80,7 @@ def colocated_shares(cfg: Config, world_size: int) -> list[RankShare]:
 
 class ColocatedSync(System):
     name = "colocated-sync"
-    knobs = ("residency", "colocated")
+    knobs = ("residency", "colocated.split")
 
     track_reward_residency = True  # colocated-overlap scores during generation, so it cannot park the reward
     generation_copy = False  # colocated-engine generates on its own copy of the policy

@@ -20,7 +20,8 @@
 #     backward on FLUX.1-dev's blocks against flash, the check that could lift the table's FLUX row)
 #     ONLY="qwen-text" ...: Qwen-Image's generator step with padded, masked text and with model.text_padding=split
 #     (issue 37 item 1); ONLY="qwen" / ONLY="qwen-mask" ...: the loop on either path, one call each;
-#     ONLY="sd35 sd35-vae" ...: the SD3.5-medium loop with the eager and the compiled VAE decode (item 2)
+#     ONLY="sd35 sd35-vae" ...: the SD3.5-medium loop with the eager and the compiled VAE decode (item 2);
+#     ONLY="sd35-overlap sd35-overlap-nostream" ...: colocated-overlap's scorer on a side stream or not (item 4)
 #   CPU dry run of the same commands with the tiny model: DRY=1 bash experiments/gpu/h200_loops.sh
 #
 # Results under $OUT: log.txt, summary.md, results.tgz (summary.json/md from experiments/gpu/loops_summary.py,
@@ -131,6 +132,11 @@ fi
 loop sd35 180 "$SD35"
 # issue 37 item 2: the same loop with the VAE's decoder compiled (model.compile_vae), beside sd35 in one call
 loop sd35-vae 180 "$SD35" model.compile_vae=true
+# issue 37 item 4: colocated-overlap (each group's sub-batch decoded and scored by a worker thread while the
+# next generates) with the scorer on its own CUDA stream (colocated.score_stream, the default) and on the
+# default stream (the path before); the two rows' reward_mean must be identical
+loop sd35-overlap 180 "$SD35" system=colocated-overlap
+loop sd35-overlap-nostream 180 "$SD35" system=colocated-overlap colocated.score_stream=false
 # the kernel profile of the same loop on its own (a cold compile cache takes ~130 s of a call): iteration 2
 loop sd35-profile 230 "$SD35" iterations=3 runtime.profile_iteration=2
 # issue 37 item 2: the generator step of SD3.5-medium (B = 16, CFG) compiled by blocks (the loops' path) and
