@@ -155,7 +155,7 @@ fi
 # one (the chat template's suffix), as Qwen2.5-VL encodes a short prompt. TEXT_MODES picks a subset
 if wanted qwen-text; then
     for mode in ${TEXT_MODES:-mask split}; do
-        step "qwen-text-$mode" 150 $PY experiments/measure.py generator --model $QWEN_MODEL --paths optimized \
+        step "qwen-text-$mode" 200 $PY experiments/measure.py generator --model $QWEN_MODEL --paths optimized \
             --compile --needs-backward --batch-sizes 8 --cfg on --text-tokens $QWEN_TEXT --text-padding $mode \
             --warmup 2 --iters 5 --out "$WORK/qwen-text-$mode"
     done
