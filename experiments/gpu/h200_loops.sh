@@ -152,12 +152,16 @@ fi
 # issue 37 item 1: Qwen-Image's generator step (B = 8, CFG) with the text padded to 512 tokens and masked
 # (model.text_padding=mask, the path before) and with rows grouped by real text length, padding cut, no mask
 # (split, the default now), each compiled in its own process; 40 real tokens a prompt and 5 for the empty
-# one (the chat template's suffix), as Qwen2.5-VL encodes a short prompt. TEXT_MODES picks a subset
+# one (the chat template's suffix), as Qwen2.5-VL encodes a short prompt. The split process also runs the
+# eager model on the padded, masked text first: its log-prob agreement (2 samples x 2 steps) is split's
+# numerics against the path before. TEXT_MODES picks a subset
 if wanted qwen-text; then
     for mode in ${TEXT_MODES:-mask split}; do
-        step "qwen-text-$mode" 200 $PY experiments/measure.py generator --model $QWEN_MODEL --paths optimized \
+        paths=optimized budget=170
+        [[ $mode == split ]] && paths=eager,optimized budget=260
+        step "qwen-text-$mode" $budget $PY experiments/measure.py generator --model $QWEN_MODEL --paths $paths \
             --compile --needs-backward --batch-sizes 8 --cfg on --text-tokens $QWEN_TEXT --text-padding $mode \
-            --warmup 2 --iters 5 --out "$WORK/qwen-text-$mode"
+            --warmup 2 --iters 5 --agreement-steps 2 --agreement-samples 2 --out "$WORK/qwen-text-$mode"
     done
 fi
 loop sd35-nocudnn 140 "$SD35" model.cudnn_sdpa=disabled
