@@ -74,7 +74,7 @@ class System:
     Every schedule decision (pools, mechanism knobs, split, staleness, sharding) reads ``self.plan``, the
     :class:`~digenrl.plan.RunPlan` of the config on the launched world, built once here and written to
     ``plan.json``; the config supplies only what is not schedule (model, sampler, algorithm, trainer
-    hyper-parameters, runtime timeouts, paths). tests/systems/test_plan_reads.py keeps it so.
+    hyper-parameters, runtime timeouts, paths). tests/test_plan_reads.py keeps it so.
     """
 
     name: ClassVar[str]
