@@ -54,6 +54,7 @@ log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from digenrl.models.spec_types import ModelSpec
+    from digenrl.plan import RunPlan
     from digenrl.runtime.hardware.profiles import HardwareProfile
 
 #: Sections (and keys) that only some systems read; everything else is shared by every system.
@@ -432,7 +433,7 @@ def validate_config(cfg: Config, world_size: int | None = None) -> None:
             f"devices; launch at most {profile.world_size} or choose a larger profile"
         )
     if world_size is not None:
-        get_system(cfg.system).check(cfg, world_size)
+        get_system(cfg.system).check(cfg, launched_plan(cfg, profile, world_size))
         if cfg.system == "colocated-engine" and not cfg.engine.offload:
             from digenrl.planning.shared_device import engine_copies_error
 
@@ -441,6 +442,17 @@ def validate_config(cfg: Config, world_size: int | None = None) -> None:
                 raise ConfigError(error)
     if cfg.trainer.sharding == "hybrid":
         check_hybrid_sharding(cfg, profile, world_size)
+
+
+def launched_plan(cfg: Config, profile: HardwareProfile, world_size: int) -> RunPlan:
+    """The plan ``cfg`` runs on ``world_size`` launched ranks of ``profile`` (what its system builds and
+    checks, :class:`digenrl.systems.base.System`), or a ConfigError saying why there is none."""
+    from digenrl.plan import RunPlan
+
+    try:
+        return RunPlan.from_config(cfg, profile, world_size=world_size)
+    except ValueError as error:
+        raise ConfigError(f"system={cfg.system!r} on {world_size} ranks: {error}") from None
 
 
 def check_sequence_parallel(cfg: Config, profile: HardwareProfile, world_size: int | None) -> None:
@@ -493,7 +505,7 @@ def check_sequence_parallel(cfg: Config, profile: HardwareProfile, world_size: i
     else:
         from digenrl.systems.separate import separate_layout
 
-        layout = separate_layout(cfg, world_size)
+        layout = separate_layout(cfg, launched_plan(cfg, profile, world_size))
         pools = {"trainer.sequence_parallel": layout.trainer_ranks}
         pools["sampler.sequence_parallel"] = layout.generator_ranks
     for key, ranks in pools.items():
@@ -506,10 +518,9 @@ def check_hybrid_sharding(cfg: Config, profile: HardwareProfile, world_size: int
     """``trainer.sharding=hybrid``: FSDP2 (``trainer.backend`` fsdp2 or auto) on trainer ranks that span two
     or more nodes of the profile with the same count on each (one rule:
     :func:`digenrl.rules.schedule.hybrid_sharding_problem`, which the planner checks too)."""
-    from digenrl.plan import RunPlan
     from digenrl.rules.schedule import hybrid_sharding_problem
 
-    ranks = RunPlan.from_config(cfg, profile).trainer_ranks(world_size) if world_size is not None else ()
+    ranks = launched_plan(cfg, profile, world_size).trainer_ranks() if world_size is not None else ()
     problem = hybrid_sharding_problem(
         ranks,
         profile.node_of if world_size is not None else None,

@@ -51,13 +51,26 @@ drain after a checkpoint), ``digenrl`` with TCSS's; the simulator binds versions
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from digenrl.config import Config
 from digenrl.rules import resolve_switch
 
 if TYPE_CHECKING:  # torch-free at import: the simulator binds versions by StalenessBound
     from digenrl.data.trajectory import TrajectoryBatch
+
+
+class StalenessPlan(Protocol):
+    """What :meth:`StalenessBound.from_plan` reads of a run's plan (:class:`digenrl.plan.RunPlan`; not
+    imported here: the plan imports :mod:`digenrl.gap`, which imports this module)."""
+
+    @property
+    def staleness(self) -> int: ...
+
+    @property
+    def tcss(self) -> bool: ...
+
+    @property
+    def tcss_switch(self) -> str: ...
 
 
 class StalenessError(RuntimeError):
@@ -80,14 +93,22 @@ class StalenessBound:
     start: int = 0
 
     @classmethod
-    def from_config(cls, cfg: Config, num_fragments: int, start: int = 0) -> StalenessBound:
-        """``digenrl``'s bound (TCSS on or off); ``start``: the iteration this process starts at."""
-        tcss = cfg.tcss.enabled
+    def from_plan(
+        cls,
+        plan: StalenessPlan,
+        num_fragments: int,
+        *,
+        checkpoint_every: int = 0,
+        iterations: int = 0,
+        start: int = 0,
+    ) -> StalenessBound:
+        """The bound of a run's plan (every system's, the simulator's): its ``staleness`` as the lag and,
+        with TCSS, its switch fragment; ``start``: the iteration this process starts at."""
         return cls(
-            lag=1 if tcss else 0,
-            checkpoint_every=cfg.checkpoint_every,
-            iterations=cfg.iterations,
-            switch=resolve_switch(cfg.tcss.switch, num_fragments) if tcss else None,
+            lag=plan.staleness,
+            checkpoint_every=checkpoint_every,
+            iterations=iterations,
+            switch=resolve_switch(plan.tcss_switch, num_fragments) if plan.tcss else None,
             start=start,
         )
 

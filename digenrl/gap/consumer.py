@@ -22,6 +22,7 @@ train_logical_batch` with ``fed`` = ``gap.enabled``).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
@@ -39,29 +40,48 @@ from digenrl.runtime.observe.span_phases import Phase
 PRODUCER_TAGS = ("producer", "steps_s", "score_s")
 
 
-def check_gap_config(cfg: Config, trainers: int, *, lockstep: bool = False) -> None:
-    """Start-up checks of what training fragment by fragment needs (``trainers``: the trainer pool;
-    ``lockstep``: its backend runs every accumulate as a collective, FSDP2)."""
-    if cfg.gap.enabled and cfg.algo.adv_std != "group":
+class GapPlan(Protocol):
+    """What :func:`check_gap_config` reads of a run's plan (:class:`digenrl.plan.RunPlan`; not imported
+    here: the plan imports :mod:`digenrl.gap`)."""
+
+    @property
+    def gap(self) -> bool: ...
+
+    @property
+    def fragment_groups(self) -> int: ...
+
+    @property
+    def fragment_samples(self) -> int: ...
+
+
+def check_gap_config(cfg: Config, plan: GapPlan, trainers: int, *, lockstep: bool = False) -> None:
+    """Start-up checks of what training ``plan``'s fragments one by one needs (``trainers``: the trainer
+    pool; ``lockstep``: its backend runs every accumulate as a collective, FSDP2); ``cfg``: the algorithm
+    and the reward."""
+    if plan.gap and cfg.algo.adv_std != "group":
         raise ConfigError(
             "gap.enabled=true normalises advantages per fragment, which needs algo.adv_std=group "
             f"(got {cfg.algo.adv_std!r}); a global std needs the whole batch before any fragment trains"
         )
-    samples = fragment_size(cfg.algo.group_size, cfg.gap.fragment_groups, cfg.gap.fragment_samples)
-    key = "gap.fragment_samples" if cfg.gap.fragment_samples else "gap.fragment_groups"
+    samples = fragment_size(cfg.algo.group_size, plan.fragment_groups, plan.fragment_samples)
+    key, value = (
+        ("gap.fragment_samples", plan.fragment_samples)
+        if plan.fragment_samples
+        else ("gap.fragment_groups", plan.fragment_groups)
+    )
     if lockstep and samples < trainers:
         raise ConfigError(
-            f"{key}={getattr(cfg.gap, key.split('.')[1])} makes fragments of {samples} samples, fewer than "
+            f"{key}={value} makes fragments of {samples} samples, fewer than "
             f"pools.trainers={trainers}: a sharded trainer (fsdp2) trains every fragment as a collective on "
             "every rank, so each rank needs a unit of every fragment (other backends skip a fragment)"
         )
-    if cfg.gap.fragment_samples and cfg.gap.fragment_samples % cfg.algo.group_size:
+    if plan.fragment_samples and plan.fragment_samples % cfg.algo.group_size:
         from digenrl.rewards.registry import whole_group_rewards
 
         names = list(cfg.reward.weights) if cfg.reward.weights else [cfg.reward.name]
         if needs := whole_group_rewards(names):
             raise ConfigError(
-                f"gap.fragment_samples={cfg.gap.fragment_samples} splits prompt groups of "
+                f"gap.fragment_samples={plan.fragment_samples} splits prompt groups of "
                 f"algo.group_size={cfg.algo.group_size} over fragments, but reward {needs[0]!r} scores a "
                 "group's samples together; use whole-group fragments (a multiple of algo.group_size)"
             )
@@ -70,8 +90,10 @@ def check_gap_config(cfg: Config, trainers: int, *, lockstep: bool = False) -> N
 class FragmentConsumer:
     """A trainer rank's side of the fragment stream, one iteration at a time (see the module docstring).
 
-    ``streaming``: ``gap.enabled`` (train each fragment on arrival); ``pack``: group units into whole
-    micro-batches of ``micro_batch_size`` across fragments (False under lockstep backends)."""
+    ``train_order`` and ``streaming``: the plan's ``gap.train_order`` and ``gap.enabled`` (train each
+    fragment on arrival); ``pack``: group units into whole micro-batches of ``micro_batch_size`` across
+    fragments (False under lockstep backends, FSDP2 and ZeRO-2, whose accumulate is a collective: every rank
+    trains each fragment as one micro-batch); ``clamp``: ``algo.adv_clamp``."""
 
     def __init__(
         self,
@@ -102,29 +124,6 @@ class FragmentConsumer:
         self.clamp = clamp
         self.completion: GroupCompletion | None = None  # split groups: rewards so far this iteration
         self._rewards_in: set[int] = set()  # fragments whose rewards the completion holds
-
-    @classmethod
-    def from_config(
-        cls,
-        cfg: Config,
-        stream: FragmentStream,
-        bound: StalenessBound,
-        events: EventLogger,
-        *,
-        lockstep: bool,
-    ) -> FragmentConsumer:
-        """``gap.*`` and the trainer's micro-batch; ``lockstep``: the trainer backend runs every accumulate
-        as a collective (FSDP2, ZeRO-2), so every rank trains each fragment as one micro-batch, unpacked."""
-        return cls(
-            stream,
-            bound,
-            events,
-            train_order=cfg.gap.train_order,
-            streaming=cfg.gap.enabled,
-            micro_batch_size=cfg.trainer.micro_batch_size,
-            pack=not lockstep,
-            clamp=cfg.algo.adv_clamp,
-        )
 
     def begin(self, iteration: int, version: int, train: Callable[[TrajectoryBatch], None]) -> None:
         """Start ``iteration`` at trainer ``version``; ``train`` accumulates a micro-batch of units."""

@@ -232,11 +232,14 @@ class RunPlan:
 
     # ------------------------------------------------------------------ config and file
     @classmethod
-    def from_config(cls, cfg: Config, profile: Profile) -> RunPlan:
-        """The plan ``cfg`` runs on ``profile``: the knobs its system reads (module docstring)."""
+    def from_config(cls, cfg: Config, profile: Profile, *, world_size: int | None = None) -> RunPlan:
+        """The plan ``cfg`` runs on ``profile``: the knobs its system reads (module docstring).
+        ``world_size``: the ranks launched, where fewer than the profile's devices (a system builds its plan
+        on its world: :class:`digenrl.systems.base.System`); default the profile's."""
+        world = profile.world_size if world_size is None else world_size
         knobs: dict[str, Any] = {
             "profile": cfg.profile,
-            "world_size": profile.world_size,
+            "world_size": world,
             "share_device": cfg.runtime.share_device,
             "trainer_backend": cfg.trainer.backend,
             "micro_batch_size": cfg.trainer.micro_batch_size,
@@ -257,7 +260,7 @@ class RunPlan:
         else:
             pools = cfg.pools
             trainers, generators, scorers = separate_pools(
-                pools.trainers, pools.generators, pools.scorers, profile.world_size
+                pools.trainers, pools.generators, pools.scorers, world
             )
             knobs |= {"trainers": trainers, "generators": generators, "scorers": scorers}
             if cfg.system == "separate-sync":

@@ -37,8 +37,10 @@ class SimPredictor:
     workload: Workload
 
     @classmethod
-    def for_run(cls, cfg: Config, profile: HardwareProfile) -> SimPredictor:
-        return cls(RunPlan.from_config(cfg, profile), profile, run_workload(cfg))
+    def for_run(cls, cfg: Config, profile: HardwareProfile, plan: RunPlan | None = None) -> SimPredictor:
+        """``cfg``'s run on ``profile``: its ``plan`` (a system's own; default the config's on the whole
+        profile) with the config's workload."""
+        return cls(plan or RunPlan.from_config(cfg, profile), profile, run_workload(cfg))
 
     @property
     def cfg_pass(self) -> bool:

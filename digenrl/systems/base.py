@@ -70,14 +70,20 @@ class System:
 
     ``knobs`` lists the system-specific config sections and keys the schedule reads (see
     :data:`digenrl.validation.SYSTEM_SPECIFIC`); a user-set key outside them is rejected at startup.
+
+    Every schedule decision (pools, mechanism knobs, split, staleness, sharding) reads ``self.plan``, the
+    :class:`~digenrl.plan.RunPlan` of the config on the launched world, built once here and written to
+    ``plan.json``; the config supplies only what is not schedule (model, sampler, algorithm, trainer
+    hyper-parameters, runtime timeouts, paths). tests/test_plan_reads.py keeps it so.
     """
 
     name: ClassVar[str]
     knobs: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
-    def check(cls, cfg: Config, world_size: int) -> None:
-        """Start-up checks that need the world size (before any model exists); each system adds its own."""
+    def check(cls, cfg: Config, plan: RunPlan) -> None:
+        """Start-up checks of ``plan`` (the config's on the launched ranks, ``plan.world_size``) before any
+        model exists; each system adds its own."""
 
     def __init__(self, cfg: Config, ctx: DistContext, run: RunStart):
         self.cfg = cfg
@@ -89,6 +95,7 @@ class System:
         # refused at startup: digenrl/validation.py check_profile_device)
         # the hardware profile, loaded once (profile=auto reads the devices and the shipped profiles)
         self.profile = load_profile(cfg.profile)
+        self.plan = RunPlan.from_config(cfg, self.profile, world_size=ctx.world_size)  # the schedule it runs
         self.device = detect_device(ctx.device.type, ctx.device.index or 0)
         self.profile_mismatch = device_mismatch(self.profile, ctx.rank, self.device)
         self.parts: RankComponents = self.setup()
@@ -100,7 +107,7 @@ class System:
         """``trainer.sharding=hybrid``: the trainer ranks' HSDP groups, by the profile's nodes (this rank's,
         None on a rank that does not train); every rank of the run must call it, in setup, before building
         its parts (``dist.new_group`` is a collective over the world). None with flat sharding."""
-        if self.cfg.trainer.sharding != "hybrid":
+        if self.plan.trainer_sharding != "hybrid":
             return None
         return build_shard_groups(trainer_ranks, self.profile.node_of, timeout_s=self.cfg.runtime.timeout_s)
 
@@ -173,9 +180,10 @@ class System:
         """At the end of ``iteration``: once a rank got SIGTERM, end the run after the iteration all ranks
         agreed on (digenrl/runtime/faults/stop_request.py) by lowering ``cfg.iterations`` to it, so every
         system ends as at a planned last iteration. The lead covers how far a rank may run ahead of another:
-        a generator starts iteration k+1 before the trainer ends k, plus the asynchrony's versions."""
+        a generator starts iteration k+1 before the trainer ends k, plus the versions it may run ahead (the
+        plan's staleness: ``asynchrony.max_staleness``, TCSS's one) and generations in flight."""
         cfg = self.cfg
-        lead = 2 + cfg.asynchrony.max_staleness + cfg.asynchrony.max_inflight
+        lead = 2 + self.plan.staleness + self.plan.max_inflight
         end = STOP.last_iteration(self.ctx, iteration, lead)
         if end is not None and end + 1 < cfg.iterations:
             cfg.iterations = max(end, iteration) + 1
@@ -254,7 +262,7 @@ class System:
             write_atomic(f"{cfg.out_dir}/config.yaml", config_yaml(cfg, run_id=run.run_id))
             # the schedule this run executes, as the simulator and the planner read it (docs/design.md §5)
             profile = self.profile
-            RunPlan.from_config(cfg, profile).write(f"{cfg.out_dir}/{PLAN_FILE}")
+            self.plan.write(f"{cfg.out_dir}/{PLAN_FILE}")
             if cfg.profile == AUTO:  # what auto resolved to here: a validation elsewhere prices these devices
                 profile_yaml = yaml.safe_dump(profile_to_dict(profile), sort_keys=False)
                 write_atomic(f"{cfg.out_dir}/{PROFILE_FILE}", profile_yaml)

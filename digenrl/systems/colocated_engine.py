@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from digenrl.config import Config, ConfigError
 from digenrl.data.trajectory import TrajectoryBatch
+from digenrl.plan import RunPlan
 from digenrl.rollout.scoring import ScoreResult
 from digenrl.runtime.comm.weight_sync import resolve_sync_mode
 from digenrl.runtime.observe.span_phases import Phase
@@ -39,9 +40,9 @@ class ColocatedEngine(ColocatedSync):
     generation_copy = True
 
     @classmethod
-    def check(cls, cfg: Config, world_size: int) -> None:
-        super().check(cfg, world_size)
-        backend = resolve_backend(cfg.trainer.backend, world_size=world_size, mode=cfg.trainer.mode)
+    def check(cls, cfg: Config, plan: RunPlan) -> None:
+        super().check(cfg, plan)
+        backend = resolve_backend(plan.trainer_backend, world_size=plan.world_size, mode=cfg.trainer.mode)
         if backend == "deepspeed":
             raise ConfigError(
                 "trainer.backend=deepspeed is not supported by system=colocated-engine (its re-shard reads "
@@ -64,7 +65,7 @@ class ColocatedEngine(ColocatedSync):
             generation_model=parts.generation_model,
             device=self.ctx.device,
             mode=resolve_sync_mode(self.cfg),
-            offload=self.cfg.engine.offload,
+            offload=self.plan.engine_offload,
             on_span=span,
         )
         return parts
@@ -76,7 +77,7 @@ class ColocatedEngine(ColocatedSync):
         return ResidencyPlanner(policy, tracked=(), transitions={})
 
     def describe_pools(self) -> str:
-        offload = "offloaded while generating" if self.cfg.engine.offload else "resident"
+        offload = "offloaded while generating" if self.plan.engine_offload else "resident"
         return f"colocated hybrid engine: every rank generates on its generation copy and trains ({offload})"
 
     def rollout(self, iteration: int, version: int) -> tuple[TrajectoryBatch, ScoreResult]:

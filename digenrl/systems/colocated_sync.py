@@ -20,6 +20,7 @@ import torch
 from digenrl.config import Config, ConfigError
 from digenrl.data.rank_shares import RankShare, rank_shares, split_backend_conflict
 from digenrl.data.trajectory import TrajectoryBatch
+from digenrl.plan import RunPlan
 from digenrl.rollout.scoring import ScoreResult
 from digenrl.runtime.comm.distributed import global_sum
 from digenrl.runtime.comm.sequence_groups import build_sequence_groups
@@ -47,13 +48,14 @@ def residency_span(events: EventLogger, record: TransitionRecord, iteration: int
     events.record_span(Phase.RESIDENCY, end - record.seconds, end, iteration=iteration, extra=extra)
 
 
-def colocated_shares(cfg: Config, world_size: int) -> list[RankShare]:
-    """Every data-parallel member's share of the iteration (``colocated.split``), or a ConfigError naming
-    the keys. A member is a rank, or a group of ``trainer.sequence_parallel`` consecutive ranks that
-    generate and train the same samples together (docs/models.md, "Sequence parallelism")."""
-    split = cfg.colocated.split
-    backend = resolve_backend(cfg.trainer.backend, world_size=world_size, mode=cfg.trainer.mode)
-    conflict = split_backend_conflict(split, backend, cfg.trainer.deepspeed_stage)
+def colocated_shares(cfg: Config, plan: RunPlan) -> list[RankShare]:
+    """Every data-parallel member's share of the iteration (the plan's ``colocated.split`` on its
+    ``world_size`` ranks), or a ConfigError naming the keys. A member is a rank, or a group of
+    ``trainer.sequence_parallel`` consecutive ranks that generate and train the same samples together
+    (docs/models.md, "Sequence parallelism")."""
+    split, world_size = plan.work_split, plan.world_size
+    backend = resolve_backend(plan.trainer_backend, world_size=world_size, mode=cfg.trainer.mode)
+    conflict = split_backend_conflict(split, backend, plan.deepspeed_stage)
     if conflict:
         raise ConfigError(conflict)
     if split != "equal":
@@ -65,7 +67,7 @@ def colocated_shares(cfg: Config, world_size: int) -> list[RankShare]:
             )
         speeds = list(profile.relative_speeds[:world_size])
     else:
-        speeds = [1.0] * (world_size // cfg.trainer.sequence_parallel)
+        speeds = [1.0] * (world_size // plan.sequence_parallel)
     try:
         return rank_shares(
             cfg.algo.prompts_per_iteration, cfg.algo.group_size, speeds, cfg.trainer.micro_batch_size, split
@@ -86,13 +88,13 @@ class ColocatedSync(System):
     generation_copy = False  # colocated-engine generates on its own copy of the policy
 
     @classmethod
-    def check(cls, cfg: Config, world_size: int) -> None:
-        super().check(cfg, world_size)
-        colocated_shares(cfg, world_size)
+    def check(cls, cfg: Config, plan: RunPlan) -> None:
+        super().check(cfg, plan)
+        colocated_shares(cfg, plan)
         from digenrl.rewards.registry import reward_needs_weights
 
         names = list(cfg.reward.weights) if cfg.reward.weights else [cfg.reward.name]
-        if not cfg.residency.reward_resident and not any(reward_needs_weights(n) for n in names):
+        if not plan.reward_resident and not any(reward_needs_weights(n) for n in names):
             raise ConfigError(
                 f"residency.reward_resident=false: reward {cfg.reward.name!r} has no weights to park "
                 f"under system={cls.name!r}; leave it true"
@@ -102,7 +104,7 @@ class ColocatedSync(System):
         # trainer.sequence_parallel > 1: groups of consecutive ranks, each one data-parallel member
         self.sequence = build_sequence_groups(
             range(self.ctx.world_size),
-            self.cfg.trainer.sequence_parallel,
+            self.plan.sequence_parallel,
             timeout_s=self.cfg.runtime.timeout_s,
         )
         # samples are shared out, counted and their rewards gathered over it (None: every rank)
@@ -121,25 +123,25 @@ class ColocatedSync(System):
         )
         self.residency = self.build_residency(parts)
         member = self.sequence.member if self.sequence else self.ctx.rank
-        self.share = colocated_shares(self.cfg, self.ctx.world_size)[member]
+        self.share = colocated_shares(self.cfg, self.plan)[member]
         parts.trainer.micro_batch_size = self.share.micro_batch_size  # colocated.split=speed: per rank
         return parts
 
     def build_residency(self, parts: RankComponents) -> ResidencyPlanner:
         """Roles sharing this device: ``train`` = the optimizer state (generation reads the trainer's own
         weights, so those never move), ``reward`` = the reward model's weights, if it has any."""
-        res = self.cfg.residency
+        plan = self.plan
         transitions = {"train": optimizer_transitions(parts.trainer.optimizer, self.ctx.device)}
         reward_models = parts.scorer.reward.modules()
         if self.track_reward_residency and any(True for m in reward_models for _ in m.parameters()):
             transitions["reward"] = module_transitions(torch.nn.ModuleList(reward_models), self.ctx.device)
-        elif not res.reward_resident:
+        elif not plan.reward_resident:
             raise ConfigError(
                 f"residency.reward_resident=false: reward {self.cfg.reward.name!r} has no weights to park "
                 f"under system={self.name!r}; leave it true"
             )
         policy = ResidencyPolicy(
-            train_resident=res.train_resident, rollout_resident=True, reward_resident=res.reward_resident
+            train_resident=plan.train_resident, rollout_resident=True, reward_resident=plan.reward_resident
         )
         events = parts.events
         return ResidencyPlanner(

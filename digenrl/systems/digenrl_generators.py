@@ -36,9 +36,13 @@ class DigenRLGenerators(SeparateSystem):
     def setup(self) -> RankComponents:
         parts = super().setup()
         cfg, ctx = self.cfg, self.ctx
-        tsp = TspLayout(self.layout.generator_ranks, cfg.tsp.stages)
+        tsp = TspLayout(self.layout.generator_ranks, self.plan.tsp_stages)
+        boundaries = self.plan.tsp_boundaries
         self.tsp_plan = plan_tsp(
-            tsp, parts.sampler.num_steps, profile=self.profile, boundaries=cfg.tsp.boundaries
+            tsp,
+            parts.sampler.num_steps,
+            profile=self.profile,
+            boundaries=None if boundaries is None else list(boundaries),
         )
         self.shipping: list = []  # sends of scored fragments still in flight (this rank is their producer)
         if self.is_generator:

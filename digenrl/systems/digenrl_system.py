@@ -47,11 +47,11 @@ from __future__ import annotations
 import logging
 import time
 
-from digenrl.async_policy.tcss import StalenessBound
 from digenrl.config import Config
 from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.gap.consumer import FragmentConsumer, check_gap_config
 from digenrl.gap.fragments import FragmentPlan
+from digenrl.plan import RunPlan
 from digenrl.rules import resolve_switch
 from digenrl.systems.base import IterationReport
 from digenrl.systems.components import RankComponents
@@ -69,9 +69,21 @@ log = logging.getLogger(__name__)
 TAG_POLL_S = 0.005
 
 
-def _trainer_backend(cfg: Config, world_size: int) -> str:
-    trainers = len(separate_layout(cfg, world_size).trainer_ranks)
-    return resolve_backend(cfg.trainer.backend, world_size=trainers, mode=cfg.trainer.mode)
+def _trainer_backend(cfg: Config, plan: RunPlan) -> str:
+    return resolve_backend(plan.trainer_backend, world_size=plan.trainers, mode=cfg.trainer.mode)
+
+
+def fragment_plan(cfg: Config, plan: RunPlan) -> FragmentPlan:
+    """The fragments of an iteration of ``plan`` (``gap.*``) over its D = generators / ``tsp.stages``
+    pipelines."""
+    return FragmentPlan(
+        cfg.algo.prompts_per_iteration,
+        plan.fragment_groups,
+        plan.pipelines,
+        assignment=plan.fragment_assignment,
+        group_size=cfg.algo.group_size,
+        sample_size=plan.fragment_samples,
+    )
 
 
 class DigenRL(DigenRLGenerators):
@@ -80,57 +92,38 @@ class DigenRL(DigenRLGenerators):
     sharding = "units"
 
     @classmethod
-    def check(cls, cfg: Config, world_size: int) -> None:
+    def check(cls, cfg: Config, plan: RunPlan) -> None:
         from digenrl.models.specs import get_model_spec
 
-        check_trainer_pool_backend(cfg)
-        layout = separate_layout(cfg, world_size)
-        tsp = TspLayout(layout.generator_ranks, cfg.tsp.stages)
+        check_trainer_pool_backend(plan)
+        layout = separate_layout(cfg, plan)
+        tsp = TspLayout(layout.generator_ranks, plan.tsp_stages)
         num_steps = cfg.sampler.num_steps or get_model_spec(cfg.model.name).default_num_steps
         tsp.check_num_steps(num_steps)
-        if cfg.tsp.boundaries is not None:
-            check_boundaries(cfg.tsp.boundaries, tsp.stages, num_steps)
-        plan = FragmentPlan(
-            cfg.algo.prompts_per_iteration,
-            cfg.gap.fragment_groups,
-            tsp.num_pipelines,
-            group_size=cfg.algo.group_size,
-            sample_size=cfg.gap.fragment_samples,
-        )
-        resolve_switch(cfg.tcss.switch, plan.num_fragments)  # tcss.* without tcss: validation.KNOB_RULES
-        check_gap_config(
-            cfg, len(layout.trainer_ranks), lockstep=_trainer_backend(cfg, world_size) == "fsdp2"
-        )
-        check_tag_config(cfg, _trainer_backend(cfg, world_size))
+        if plan.tsp_boundaries is not None:
+            check_boundaries(list(plan.tsp_boundaries), tsp.stages, num_steps)
+        fragments = fragment_plan(cfg, plan)
+        if plan.tcss:
+            resolve_switch(plan.tcss_switch, fragments.num_fragments)
+        backend = _trainer_backend(cfg, plan)
+        check_gap_config(cfg, plan, len(layout.trainer_ranks), lockstep=backend == "fsdp2")
+        check_tag_config(plan, backend)
 
     # ------------------------------------------------------------------ set-up
     def trainer_generates(self) -> bool:
-        backend = _trainer_backend(self.cfg, self.ctx.world_size)
-        return tag_wanted(self.cfg, backend, announce=self.ctx.rank == 0)
+        return tag_wanted(self.plan, _trainer_backend(self.cfg, self.plan), announce=self.ctx.rank == 0)
 
     def fragment_plan(self) -> FragmentPlan:
-        cfg = self.cfg
-        pipelines = len(self.layout.generator_ranks) // cfg.tsp.stages
-        return FragmentPlan(
-            cfg.algo.prompts_per_iteration,
-            cfg.gap.fragment_groups,
-            pipelines,
-            assignment=cfg.gap.assignment,
-            group_size=cfg.algo.group_size,
-            sample_size=cfg.gap.fragment_samples,
-        )
-
-    def staleness_bound(self) -> StalenessBound:
-        return StalenessBound.from_config(self.cfg, self.stream.num_fragments, self.run_start.start_iteration)
+        return fragment_plan(self.cfg, self.plan)
 
     def tag_predictor(self) -> TagPredictor | None:
         """What ``tag.policy=auto`` decides by: the simulator's prediction of this run's plan (imported only
         then: a run that does not ask it never loads the simulator)."""
-        if not self.cfg.tag.enabled or self.cfg.tag.policy != "auto":
+        if not self.plan.searches_tag_budget:
             return None
         from digenrl.sim.predict import SimPredictor
 
-        return SimPredictor.for_run(self.cfg, self.profile)
+        return SimPredictor.for_run(self.cfg, self.profile, self.plan)
 
     def setup(self) -> RankComponents:
         parts = super().setup()
@@ -139,12 +132,20 @@ class DigenRL(DigenRLGenerators):
         if self.is_trainer:
             self.units_per_sample = units_per_sample(cfg, parts.sampler)
             self.batch_units = cfg.algo.prompts_per_iteration * cfg.algo.group_size * self.units_per_sample
-            self.consumer = FragmentConsumer.from_config(
-                cfg, self.stream, self.bound, parts.events, lockstep=parts.trainer.backend.lockstep
+            self.consumer = FragmentConsumer(
+                self.stream,
+                self.bound,
+                parts.events,
+                train_order=self.plan.train_order,
+                streaming=self.plan.gap,
+                micro_batch_size=cfg.trainer.micro_batch_size,
+                pack=not parts.trainer.backend.lockstep,  # lockstep: one micro-batch per fragment
+                clamp=cfg.algo.adv_clamp,
             )
         if self.is_trainer and parts.engine is not None:
             self.tag = Tag.build(
                 cfg,
+                self.plan,
                 engine=parts.engine,
                 backend=parts.trainer.backend,
                 stream=self.stream,
@@ -164,10 +165,10 @@ class DigenRL(DigenRLGenerators):
     def describe_mechanisms(self) -> str:
         """GAP, TSP, TAG and TCSS as this run uses them (rank 0, a trainer, prints it)."""
         cfg, plan, layout = self.cfg, self.stream.plan, self.tsp_plan.layout
-        tcss = self.bound.describe_tcss(cfg.tcss.switch, plan.num_fragments)
+        tcss = self.bound.describe_tcss(self.plan.tcss_switch, plan.num_fragments)
         size = f"{plan.fragment_samples(cfg.algo.group_size)} samples"
         return (
-            f"GAP {'on' if cfg.gap.enabled else 'off'} ({plan.num_fragments} fragments of "
+            f"GAP {'on' if self.plan.gap else 'off'} ({plan.num_fragments} fragments of "
             f"{size}), TSP {layout.num_pipelines} pipeline(s) x {layout.stages} "
             f"stage(s), {self.tag.describe()}, {tcss}"
         )
@@ -196,7 +197,7 @@ class DigenRL(DigenRLGenerators):
             self.tag.leave()
             fragments.receive(f)  # GAP on: trained now, while the generators make the next ones
         self.tag.leave()
-        passes, fed = cfg.algo.num_updates_per_batch, cfg.gap.enabled
+        passes, fed = cfg.algo.num_updates_per_batch, self.plan.gap
         step = train_logical_batch(training, fragments.received, passes, packer=fragments.packer, fed=fed)
         t1 = time.perf_counter()
         self.shipping = self.drain(

@@ -32,7 +32,6 @@ scorer rank (docs/design.md §3).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -44,10 +43,10 @@ from digenrl.config import Config, ConfigError
 from digenrl.data.trajectory import TrajectoryBatch
 from digenrl.gap.fragments import FragmentPlan
 from digenrl.gap.stream import FragmentStream
+from digenrl.plan import RunPlan
 from digenrl.rollout.evaluate import eval_schedule, rollout_calls
 from digenrl.rollout.remote_scoring import ScorerPool, ScoringServer
 from digenrl.rollout.scoring import ScoreResult
-from digenrl.rules import separate_pools
 from digenrl.runtime.comm.control_plane import ControlPlane
 from digenrl.runtime.comm.distributed import global_sum, named_collective
 from digenrl.runtime.comm.sequence_groups import SequenceGroups, build_sequence_groups
@@ -67,27 +66,24 @@ from digenrl.trainer.parallel.base import broadcast_module
 log = logging.getLogger(__name__)
 
 
-def separate_layout(cfg: Config, world_size: int) -> Layout:
-    """The layout of a separate-pool system, or a ConfigError naming the ``pools.*`` keys."""
+def separate_layout(cfg: Config, plan: RunPlan) -> Layout:
+    """The layout of a separate-pool system's ``plan`` on its ``plan.world_size`` launched ranks (its pools:
+    as set, or with none set half the ranks train, :func:`digenrl.rules.separate_pools`), or a ConfigError
+    naming the ``pools.*`` keys."""
     from digenrl.rewards.registry import reward_needs_weights
 
     reward_names = list(cfg.reward.weights) if cfg.reward.weights else [cfg.reward.name]
-    # no split given: half the ranks train, the rest generate (printed at startup by the system)
-    trainers, generators, scorers = separate_pools(
-        cfg.pools.trainers, cfg.pools.generators, cfg.pools.scorers, world_size
-    )
-    pools = dataclasses.replace(cfg.pools, trainers=trainers, generators=generators, scorers=scorers)
     layout = build_layout(
-        pools,
-        world_size,
+        plan,
+        plan.world_size,
         needs_scorer_model=any(reward_needs_weights(n) for n in reward_names),
         reward_name=",".join(reward_names),
     )
     if layout.is_colocated:
         raise ConfigError(
-            f"system={cfg.system!r} runs on disjoint pools and needs at least 2 ranks; launch with "
+            f"system={plan.system!r} runs on disjoint pools and needs at least 2 ranks; launch with "
             f"torchrun and set pools.trainers and pools.generators (they must add up to the launched "
-            f"ranks, {world_size} now)"
+            f"ranks, {plan.world_size} now)"
         )
     return layout
 
@@ -104,12 +100,12 @@ def generator_report(rewards: torch.Tensor, samples: int, phase_s: dict[str, flo
     )
 
 
-def check_trainer_pool_backend(cfg: Config) -> None:
+def check_trainer_pool_backend(plan: RunPlan) -> None:
     """DeepSpeed trains on the whole world, never on a trainer pool beside generators (startup check)."""
-    if cfg.trainer.backend == "deepspeed":
+    if plan.trainer_backend == "deepspeed":
         raise ConfigError(
             "trainer.backend=deepspeed needs every rank to train (DeepSpeed's data-parallel group is "
-            f"the default group), but system={cfg.system!r} trains on the trainer pool only; use "
+            f"the default group), but system={plan.system!r} trains on the trainer pool only; use "
             "trainer.backend=fsdp2 or ddp, or a colocated system (colocated-sync, colocated-overlap)"
         )
 
@@ -120,14 +116,14 @@ class SeparateSystem(System):
     knobs = ("pools", "sync")
 
     @classmethod
-    def check(cls, cfg: Config, world_size: int) -> None:
+    def check(cls, cfg: Config, plan: RunPlan) -> None:
         """Pools fit the world; every generator produces the same number of samples (whole groups, or part
         of a group when groups are fewer than generators); every trainer gets samples."""
-        check_trainer_pool_backend(cfg)
-        layout = separate_layout(cfg, world_size)
+        check_trainer_pool_backend(plan)
+        layout = separate_layout(cfg, plan)
         # a sequence-parallel group of either pool is one member of it (docs/models.md)
-        gens = len(layout.generator_ranks) // cfg.sampler.sequence_parallel
-        trainers = len(layout.trainer_ranks) // cfg.trainer.sequence_parallel
+        gens = len(layout.generator_ranks) // plan.generator_sequence_parallel
+        trainers = len(layout.trainer_ranks) // plan.sequence_parallel
         p, g = cfg.algo.prompts_per_iteration, cfg.algo.group_size
         if (p * g) % gens:
             raise ConfigError(
@@ -147,18 +143,18 @@ class SeparateSystem(System):
             raise ConfigError(
                 f"system={cfg.system!r} needs torchrun with pools.trainers + pools.generators ranks"
             )
-        self.layout = separate_layout(cfg, ctx.world_size)
+        self.layout = separate_layout(cfg, self.plan)
         self.groups = build_process_groups(self.layout, timeout_s=cfg.runtime.timeout_s)
         # trainer.sequence_parallel / sampler.sequence_parallel: each pool's groups, built on every rank in
         # this order (None where the degree is 1 or this rank is in the other pool)
         self.trainer_sequence = build_sequence_groups(
             self.layout.trainer_ranks,
-            cfg.trainer.sequence_parallel,
+            self.plan.sequence_parallel,
             timeout_s=cfg.runtime.timeout_s,
         )
         self.generator_sequence = build_sequence_groups(
             self.layout.generator_ranks,
-            cfg.sampler.sequence_parallel,
+            self.plan.generator_sequence_parallel,
             timeout_s=cfg.runtime.timeout_s,
         )
         self.role = self.layout.role_of(ctx.rank)
@@ -217,7 +213,7 @@ class SeparateSystem(System):
             sharding=self.sharding,
             device=ctx.device,
             timeout_s=cfg.runtime.timeout_s,
-            replicas=cfg.trainer.sequence_parallel,
+            replicas=self.plan.sequence_parallel,
         )
         self.bound = self.staleness_bound()
         return parts
@@ -292,7 +288,7 @@ class SeparateSystem(System):
         its contiguous share of the samples — whole groups when generators divide the groups, else part of
         a group (its advantages come from the rewards gathered over the generator pool,
         :meth:`SeparateSync.advantages`)."""
-        gens = len(self.layout.generator_ranks) // self.cfg.sampler.sequence_parallel
+        gens = len(self.layout.generator_ranks) // self.plan.generator_sequence_parallel
         p, g = self.cfg.algo.prompts_per_iteration, self.cfg.algo.group_size
         return FragmentPlan(p, 1, gens, assignment="round-robin", group_size=g, sample_size=p * g // gens)
 
@@ -304,10 +300,17 @@ class SeparateSystem(System):
 
     def staleness_bound(self) -> StalenessBound:
         """How far generation may run ahead of the trainer; every received fragment is checked against
-        it. The separate baselines: on-policy. A resumed process starts on-policy (``start``): its
-        generators hold only the checkpointed θ."""
+        it: the plan's staleness (``separate-sync`` on-policy, ``separate-async`` its
+        ``asynchrony.max_staleness``, ``digenrl`` TCSS's one with its switch fragment). A resumed process
+        starts on-policy (``start``): its generators hold only the checkpointed θ."""
         cfg = self.cfg
-        return StalenessBound(0, cfg.checkpoint_every, cfg.iterations, start=self.run_start.start_iteration)
+        return StalenessBound.from_plan(
+            self.plan,
+            self.stream.num_fragments,
+            checkpoint_every=cfg.checkpoint_every,
+            iterations=cfg.iterations,
+            start=self.run_start.start_iteration,
+        )
 
     # ------------------------------------------------------------------ data plane
     @property

@@ -39,8 +39,8 @@ from __future__ import annotations
 
 import time
 
-from digenrl.async_policy.tcss import StalenessBound
 from digenrl.config import Config, ConfigError
+from digenrl.plan import RunPlan
 from digenrl.systems.base import IterationReport
 from digenrl.systems.separate import generator_report
 from digenrl.systems.separate_sync import SeparateSync
@@ -51,23 +51,19 @@ class SeparateAsync(SeparateSync):
     knobs = (*SeparateSync.knobs, "asynchrony")
 
     @classmethod
-    def check(cls, cfg: Config, world_size: int) -> None:
-        super().check(cfg, world_size)
-        if cfg.asynchrony.max_inflight != 1:
+    def check(cls, cfg: Config, plan: RunPlan) -> None:
+        super().check(cfg, plan)
+        if plan.max_inflight != 1:
             raise ConfigError(
-                f"asynchrony.max_inflight={cfg.asynchrony.max_inflight}: only 1 is supported — a second "
+                f"asynchrony.max_inflight={plan.max_inflight}: only 1 is supported — a second "
                 "generation in flight co-tenants the generator and stalls the transfer "
                 "(docs/references.md [000])"
             )
-        if cfg.asynchrony.max_staleness not in (0, 1):
+        if plan.max_staleness not in (0, 1):
             raise ConfigError(
-                f"asynchrony.max_staleness={cfg.asynchrony.max_staleness}: allowed 0 or 1 (with one "
+                f"asynchrony.max_staleness={plan.max_staleness}: allowed 0 or 1 (with one "
                 "generation in flight a generator is never more than one version ahead)"
             )
-
-    def staleness_bound(self) -> StalenessBound:
-        cfg, start = self.cfg, self.run_start.start_iteration
-        return StalenessBound(cfg.asynchrony.max_staleness, cfg.checkpoint_every, cfg.iterations, start=start)
 
     def generate_iteration(self, iteration: int) -> IterationReport:
         t0 = time.perf_counter()

@@ -36,7 +36,7 @@ class SeparateSync(SeparateSystem):
     def my_fragment(self) -> int:
         """This generator's fragment: its contiguous share of the iteration's samples (its sequence-parallel
         group's, shared by the group's ranks)."""
-        return self.generator_ranks.index(self.ctx.rank) // self.cfg.sampler.sequence_parallel
+        return self.generator_ranks.index(self.ctx.rank) // self.plan.generator_sequence_parallel
 
     def advantages(self, batch: TrajectoryBatch, score: ScoreResult) -> TrajectoryBatch:
         """Group advantages with rewards gathered over the generator pool (it holds the whole batch; one

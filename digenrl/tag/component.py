@@ -33,6 +33,7 @@ from digenrl.config import Config, ConfigError
 from digenrl.data.prompts import PromptSource
 from digenrl.gap.helper_share import helper_may_claim
 from digenrl.gap.stream import FragmentStream
+from digenrl.plan import RunPlan
 from digenrl.rollout.engine import RolloutEngine
 from digenrl.runtime.comm.control_plane import ControlPlane
 from digenrl.runtime.comm.distributed import global_sum
@@ -47,21 +48,21 @@ from digenrl.tsp.stage_worker import InFlight
 log = logging.getLogger(__name__)
 
 
-def check_tag_config(cfg: Config, trainer_backend: str) -> None:
-    """Start-up checks of ``tag.*`` (before any model exists)."""
-    if cfg.tag.enabled and cfg.gap.assignment != "dynamic":
+def check_tag_config(plan: RunPlan, trainer_backend: str) -> None:
+    """Start-up checks of the plan's TAG (``tag.*``, before any model exists)."""
+    if plan.tag and plan.fragment_assignment != "dynamic":
         raise ConfigError(
-            f"tag.enabled=true needs gap.assignment=dynamic (got {cfg.gap.assignment!r}): TAG helpers "
+            f"tag.enabled=true needs gap.assignment=dynamic (got {plan.fragment_assignment!r}): TAG helpers "
             "claim fragments from the shared queue; set tag=false for a static assignment"
         )
     reason = tag_supported(trainer_backend)
-    if cfg.tag.enabled and cfg.tag.policy == "always" and reason is not None:
+    if plan.tag and plan.tag_policy == "always" and reason is not None:
         raise ConfigError(f"tag.policy=always cannot run: {reason}; use tag.policy=auto or tag=false")
 
 
-def tag_wanted(cfg: Config, trainer_backend: str, *, announce: bool) -> bool:
+def tag_wanted(plan: RunPlan, trainer_backend: str, *, announce: bool) -> bool:
     """Whether trainer ranks generate (and so build a rollout engine); ``announce``: log why not."""
-    if not cfg.tag.enabled:
+    if not plan.tag:
         return False
     reason = tag_supported(trainer_backend)
     if reason is not None and announce:
@@ -70,7 +71,7 @@ def tag_wanted(cfg: Config, trainer_backend: str, *, announce: bool) -> bool:
 
 
 def gathered_weights_fit_pool(
-    cfg: Config,
+    policy: str,
     backend: ParallelBackend,
     device: torch.device,
     group: dist.ProcessGroup | None,
@@ -78,7 +79,8 @@ def gathered_weights_fit_pool(
 ) -> bool:
     """Sharded trainers gather the full weights to generate: every trainer rank must hold them, or
     ``tag.policy=always`` is rejected and ``auto`` turns TAG off (the same on every trainer rank: a
-    collective over the trainer ``group``). ``announce``: log it (one rank)."""
+    collective over the trainer ``group``). ``policy``: the plan's ``tag.policy``; ``announce``: log it
+    (one rank)."""
     if not backend.joint_generation:
         return True
     problem = gathered_weights_fit(backend.full_parameter_bytes(), free_device_bytes(device))
@@ -86,7 +88,7 @@ def gathered_weights_fit_pool(
     if not short:
         return True
     reason = problem or f"{short:g} trainer rank(s) cannot hold the gathered weights"
-    if cfg.tag.policy == "always":
+    if policy == "always":
         raise ConfigError(f"tag.policy=always: {reason}; use tag.policy=auto or tag=false")
     if announce:
         log.warning("TAG off (tag.policy=auto): %s", reason)
@@ -124,6 +126,7 @@ class Tag:
     def build(
         cls,
         cfg: Config,
+        plan: RunPlan,
         *,
         engine: RolloutEngine,
         backend: ParallelBackend,
@@ -136,16 +139,19 @@ class Tag:
         prompts: PromptSource,
         predictor: TagPredictor | None = None,
     ) -> Tag:
-        """A trainer rank's TAG (every trainer rank calls it: the memory check is a collective);
+        """A trainer rank's TAG of the run's ``plan`` (``tag.*``, its pools and stages; every trainer rank
+        calls it: the memory check is a collective); ``cfg``: the algorithm and the model;
         ``predictor``: what ``tag.policy=auto`` decides by (:class:`~digenrl.tag.policy.TagPolicy`)."""
         trainer_ranks, rank, device = stream.trainer_ranks, stream.plane.rank, backend.device
-        if not gathered_weights_fit_pool(cfg, backend, device, group, announce=rank == trainer_ranks[0]):
+        announce = rank == trainer_ranks[0]
+        if not gathered_weights_fit_pool(plan.tag_policy, backend, device, group, announce=announce):
             return cls()
         helper = TagHelper(
-            engine, stream, stream.plan, events, backend=backend, park_grads=cfg.tag.park_grads, device=device
+            engine, stream, stream.plan, events, backend=backend, park_grads=plan.park_grads, device=device
         )
         policy = TagPolicy(
             cfg,
+            plan,
             profile,
             trainer_ranks=trainer_ranks,
             generator_ranks=generator_ranks,
@@ -166,8 +172,8 @@ class Tag:
             prompts=prompts,
             prompts_per_iteration=cfg.algo.prompts_per_iteration,
             generators=len(generator_ranks),
-            pipelines=max(1, len(generator_ranks) // cfg.tsp.stages),
-            stages=cfg.tsp.stages,
+            pipelines=max(1, len(generator_ranks) // plan.tsp_stages),
+            stages=plan.tsp_stages,
             stream=stream,
         )
 
@@ -177,7 +183,7 @@ class Tag:
 
     def describe(self) -> str:
         """The start banner's word on TAG."""
-        return f"TAG {self.policy.cfg.tag.policy}" if self.on else "TAG off"
+        return f"TAG {self.policy.plan.tag_policy}" if self.on else "TAG off"
 
     # ------------------------------------------------------------------ the iteration, in timeline order
     def begin(self, iteration: int, version: int) -> None:

@@ -35,6 +35,7 @@ from typing import Protocol
 
 from digenrl.config import Config
 from digenrl.costs.cost_model import CFG_KEYS, CostModel
+from digenrl.plan import RunPlan
 from digenrl.rules import TagPrediction
 from digenrl.runtime.hardware.profiles import HardwareProfile
 from digenrl.runtime.observe.span_phases import Phase
@@ -119,6 +120,7 @@ class TagPolicy:
     def __init__(
         self,
         cfg: Config,
+        plan: RunPlan,
         profile: HardwareProfile,
         *,
         trainer_ranks: tuple[int, ...],
@@ -128,8 +130,11 @@ class TagPolicy:
         trainer_type: str,
         predictor: TagPredictor | None = None,
     ) -> None:
-        """``predictor``: what ``tag.policy=auto`` decides by (None: ``auto`` never helps, and says so)."""
+        """``plan``: the run's (``tag.policy`` / ``tag.max_fragments``, ``tsp.stages``); ``cfg``: the model
+        and the trainer's micro-batch; ``predictor``: what ``tag.policy=auto`` decides by (None: ``auto``
+        never helps, and says so)."""
         self.cfg = cfg
+        self.plan = plan
         self.predictor = predictor
         self.profile = profile
         self.trainers = len(trainer_ranks)
@@ -154,7 +159,7 @@ class TagPolicy:
             and "steps_s" in extra
             and from_generator
         ):
-            period = float(extra["steps_s"]) / self.cfg.tsp.stages + float(extra.get("score_s", 0.0))
+            period = float(extra["steps_s"]) / self.plan.tsp_stages + float(extra.get("score_s", 0.0))
             self.generator_fragment_s.append(period)
 
     def fragment_seconds(self) -> tuple[float | None, float | None]:
@@ -172,8 +177,8 @@ class TagPolicy:
 
     def decide(self, iteration: int) -> TagDecision:
         """The budget for ``iteration`` (see the module docstring)."""
-        if self.cfg.tag.policy == "always":
-            return TagDecision(self.cfg.tag.max_fragments or None, reason="tag.policy=always")
+        if self.plan.tag_policy == "always":
+            return TagDecision(self.plan.tag_max_fragments or None, reason="tag.policy=always")
         if self.predictor is None:
             return TagDecision(0, reason="tag.policy=auto: no predictor was given (no helper work)")
         if not self.observed.ready:

@@ -10,7 +10,9 @@ import torch
 
 from digenrl.async_policy.tcss import StalenessBound, StalenessError
 from digenrl.config import ConfigError, load_config
+from digenrl.plan import RunPlan
 from digenrl.rules import resolve_switch
+from digenrl.runtime.hardware.profiles import load_profile
 from tests.gap.test_gap_unit_sharding import _synthetic
 
 
@@ -51,14 +53,21 @@ def test_a_bad_switch_names_the_key_and_the_range(value):
         resolve_switch(value, 8)
 
 
-def test_from_config_resolves_auto_and_leaves_tcss_off_on_policy():
+def test_from_plan_resolves_auto_and_leaves_tcss_off_on_policy():
+    profile = load_profile("cpu-2")
     cfg = load_config(None, ["system=digenrl", "tcss=true", "iterations=5"])
-    auto = StalenessBound.from_config(cfg, 6)
+    auto = StalenessBound.from_plan(RunPlan.from_config(cfg, profile), 6)
     assert auto.switch == 6 and [auto.version_of(2, f) for f in range(6)] == [1] * 6
     cfg = load_config(None, ["system=digenrl", "tcss=true", "tcss.switch=timing"])
-    assert not StalenessBound.from_config(cfg, 6).planned
-    off = StalenessBound.from_config(load_config(None, ["system=digenrl"]), 6)
+    assert not StalenessBound.from_plan(RunPlan.from_config(cfg, profile), 6).planned
+    off = StalenessBound.from_plan(RunPlan.from_config(load_config(None, ["system=digenrl"]), profile), 6)
     assert off.lag == 0 and off.version_of(3, 0) == 3
+    # separate-async: its max_staleness, no switch; separate-sync: on-policy
+    lagged = RunPlan.from_config(
+        load_config(None, ["system=separate-async", "asynchrony.max_staleness=1"]), profile
+    )
+    assert StalenessBound.from_plan(lagged, 2).lag == 1 and StalenessBound.from_plan(lagged, 2).switch is None
+    assert StalenessBound.from_plan(RunPlan("separate-sync"), 2).lag == 0
 
 
 def _shard(iteration: int, version: int):

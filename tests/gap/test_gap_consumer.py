@@ -13,9 +13,11 @@ from digenrl.config import ConfigError, load_config
 from digenrl.gap.consumer import FragmentConsumer, check_gap_config
 from digenrl.gap.fragments import FragmentPlan
 from digenrl.gap.stream import FragmentStream
+from digenrl.plan import RunPlan
 from digenrl.rewards import registry
 from digenrl.rewards.base import RewardFunction
 from digenrl.runtime.comm.control_plane import ControlPlane
+from digenrl.runtime.hardware.profiles import load_profile
 from digenrl.runtime.observe.events import EventLogger, load_events
 from digenrl.systems.phases import train_logical_batch
 from tests.gap.test_gap_unit_sharding import _synthetic
@@ -139,15 +141,20 @@ def test_the_wait_fragment_span_names_the_producer_and_its_costs(tmp_path):
     assert span["extra"] == {"producer": 7, "steps_s": 1.5, "score_s": 0.25, "bytes": 0}  # local: no bytes
 
 
+def _check_gap(cfg, trainers: int, *, lockstep: bool = False) -> None:
+    """:func:`check_gap_config` of ``cfg`` and its plan (the knobs a system reads from it)."""
+    check_gap_config(cfg, RunPlan.from_config(cfg, load_profile("cpu-2")), trainers, lockstep=lockstep)
+
+
 def test_gap_config_checks_name_the_keys():
     with pytest.raises(ConfigError, match=r"algo\.adv_std=group"):
-        check_gap_config(load_config(None, ["system=digenrl", "algo.adv_std=global"]), 1)
+        _check_gap(load_config(None, ["system=digenrl", "algo.adv_std=global"]), 1)
     # a fragment need not hold a unit for every trainer (a trainer with none skips it): 2 samples, 3 trainers
     small = load_config(None, ["system=digenrl", "gap.fragment_groups=1", "algo.group_size=2"])
-    check_gap_config(small, 3)
+    _check_gap(small, 3)
     # ... except under a sharded (lockstep) trainer, where every accumulate is a collective on every rank
     with pytest.raises(ConfigError, match=r"gap\.fragment_groups=1 makes fragments of 2 samples, fewer than"):
-        check_gap_config(small, 3, lockstep=True)
+        _check_gap(small, 3, lockstep=True)
 
 
 class _GroupRanking(RewardFunction):
@@ -166,8 +173,8 @@ def test_sub_group_fragments_refuse_a_reward_that_needs_the_whole_group(monkeypa
     monkeypatch.setitem(registry._REGISTRY, _GroupRanking.name, _GroupRanking)
     overrides = ["system=digenrl", "algo.group_size=4", "reward.name=test-group-ranking"]
     with pytest.raises(ConfigError, match=r"gap\.fragment_samples=2 splits .* 'test-group-ranking'"):
-        check_gap_config(load_config(None, [*overrides, "gap.fragment_samples=2"]), 1)
-    check_gap_config(load_config(None, [*overrides, "gap.fragment_samples=8"]), 1)  # whole groups
+        _check_gap(load_config(None, [*overrides, "gap.fragment_samples=2"]), 1)
+    _check_gap(load_config(None, [*overrides, "gap.fragment_samples=8"]), 1)  # whole groups
 
 
 def test_an_unknown_training_order_is_refused(tmp_path):

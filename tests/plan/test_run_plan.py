@@ -194,3 +194,14 @@ def test_unset_pools_are_the_runtimes_split():
     plan = RunPlan.from_config(cfg, PROFILES["cpu-4"])
     assert (plan.trainers, plan.generators, plan.scorers) == (2, 2, 0)
     assert plan.trainer_ranks() == (0, 1) and plan.generator_ranks() == (2, 3)
+
+
+def test_a_systems_plan_is_on_the_launched_ranks():
+    """A run launched on fewer ranks than its profile's devices runs (and records) the plan of those ranks:
+    unset pools split them, a colocated plan uses them all (the plan a system builds, systems/base.py)."""
+    separate = load_config(None, ["system=digenrl", "profile=cpu-4"])
+    plan = RunPlan.from_config(separate, PROFILES["cpu-4"], world_size=2)
+    assert (plan.world_size, plan.trainers, plan.generators) == (2, 1, 1)
+    colocated = load_config(None, ["system=colocated-sync", "profile=cpu-4"])
+    assert RunPlan.from_config(colocated, PROFILES["cpu-4"], world_size=3).trainer_ranks() == (0, 1, 2)
+    assert RunPlan.from_config(colocated, PROFILES["cpu-4"]).world_size == 4  # default: the profile's

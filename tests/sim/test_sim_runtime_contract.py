@@ -139,7 +139,7 @@ def test_both_share_a_colocated_batch_alike():
         cfg = load_config(TINY, [*overrides, f"colocated.split={split}"])
         plan = RunPlan("colocated-sync", work_split=split)
         sim = plan.colocated_shares(Workload.from_config(cfg), load_profile(profile).relative_speeds)
-        assert colocated_shares(cfg, world) == sim
+        assert colocated_shares(cfg, RunPlan.from_config(cfg, load_profile(profile))) == sim
         costs = toy_costs(step=0.1, unit=0.01)
         if split == "speed":
             costs = DeviceCosts(load_profile(profile), costs, reference_type="cpu-slow")

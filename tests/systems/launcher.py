@@ -92,7 +92,27 @@ def run_train(
         raise AssertionError(
             f"{' '.join(proc.args)} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
         )
+    out_dirs = [o.split("=", 1)[1] for o in overrides if o.startswith("out_dir=")]
+    if proc.returncode == 0 and out_dirs:
+        assert_plan_recorded(Path(out_dirs[-1]))
     return proc
+
+
+def assert_plan_recorded(run_dir: Path) -> None:
+    """A run that started (its ``config.yaml`` is written) recorded the schedule it executed: ``plan.json``
+    is its config's plan on the ranks it ran on (digenrl/systems/base.py: every system builds its plan once
+    and runs it; issue 33)."""
+    from digenrl.config import load_config
+    from digenrl.plan import RunPlan
+    from digenrl.trainer.run_dir import PLAN_FILE, run_profile
+
+    if not (run_dir / "config.yaml").is_file():
+        return  # the run ended before it started (--print-config, a refused config)
+    assert (run_dir / PLAN_FILE).is_file(), f"{run_dir} has a config.yaml but no {PLAN_FILE}"
+    cfg = load_config(run_dir / "config.yaml")
+    plan = RunPlan.load(run_dir / PLAN_FILE)
+    expected = RunPlan.from_config(cfg, run_profile(run_dir, cfg.profile), world_size=plan.world_size)
+    assert plan == expected, f"{run_dir}/{PLAN_FILE}: {plan} is not the config's plan {expected}"
 
 
 def _run_subprocess(cmd: list[str], timeout_s: float) -> subprocess.CompletedProcess:

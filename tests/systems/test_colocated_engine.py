@@ -112,8 +112,10 @@ def test_two_copies_that_do_not_fit_are_refused_at_startup(tmp_path):
 
 def test_deepspeed_is_refused_naming_the_key_and_the_fix():
     from digenrl.config import ConfigError, load_config
+    from digenrl.plan import RunPlan
+    from digenrl.runtime.hardware.profiles import load_profile
     from digenrl.systems.colocated_engine import ColocatedEngine
 
     cfg = load_config(None, ["system=colocated-engine", "profile=cpu-2", "trainer.backend=deepspeed"])
     with pytest.raises(ConfigError, match=r"trainer\.backend=deepspeed .* use trainer\.backend=fsdp2, ddp"):
-        ColocatedEngine.check(cfg, 2)
+        ColocatedEngine.check(cfg, RunPlan.from_config(cfg, load_profile("cpu-2")))

@@ -5,6 +5,7 @@ above TCSS's head-only fragments; its costs reach the policy through the span re
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from digenrl.data.prompts import PromptSource
 from digenrl.gap.fragments import FragmentPlan
 from digenrl.gap.helper_share import helper_may_claim
 from digenrl.gap.stream import FragmentStream
+from digenrl.plan import RunPlan
 from digenrl.runtime.comm.control_plane import ControlPlane
 from digenrl.runtime.comm.errors import DistributedTimeoutError
 from digenrl.runtime.hardware.profiles import load_profile
@@ -33,10 +35,16 @@ CFG = [
 ]
 
 
+def _plan(cfg) -> RunPlan:
+    """The plan of ``cfg`` as a ``digenrl`` run on two ranks (one trainer, one generator)."""
+    return RunPlan.from_config(dataclasses.replace(cfg, system="digenrl"), load_profile("cpu-2"))
+
+
 def _policy(cfg, trainers=(0,)) -> TagPolicy:
     profile = load_profile("cpu-2")
     return TagPolicy(
         cfg,
+        _plan(cfg),
         profile,
         trainer_ranks=trainers,
         generator_ranks=(1,),
@@ -89,6 +97,7 @@ def _helping_tag(tmp_path, *overrides, bound=None, held=(0, 1)):
     events = EventLogger(tmp_path, 0, "trainer", 0.0)
     tag = Tag.build(
         cfg,
+        _plan(cfg),
         engine=engine,
         backend=trainer.backend,
         stream=stream,
@@ -183,10 +192,10 @@ def test_tag_off_never_helps_and_reports_nothing():
 
 def test_startup_checks_and_whether_trainers_build_an_engine():
     with pytest.raises(ConfigError, match=r"tag.enabled=true needs gap.assignment=dynamic"):
-        check_tag_config(make_config("gap.assignment=round-robin"), "ddp")
+        check_tag_config(_plan(make_config("gap.assignment=round-robin")), "ddp")
     with pytest.raises(ConfigError, match=r"tag.policy=always cannot run: trainer backend 'deepspeed'"):
-        check_tag_config(make_config("tag.policy=always"), "deepspeed")
-    check_tag_config(make_config("tag.policy=auto"), "deepspeed")  # auto: TAG turns itself off instead
-    assert tag_wanted(make_config(), "ddp", announce=False)
-    assert not tag_wanted(make_config("tag.policy=auto"), "deepspeed", announce=False)
-    assert not tag_wanted(make_config("tag=false"), "ddp", announce=False)
+        check_tag_config(_plan(make_config("tag.policy=always")), "deepspeed")
+    check_tag_config(_plan(make_config("tag.policy=auto")), "deepspeed")  # auto: TAG turns itself off instead
+    assert tag_wanted(_plan(make_config()), "ddp", announce=False)
+    assert not tag_wanted(_plan(make_config("tag.policy=auto")), "deepspeed", announce=False)
+    assert not tag_wanted(_plan(make_config("tag=false")), "ddp", announce=False)

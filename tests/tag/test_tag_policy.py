@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from digenrl.config import load_config
+from digenrl.plan import RunPlan
 from digenrl.runtime.hardware.profiles import load_profile
 from digenrl.sim.predict import SimPredictor
 from digenrl.tag.policy import TagPolicy
@@ -28,6 +29,7 @@ def test_the_prediction_follows_the_runs_tcss_switch():
         cfg.tcss.switch = switch
         policy = TagPolicy(
             cfg,
+            RunPlan.from_config(cfg, profile),
             profile,
             trainer_ranks=(0, 1),
             generator_ranks=(2, 3),
@@ -65,6 +67,7 @@ def _policy(*overrides: str) -> TagPolicy:
     )
     return TagPolicy(
         cfg,
+        RunPlan.from_config(cfg, profile),
         profile,
         trainer_ranks=(0, 1),
         generator_ranks=(2, 3),

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import torch.distributed as dist
 
-from digenrl.config import ConfigError, PoolConfig
+from digenrl.config import ConfigError
 
 LAYOUT_KINDS = ("colocated", "separate")
 ROLES = ("colocated", "trainer", "generator", "scorer")
@@ -84,13 +84,27 @@ class Layout:
         return pools[role]
 
 
+class Pools(Protocol):
+    """The ranks of each pool: a run's plan (:class:`digenrl.plan.RunPlan`, what a system passes) or the
+    config's ``pools`` section."""
+
+    @property
+    def trainers(self) -> int: ...
+
+    @property
+    def generators(self) -> int: ...
+
+    @property
+    def scorers(self) -> int: ...
+
+
 def build_layout(
-    pools: PoolConfig, world_size: int, *, needs_scorer_model: bool, reward_name: str | None = None
+    pools: Pools, world_size: int, *, needs_scorer_model: bool, reward_name: str | None = None
 ) -> Layout:
     """The layout of a run, or a :class:`ConfigError` naming the ``pools.*`` keys that do not fit.
 
     Args:
-        pools: ``cfg.pools``; all zero = colocated.
+        pools: the plan's pools (:class:`Pools`); all zero = colocated.
         world_size: the number of ranks torchrun started.
         needs_scorer_model: whether the configured reward runs a model that scorer ranks could host; scorer
             ranks for a model-free reward would idle forever.

@@ -150,11 +150,7 @@ class _Run:
         self.shares = unit_shares(self.sizes, w, len(self.trainers))
         self._inbound: dict[tuple[int, int, int], Channel] = {}
         # the runtime's rule for which version a fragment is generated with (no checkpoints simulated)
-        self.bound = StalenessBound(
-            1 if plan.tcss else 0,
-            iterations=w.iterations,
-            switch=plan.switch_fragment(w) if plan.tcss else None,
-        )
+        self.bound = StalenessBound.from_plan(plan, self.fragments.num_fragments, iterations=w.iterations)
 
     def at(self, frag: _Fragment) -> tuple[int, int]:
         """Where ``frag``'s samples lie in its iteration (fragment f holds samples [f·S, f·S + S))."""
