@@ -434,10 +434,6 @@ class ColocatedConfig:
     same number of micro-batch steps on every rank (for FSDP2 / ZeRO-2/3)."""
 
     split: str = field(default="equal", metadata=among(COLOCATED_SPLITS))
-    # colocated-overlap: the background scorer decodes and scores on its own CUDA stream, after the
-    # generation of its sub-batch, so that GPU work overlaps the next sub-batch's generation instead of
-    # queueing behind it on the default stream (digenrl/systems/colocated_overlap.py); no effect on a CPU
-    score_stream: bool = True
 
 
 @dataclass
@@ -495,6 +491,10 @@ class RuntimeConfig:
     # shared-device mode's memory check prices each rank's activations from the measured cost file
     # <costs_dir>/<device>-<model>.json (experiments/results/costs in a checkout); None = not counted
     costs_dir: str | None = None
+    # system=colocated-overlap: the background scorer decodes and scores on its own CUDA stream, after the
+    # generation of its sub-batch, so that GPU work overlaps the next sub-batch's generation instead of
+    # queueing behind it on the default stream (digenrl/systems/colocated_overlap.py); no effect on a CPU
+    score_stream: bool = True
 
 
 @dataclass

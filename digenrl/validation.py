@@ -286,6 +286,12 @@ KNOB_RULES: tuple[KnobRule, ...] = (
         ("eval",), "with eval.every > 0 (evaluation on)", ("eval.every",), lambda cfg: cfg.eval.every > 0
     ),
     KnobRule(("logger",), "with logger.wandb=true", ("logger.wandb",), lambda cfg: cfg.logger.wandb),
+    KnobRule(
+        ("runtime.score_stream",),
+        "with system=colocated-overlap (its background scorer)",
+        ("system",),
+        lambda cfg: cfg.system == "colocated-overlap",
+    ),
 )
 """When each knob that only some settings read is read (one row per mechanism; a new knob read only in
 some settings adds a row or joins one; a system-specific section's keys also go through System.knobs)."""

@@ -36,7 +36,7 @@ from digenrl.trainer.parallel.base import resolve_backend
 
 class ColocatedEngine(ColocatedSync):
     name = "colocated-engine"
-    knobs = ("colocated.split", "engine")
+    knobs = ("colocated", "engine")
     generation_copy = True
 
     @classmethod

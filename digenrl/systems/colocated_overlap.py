@@ -11,7 +11,7 @@ Every sample keeps its own seeded noise, so the trajectories are those of ``colo
 the batch composition of the forward (sub-batch vs whole share) differs.
 
 On a GPU a thread alone overlaps only host work: both threads queue their kernels on the default stream,
-so the decode and the reward wait behind the next generation's kernels. With ``colocated.score_stream``
+so the decode and the reward wait behind the next generation's kernels. With ``runtime.score_stream``
 (default) the worker runs on a side stream that first waits for an event recorded after its sub-batch was
 generated (:class:`ScoreStream`): the same kernels on the same inputs, so the same rewards, free to fill the
 generation's gaps. The generated latents stay referenced until every score is in, and the reward's
@@ -67,7 +67,7 @@ class ColocatedOverlap(ColocatedSync):
 
     def setup(self) -> RankComponents:
         parts = super().setup()
-        self.score_stream = ScoreStream(self.ctx.device, self.cfg.colocated.score_stream)
+        self.score_stream = ScoreStream(self.ctx.device, self.cfg.runtime.score_stream)
         return parts
 
     def sub_batches(self) -> list[RankShare]:

@@ -82,7 +82,7 @@ def colocated_shares(cfg: Config, plan: RunPlan) -> list[RankShare]:
 
 class ColocatedSync(System):
     name = "colocated-sync"
-    knobs = ("residency", "colocated.split")
+    knobs = ("residency", "colocated")
 
     track_reward_residency = True  # colocated-overlap scores during generation, so it cannot park the reward
     generation_copy = False  # colocated-engine generates on its own copy of the policy

@@ -133,10 +133,10 @@ loop sd35 180 "$SD35"
 # issue 37 item 2: the same loop with the VAE's decoder compiled (model.compile_vae), beside sd35 in one call
 loop sd35-vae 180 "$SD35" model.compile_vae=true
 # issue 37 item 4: colocated-overlap (each group's sub-batch decoded and scored by a worker thread while the
-# next generates) with the scorer on its own CUDA stream (colocated.score_stream, the default) and on the
+# next generates) with the scorer on its own CUDA stream (runtime.score_stream, the default) and on the
 # default stream (the path before); the two rows' reward_mean must be identical
 loop sd35-overlap 180 "$SD35" system=colocated-overlap
-loop sd35-overlap-nostream 180 "$SD35" system=colocated-overlap colocated.score_stream=false
+loop sd35-overlap-nostream 180 "$SD35" system=colocated-overlap runtime.score_stream=false
 # the kernel profile of the same loop on its own (a cold compile cache takes ~130 s of a call): iteration 2
 loop sd35-profile 230 "$SD35" iterations=3 runtime.profile_iteration=2
 # issue 37 item 2: the generator step of SD3.5-medium (B = 16, CFG) compiled by blocks (the loops' path) and

@@ -1,4 +1,4 @@
-"""colocated-overlap's scorer stream (``colocated.score_stream``, digenrl/systems/colocated_overlap.py): the
+"""colocated-overlap's scorer stream (``runtime.score_stream``, digenrl/systems/colocated_overlap.py): the
 worker thread scores on its own CUDA stream, only after the event recorded when its sub-batch was generated.
 
 No GPU here: torch.cuda's Stream / Event / stream context are replaced by fakes that log what the code asks
@@ -15,7 +15,7 @@ import torch
 
 from digenrl.config import ConfigError, load_config
 from digenrl.systems.colocated_overlap import ScoreStream
-from digenrl.validation import check_knobs
+from digenrl.validation import check_unread_knobs
 
 
 class FakeCuda:
@@ -107,8 +107,7 @@ def test_off_or_on_a_cpu_the_scorer_runs_as_before(fake_cuda, device, enabled):
     assert fake_cuda.log == []
 
 
-def test_only_colocated_overlap_reads_score_stream(tmp_path):
-    check_knobs(load_config(None, ["system=colocated-overlap", "colocated.score_stream=false"]))
-    with pytest.raises(ConfigError, match=r"colocated\.score_stream.*colocated-overlap"):
-        check_knobs(load_config(None, ["system=colocated-sync", "colocated.score_stream=false"]))
-    check_knobs(load_config(None, ["system=colocated-sync", "colocated.split=speed"]))
+def test_only_colocated_overlap_reads_score_stream():
+    check_unread_knobs(load_config(None, ["system=colocated-overlap", "runtime.score_stream=false"]))
+    with pytest.raises(ConfigError, match=r"runtime\.score_stream.*colocated-overlap"):
+        check_unread_knobs(load_config(None, ["system=colocated-sync", "runtime.score_stream=false"]))
