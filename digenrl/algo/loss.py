@@ -88,7 +88,10 @@ def ratio_norm_terms(mean: Tensor, old_mean: Tensor, std: Tensor) -> tuple[Tenso
     return mean_over_non_batch((mean - old_mean.detach()) ** 2) / (2 * scale**2), scale
 
 
-def kl_to_reference(mean: Tensor, ref_mean: Tensor, std: Tensor | float) -> Tensor:
+KL_STD_ERROR = "std must be > 0 everywhere (a deterministic step has no KL)"
+
+
+def kl_to_reference(mean: Tensor, ref_mean: Tensor, std: Tensor | float, *, check_std: bool = True) -> Tensor:
     """Per-sample mean over non-batch dims of (μ_θ − μ_ref)² / (2·std²); returns [N].
 
     Source: flow_grpo scripts/train_sd3.py (`kl_loss = ((prev_sample_mean - prev_sample_mean_ref) ** 2)
@@ -96,6 +99,8 @@ def kl_to_reference(mean: Tensor, ref_mean: Tensor, std: Tensor | float) -> Tens
     reduces to this. flow_grpo passes `std_dev_t` (σ_t, `StepResult.noise_scale`), not the transition
     std σ_t·sqrt(−dt) (`StepResult.std`, the exact per-element KL); the two differ by the factor −dt,
     which is folded into β. `ref_mean` comes from the frozen reference policy and is detached.
+    ``check_std=False``: the caller checked std > 0 already (a read of its values, which the trainer makes
+    once per batch rather than once per micro-batch).
     """
     if mean.shape != ref_mean.shape or mean.ndim < 1:
         raise ValueError(
@@ -103,8 +108,8 @@ def kl_to_reference(mean: Tensor, ref_mean: Tensor, std: Tensor | float) -> Tens
             f"{tuple(mean.shape)} and {tuple(ref_mean.shape)}"
         )
     std = torch.as_tensor(std, dtype=mean.dtype, device=mean.device)
-    if not bool((std > 0).all()):
-        raise ValueError("std must be > 0 everywhere (a deterministic step has no KL)")
+    if check_std and not bool((std > 0).all()):
+        raise ValueError(KL_STD_ERROR)
     per_element = (mean - ref_mean.detach()) ** 2 / (2 * std**2)
     if per_element.shape != mean.shape:
         raise ValueError(

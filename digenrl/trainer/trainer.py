@@ -37,7 +37,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from digenrl.algo.loss import PolicyLossTerms, clipped_policy_loss, kl_to_reference, ratio_norm_terms
+from digenrl.algo.loss import (
+    KL_STD_ERROR,
+    PolicyLossTerms,
+    clipped_policy_loss,
+    kl_to_reference,
+    ratio_norm_terms,
+)
 from digenrl.algo.nft import nft_loss, velocity_kl
 from digenrl.algo.sde_step import check_sigma_pairs
 from digenrl.config import Config
@@ -287,9 +293,20 @@ class PolicyTrainer:
         if ref_mean is not None:
             # flow_grpo divides by std_dev_t² (the σ_t of the SDE, StepResult.noise_scale), which is the
             # scale its β values (0.04 / 0.01) were tuned for; see digenrl.algo.loss.kl_to_reference.
-            kl = kl_to_reference(res.mean, ref_mean, res.noise_scale)
+            kl = kl_to_reference(res.mean, ref_mean, res.noise_scale, check_std=False)  # accumulate checked
             total = total + self.cfg.algo.kl_beta * kl
         return total, terms, kl
+
+    def _transition_stds(self, batch: TrajectoryBatch) -> torch.Tensor:
+        """σ_t (``StepResult.noise_scale``, the KL's std) of every transition of ``batch``, from the sampler's
+        own step on zero inputs: checked once per batch instead of once per micro-batch."""
+        sigmas = batch.sigmas.reshape(-1).float()
+        zeros = torch.zeros(sigmas.shape[0], 1, device=sigmas.device)
+        next_sigmas = batch.next_sigmas.reshape(-1).float()
+        res = self.sampler.transition(
+            zeros, zeros, sigmas, next_sigmas, prev_sample=zeros, sigmas_checked=True
+        )
+        return res.noise_scale
 
     def _nft_unit_losses(self, mb: _MicroBatch) -> tuple[torch.Tensor, PolicyLossTerms, torch.Tensor | None]:
         """DiffusionNFT's loss per unit (digenrl/algo/nft.py): a unit is (x_σ, σ, x0) with x_σ in ``latents``
@@ -346,6 +363,8 @@ class PolicyTrainer:
         cond = batch.cond.with_lengths()
         if self.cfg.algo.name != "diffusionnft":
             check_sigma_pairs(batch.sigmas, batch.next_sigmas)
+            if self.cfg.algo.kl_beta > 0 and not bool((self._transition_stds(batch) > 0).all()):
+                raise ValueError(KL_STD_ERROR)
         for i in range(rounds):
             if i < len(plan):
                 mb, weight = _gather_units(batch, plan[i], self.device, cond), unit_weight

@@ -60,15 +60,19 @@ def _trainer_and_batch(*overrides: str):
     return trainer, batch
 
 
-@pytest.mark.parametrize("overrides", [(), ("algo.step_reweight=true",)])
-def test_accumulate_reads_the_host_a_fixed_number_of_times(overrides):
+@pytest.mark.parametrize(
+    ("overrides", "most"),
+    [((), 2), (("algo.step_reweight=true",), 2), (("algo.kl_beta=0.04",), 3)],
+)
+def test_accumulate_reads_the_host_a_fixed_number_of_times(overrides, most):
+    """The batch's sigma check, (with the KL term) its stds' check, and the sums' one read."""
     reads = {}
     for micro_batch in (8, 1):  # one micro-batch, then eight
         trainer, batch = _trainer_and_batch(f"trainer.micro_batch_size={micro_batch}", *overrides)
         with counted_reads() as counts:
             trainer.accumulate(batch, 1.0 / batch.num_units)
         reads[micro_batch] = sum(counts.values())
-    assert reads[1] == reads[8] <= 2, reads  # the batch's sigma check and the sums' one read
+    assert reads[1] == reads[8] <= most, reads
 
 
 def test_accumulate_metrics_are_the_per_micro_batch_sums():
@@ -103,6 +107,28 @@ def test_a_batch_with_bad_sigmas_is_refused_before_any_backward():
     with pytest.raises(ValueError, match="sigma/sigma_next must satisfy"):
         trainer.accumulate(dataclasses.replace(batch, next_sigmas=bad), 1.0 / batch.num_units)
     assert all(p.grad is None for _, p in trainer.backend.named_trainable())
+
+
+def test_a_kl_on_a_deterministic_step_is_refused_before_any_backward():
+    """kl_to_reference's std > 0 check, made once per batch: the same error, before the first forward."""
+    trainer, batch = _trainer_and_batch("algo.kl_beta=0.04")
+    deterministic = dataclasses.replace(trainer.sampler, noise_level=0.0)
+    trainer.sampler = deterministic
+    with pytest.raises(ValueError, match=r"std must be > 0 everywhere"):
+        trainer.accumulate(batch, 1.0 / batch.num_units)
+    assert all(p.grad is None for _, p in trainer.backend.named_trainable())
+
+
+def test_the_batch_stds_are_the_transitions_own():
+    trainer, batch = _trainer_and_batch("algo.kl_beta=0.04")
+    mb = _gather_units(
+        batch, [(b, k) for b in range(batch.batch_size) for k in range(2)], torch.device("cpu")
+    )
+    zeros = torch.zeros_like(mb.latents)
+    expected = trainer.sampler.transition(
+        zeros, zeros, mb.sigmas, mb.next_sigmas, prev_sample=zeros
+    ).noise_scale
+    torch.testing.assert_close(trainer._transition_stds(batch).flatten(), expected.flatten(), rtol=0, atol=0)
 
 
 def test_a_rollout_reads_the_host_a_fixed_number_of_times():
