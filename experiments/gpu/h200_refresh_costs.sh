@@ -101,6 +101,7 @@ else
     gpu_setup
     PY=python3
     SD35_MODEL=sd3.5-medium FLUX_MODEL=flux.1-dev QWEN_MODEL=qwen-image DEVICE=${DEVICE:-h200}
+    require_device_kind "$DEVICE"  # the files are named after DEVICE: never an H100's under h200
     SD35="--config experiments/configs/sd35-medium-lora.yaml"
     FLUX="--config experiments/configs/flux-dev-lora.yaml"
     SD35_ITER=iterations=4 FLUX_ITER=iterations=3

@@ -39,6 +39,33 @@ torch.version.cuda, 'cudnn', torch.backends.cudnn.version(), 'diffusers', diffus
 'transformers', transformers.__version__, 'peft', peft.__version__, torch.cuda.get_device_name())"
 }
 
+# gpu_kind: the kind of GPU 0 as the cost files name it (h100, h200, a100, ...; "unknown" without nvidia-smi).
+gpu_kind() {
+    local name
+    name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+    case $name in
+        *H200*) echo h200 ;;
+        *H100*) echo h100 ;;
+        *A100*) echo a100 ;;
+        *H800*) echo h800 ;;
+        *) echo unknown ;;
+    esac
+}
+
+# require_device_kind KIND: stop the call before any step when GPU 0 is not KIND. The device tool may start an
+# H100 for a call that asked for an H200 (and the other way round); a cost file named after the wrong kind would
+# then be committed under the other kind's name (it happened once: 2026-12-07).
+require_device_kind() {
+    local found
+    found=$(gpu_kind)
+    if [[ $found != "$1" ]]; then
+        echo "## ERROR: DEVICE=$1 but GPU 0 is '$found' ($(nvidia-smi --query-gpu=name --format=csv,noheader \
+2>/dev/null | head -n 1)); rerun with DEVICE=$found, or on a machine of kind $1 (device tool: needs_h200)"
+        finish
+        exit 3
+    fi
+}
+
 # step NAME BUDGET_S COMMAND...: run COMMAND with a wall budget cut to what is left; never aborts the script.
 step() {
     local name=$1 budget=$2

@@ -16,6 +16,7 @@ OUT=${OUT:-/tmp/device_out} WORK=${WORK:-/tmp/device_work} DEADLINE_S=${DEADLINE
 source experiments/gpu/steps.sh
 gpu_setup
 DEVICE=${DEVICE:-h200}
+require_device_kind "$DEVICE"  # its summary goes into $DEVICE's cost files
 ONLY=${ONLY:-sd3.5-medium flux.1-dev qwen-image wan2.1-14b}
 for model in sd3.5-medium flux.1-dev qwen-image wan2.1-14b; do
     wanted "$model" || continue
