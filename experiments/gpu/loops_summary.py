@@ -32,7 +32,9 @@ def _median(values: list[float], digits: int = 4) -> float | None:
 
 
 def code_path(cfg: dict) -> str:
-    """What the run executed: compile / autocast as resolved on a GPU (None = on), cuDNN SDPA, FP8."""
+    """What the run executed: the system when it is not colocated-sync, compile / autocast as resolved on a
+    GPU (None = on), cuDNN SDPA, FP8, the compiled VAE, Qwen-Image's masked text, colocated-overlap's scorer
+    on the default stream."""
     model = cfg.get("model", {})
     compiled = model.get("compile") is not False
     autocast = model.get("autocast") is not False and model.get("dtype") in ("bfloat16", "float16")
@@ -47,6 +49,11 @@ def code_path(cfg: dict) -> str:
         path += ", VAE compiled"
     if model.get("text_padding") == "mask" and "qwen" in str(model.get("name")):
         path += ", text padded + masked"
+    system = cfg.get("system", "colocated-sync")
+    if system != "colocated-sync":
+        path = f"{system}: {path}"
+        if system == "colocated-overlap" and cfg.get("runtime", {}).get("score_stream") is False:
+            path += ", scored on the default stream"
     return path
 
 
@@ -116,13 +123,14 @@ def _profile(run: Path) -> dict | None:
 def table(rows: list[dict]) -> str:
     lines = [
         "| run | model | config | prompts | path | samples/s | rollout s | train s | fraction of bound "
-        "(rollout / train) | ratio (min) | peak GiB | iterations |",
-        "|---" * 12 + "|",
+        "(rollout / train) | score s | ratio (min) | peak GiB | iterations |",
+        "|---" * 13 + "|",
     ]
     for r in rows:
         ph = r["fraction_of_bound_by_phase"]
         cells = [r["run"], r["model"], r["config"], r["prompts"], r["path"], r["samples_per_s"]]
         cells += [r["rollout_s"], r["train_s"], f"{r['fraction_of_bound']} ({ph['rollout']} / {ph['train']})"]
+        cells += [r["score_s"]]
         cells += [f"{r['ratio_mean']} ({r['ratio_min']})", r["peak_mem_gib"], r["iterations"]]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"

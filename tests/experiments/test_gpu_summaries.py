@@ -52,3 +52,32 @@ def test_every_row_names_the_hardware_command_and_date_of_its_call(tmp_path):
         "2026-12-07",
     )
     assert row["samples_per_s"] == pytest.approx(2.9418, abs=1e-4)  # the H100 row the README quotes
+
+
+@pytest.mark.parametrize(
+    ("cfg", "path"),
+    [
+        ({"model": {"dtype": "bfloat16"}}, "compiled+autocast"),
+        ({"model": {"dtype": "bfloat16", "compile_vae": True}}, "compiled+autocast, VAE compiled"),
+        (
+            {"system": "colocated-overlap", "model": {"dtype": "bfloat16"}},
+            "colocated-overlap: compiled+autocast",
+        ),
+        (
+            {
+                "system": "colocated-overlap",
+                "model": {"dtype": "bfloat16"},
+                "runtime": {"score_stream": False},
+            },
+            "colocated-overlap: compiled+autocast, scored on the default stream",
+        ),
+        (
+            {"model": {"name": "qwen-image", "text_padding": "mask", "compile": False}},
+            "eager, text padded + masked",
+        ),
+    ],
+)
+def test_the_path_names_what_separates_two_rows_of_one_call(cfg, path):
+    """The rows of issue 37's pairs (sd35 / sd35-vae, sd35-overlap / -nostream, qwen / qwen-mask) must
+    differ in their path, or the table cannot tell them apart."""
+    assert loops_summary.code_path(cfg) == path
