@@ -34,7 +34,8 @@ dependency — no schedule can be faster.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from digenrl.config import COLOCATED_SYSTEMS, SYSTEMS
@@ -214,10 +215,14 @@ class Planner:
         workload: Workload,
         *,
         planning_iterations: int = 6,
+        log: Callable[[str], None] | None = None,
+        log_every_s: float = 60.0,
     ) -> None:
         """``planning_iterations`` shortens the simulated run (1 warm-up, 1 cool-down, the rest steady).
         Sync schedules are periodic after the first iteration; TCSS can settle into a cycle of a few
-        iterations (its prefetch depth alternates), which 4 steady iterations average well enough to rank."""
+        iterations (its prefetch depth alternates), which 4 steady iterations average well enough to rank.
+        ``log`` receives a progress line from :meth:`search` at most every ``log_every_s`` seconds (a
+        panel of the tables can search for tens of minutes)."""
         self.profile = load_profile(profile) if isinstance(profile, str) else profile
         self.costs = costs if isinstance(costs, DeviceCosts) else DeviceCosts(self.profile, costs)
         iterations = max(3, planning_iterations)
@@ -226,6 +231,17 @@ class Planner:
         self.invalid: dict[str, str] = {}  # plan → the runtime check it fails
         self._scores: dict[RunPlan, PlanScore | None] = {}
         self._fits: dict[RunPlan, Fit] = {}
+        self._log = log
+        self._log_every_s = log_every_s
+        self._started = self._logged = time.monotonic()
+
+    def _progress(self, line: str) -> None:
+        """One progress line, if ``log`` is set and ``log_every_s`` passed since the last one."""
+        now = time.monotonic()
+        if self._log is not None and now - self._logged >= self._log_every_s:
+            self._logged = now
+            simulated = sum(score is not None for score in self._scores.values())
+            self._log(f"{line}; {simulated} plans simulated, {now - self._started:.0f} s")
 
     @property
     def world(self) -> int:
@@ -460,7 +476,7 @@ class Planner:
         }
         skipped: list[int] = []
         mechanism_scores: list[PlanScore] = []
-        for trainers in sorted(counts, key=lambda n: -bounds[n]):
+        for visited, trainers in enumerate(sorted(counts, key=lambda n: -bounds[n]), 1):
             ranked = sorted(scores + mechanism_scores, key=lambda s: -s.samples_per_s)
             if prune and len(ranked) >= 2 and bounds[trainers] <= ranked[1].samples_per_s:
                 skipped.append(trainers)
@@ -486,6 +502,12 @@ class Planner:
                             score = self.score(plan)
                             if score is not None:
                                 mechanism_scores.append(score)
+            best = max((x.samples_per_s for x in scores + mechanism_scores), default=0.0)
+            self._progress(
+                f"staleness ≤ {max_staleness}: split {trainers} trainers : {generators} generators searched "
+                f"({visited} of {len(counts)} splits, {len(skipped)} pruned by the bound), best {best:.4g} "
+                "samples/s"
+            )
         mechanism_scores += self._refine(mechanism_scores, refine)
         scores += mechanism_scores
         if not scores:

@@ -301,8 +301,9 @@ def compare(
     max_stages: int = 4,
     planning_iterations: int = 5,
     trainer_counts: Sequence[int] | None = None,
+    log: Callable[[str], None] | None = None,
 ) -> Comparison:
-    planner = Planner(profile, costs, workload, planning_iterations=planning_iterations)
+    planner = Planner(profile, costs, workload, planning_iterations=planning_iterations, log=log)
     baselines = planner.baselines(max_staleness=1)
     fragments = fragment_choices(workload.prompts_per_iteration)
     searches, mechanisms = {}, {}
@@ -651,7 +652,13 @@ def throughput_rows(
     mc = scenario_costs(scenario, folders, cost_file)
     measured = {} if cost_file is not None else measured_types(profile, scenario, folders)
     costs = device_costs(profile, mc.costs, measured)
-    comparison = compare(profile, costs, scenario.workload, max_stages=max_stages)
+    comparison = compare(
+        profile,
+        costs,
+        scenario.workload,
+        max_stages=max_stages,
+        log=lambda line: log(f"[throughput] {scenario.label} @ {profile_name}: {line}"),
+    )
     rows = comparison_rows(comparison, profile, scenario, mc, "main")
     for row in rows:
         row["model"] = f"{scenario.label} @ {profile_name}"

@@ -312,3 +312,20 @@ def test_the_hybrid_engines_second_copy_counts_unless_it_is_offloaded():
     assert not fit.feasible and "generation copy" in fit.notes[0]
     engine = Planner(profile, costs, w, planning_iterations=4).baselines()["colocated-engine"]
     assert engine is not None and engine.plan.engine_offload
+
+
+def test_a_long_search_logs_its_progress_and_the_log_changes_nothing():
+    """A panel of the tables can search for tens of minutes: the planner reports each split it searched
+    (throttled to ``log_every_s``), and logging does not change the result."""
+    profile, costs, workload = _setup()
+    lines: list[str] = []
+    logged = Planner(profile, costs, workload, log=lines.append, log_every_s=0.0)
+    result = logged.search(max_staleness=1, include_baselines=False)
+    quiet = Planner(profile, costs, workload).search(max_staleness=1, include_baselines=False)
+    assert result.best == quiet.best and result.evaluated == quiet.evaluated
+    splits = profile.world_size - 1
+    assert 1 <= len(lines) <= splits  # one per split searched, none for a split the bound pruned
+    assert all(f"of {splits} splits" in line and "plans simulated" in line for line in lines)
+    silent: list[str] = []
+    Planner(profile, costs, workload, log=silent.append, log_every_s=3600.0).search(include_baselines=False)
+    assert silent == []  # throttled: nothing within the first hour
