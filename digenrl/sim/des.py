@@ -9,7 +9,9 @@ The kernel keeps a heap of ``(time, sequence, callback)``; ties at one instant r
 so a run is deterministic. Schedules in :mod:`digenrl.sim.schedules` are written as one process per
 rank (plus a few helpers), so the code reads like the timeline it produces. After :meth:`Simulation.run`
 every process must have finished: a process still blocked means the schedule deadlocked, and the error
-names it instead of returning a silently truncated timeline.
+names it instead of returning a silently truncated timeline. The opposite fault, a process that loops
+without ever yielding (a livelock: simulated time stands still and the run never ends), is caught by a
+:class:`StallGuard` in the loops that decide what to do next.
 """
 
 from __future__ import annotations
@@ -81,6 +83,30 @@ class Condition:
         if self._signal is not None:
             signal, self._signal = self._signal, None
             signal.fire()
+
+
+class StallGuard:
+    """Raises when a process's decision loop turns ``limit`` times at one simulated instant.
+
+    A loop that waits on a predicate that already holds, or skips work it cannot do, never yields: the
+    event loop never runs again and the simulation hangs with no error. Each pass of such a loop calls
+    :meth:`check`; passes that do work move time on (or are bounded by the work there is), so more than
+    ``limit`` passes at one instant can only be a schedule bug, reported with ``what``."""
+
+    def __init__(self, sim: Simulation, limit: int, what: str) -> None:
+        self.sim, self.limit, self.what = sim, limit, what
+        self._at, self._passes = -1.0, 0
+
+    def check(self, **state: Any) -> None:
+        if self.sim.now != self._at:
+            self._at, self._passes = self.sim.now, 0
+        self._passes += 1
+        if self._passes > self.limit:
+            detail = ", ".join(f"{k}={v!r}" for k, v in state.items())
+            raise RuntimeError(
+                f"simulation stalled: {self.what} looped {self._passes} times at t={self.sim.now:.6g} s "
+                f"without simulated time passing ({detail}); a schedule bug, not a cost"
+            )
 
 
 class Mailbox:

@@ -68,7 +68,7 @@ from digenrl.rules import shard_sizes
 from digenrl.runtime.observe.span_phases import Phase
 from digenrl.sim.channel import Channel
 from digenrl.sim.cluster import SimCluster
-from digenrl.sim.des import Mailbox, Process
+from digenrl.sim.des import Mailbox, Process, StallGuard
 from digenrl.sim.generator_weights import GeneratorWeights
 from digenrl.sim.phase_costs import generation_s, score_s
 from digenrl.sim.residency import move_s, tag_switch_moves
@@ -348,16 +348,16 @@ def _trainer(run: _Run, rank: int) -> Process:
         received: list[int] = []  # received, not yet trained
         helper = _Helper(run, rank, tags)
         tag_left = budget
+        # each pass receives, trains or generates a fragment, or waits: a few passes per fragment at most
+        guard = StallGuard(cluster.sim, 4 * len(run.sizes) + 16, f"trainer rank {rank}, iteration {k}")
         while pending or received:
+            guard.check(pending=pending, received=received, tag_left=tag_left, version=run.weights.version)
             if received and (plan.gap or not pending):
                 yield from helper.leave(packer)
                 f = received.pop(0)
                 yield from _train(cluster, rank, packer.add(run.shares[f][position]), fragment=f, **tags)
                 continue
-            if plan.train_order == "index":
-                nxt = pending[0] if run.ready(rank, k, pending[0]) else None
-            else:
-                nxt = next((f for f in pending if run.ready(rank, k, f)), None)
+            nxt = _next_ready(run, rank, k, pending)
             if nxt is not None:
                 yield from helper.leave(packer)
                 yield from _receive(run, rank, k, nxt, pending, received, tags)
@@ -370,13 +370,15 @@ def _trainer(run: _Run, rank: int) -> Process:
                 continue
             yield from helper.leave(packer)
             if tag_left > 0 and run.weights.version < k and any(run.queues[k]):
-                # TAG: the generators do not hold θ_k yet; wait for that or for a fragment, then decide
+                # TAG: the generators do not hold θ_k yet; wait for that or for the fragment the training
+                # order takes next (in index order a later fragment that is ready does not end the wait:
+                # the loop could not take it, and would come straight back here without time passing)
                 yield from cluster.wait_until(
                     rank,
                     Phase.WAIT_FRAGMENT,
                     run.ready_changed[rank],
                     lambda pending=pending, k=k: (
-                        run.weights.version >= k or any(run.ready(rank, k, f) for f in pending)
+                        run.weights.version >= k or _next_ready(run, rank, k, pending) is not None
                     ),
                     **tags,
                 )
@@ -404,6 +406,15 @@ def _trainer(run: _Run, rank: int) -> Process:
         cluster.finish_iteration(k)
         if rank == run.trainers[0] and k + 1 < w.iterations:
             yield from run.weights.publish(k + 1, iteration=k)
+
+
+def _next_ready(run: _Run, rank: int, k: int, pending: list[int]) -> int | None:
+    """The fragment the trainer takes next if it is ready, else None: the runtime's
+    :meth:`~digenrl.gap.consumer.FragmentConsumer.next` (``gap.train_order``: the lowest index pending, or the
+    first pending fragment that is ready) and its readiness."""
+    if run.plan.train_order == "index":
+        return pending[0] if run.ready(rank, k, pending[0]) else None
+    return next((f for f in pending if run.ready(rank, k, f)), None)
 
 
 def _train(cluster: SimCluster, rank: int, seconds: float, **tags) -> Process:
