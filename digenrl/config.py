@@ -488,9 +488,14 @@ class RuntimeConfig:
     # profile this iteration on every rank with torch.profiler: device time per phase and kind of kernel in
     # out_dir/profile/rank<r>.{json,md} and the trace (docs/operations.md, "Profiling an iteration")
     profile_iteration: int | None = field(default=None, metadata=within(0, 10_000_000))
-    # shared-device mode's memory check prices each rank's activations from the measured cost file
-    # <costs_dir>/<device>-<model>.json (experiments/results/costs in a checkout); None = not counted
+    # the startup memory checks (memory_check below; shared-device mode's) price each rank's activations from
+    # the measured cost file <costs_dir>/<device>-<model>.json (experiments/results/costs in a checkout);
+    # None = activations not counted, and no memory_check
     costs_dir: str | None = None
+    # on GPUs, refuse at startup a run whose planner estimate of a rank's peak (digenrl/planning/memory.py,
+    # from costs_dir's cost file) is above its device's memory, and warn above the usable share; false: no
+    # check (digenrl/validation.py check_device_memory)
+    memory_check: bool = True
     # system=colocated-overlap: the background scorer decodes and scores on its own CUDA stream, after the
     # generation of its sub-batch, so that GPU work overlaps the next sub-batch's generation instead of
     # queueing behind it on the default stream (digenrl/systems/colocated_overlap.py); no effect on a CPU

@@ -243,9 +243,9 @@ KNOB_RULES: tuple[KnobRule, ...] = (
     ),
     KnobRule(
         ("runtime.costs_dir",),
-        "with runtime.share_device=true (its memory check)",
-        ("runtime.share_device",),
-        lambda cfg: cfg.runtime.share_device,
+        "with runtime.memory_check=true or runtime.share_device=true (the startup memory checks)",
+        ("runtime.memory_check", "runtime.share_device"),
+        lambda cfg: cfg.runtime.memory_check or cfg.runtime.share_device,
     ),
     KnobRule(
         ("runtime.share_device",),
@@ -376,6 +376,13 @@ def validate_config(cfg: Config, world_size: int | None = None) -> None:
     check_declared(cfg)  # the system among config.SYSTEMS, each of which digenrl.systems registers
     profile = hardware_profile(cfg)
     check_unread_knobs(cfg)
+    costs = cfg.runtime.costs_dir
+    if costs is not None and not Path(costs).is_dir():
+        raise ConfigError(
+            f"runtime.costs_dir={costs!r} is not an existing directory (from {Path.cwd()}); it names the "
+            "folder of the measured cost files (experiments/results/costs from the repository's root), or "
+            "null to run without the startup memory checks"
+        )
 
     from digenrl.models.specs import MODEL_SPECS
 
@@ -1026,6 +1033,10 @@ def validate_devices(
         )
     if share and gpus > 0 and _checks_memory_here(distributed):
         check_shared_device_memory(cfg, world_size, free_bytes=_free_gpu_bytes(), gpus=gpus)
+    if device == "cuda" and not share and here and os.environ.get("RANK", "0") == "0":
+        note = check_device_memory(cfg)
+        if note:
+            print(f"[digenrl] {note}", file=sys.stderr, flush=True)
 
 
 def check_profile_device(cfg: Config, device_type: str, *, computes_here: bool, gpus: int) -> str | None:
@@ -1051,6 +1062,51 @@ def check_profile_device(cfg: Config, device_type: str, *, computes_here: bool, 
         f"{mismatch}: its bounds, memory checks and plans would be another device's. Use {fix} (a profile "
         "of this machine's devices), or runtime.allow_profile_mismatch=true to run anyway with a warning"
     )
+
+
+def check_device_memory(cfg: Config) -> str | None:
+    """Each rank's peak by the planner's memory estimate (:func:`digenrl.planning.memory.check_plan`, held
+    within 10 % of measured peaks: ``experiments/simulate.py memory``) against its device, before any model
+    is built: a ConfigError when a rank would need more than its device's whole memory (the run would stop
+    out of memory after minutes of loading and compiling), a note when it needs more than the usable share.
+    None when it fits, or when it cannot be checked: ``runtime.memory_check=false``, no ``runtime.costs_dir``,
+    or no measured cost file there for a device type of the profile and the model (the note says so)."""
+    if not cfg.runtime.memory_check or cfg.runtime.costs_dir is None:
+        return None
+    from digenrl.costs.cost_model import CostModel, cost_path
+    from digenrl.costs.device_costs import DeviceCosts
+    from digenrl.plan import RunPlan
+    from digenrl.plan.workload import Workload
+    from digenrl.planning.memory import USABLE_FRACTION, check_plan
+
+    profile = hardware_profile(cfg)
+    workload = Workload.from_config(cfg)
+    costs = {}
+    for device in sorted(profile.gpu_types):
+        path = cost_path(device, cfg.model.name, Path(cfg.runtime.costs_dir))
+        if not path.is_file():
+            return f"memory not checked: runtime.costs_dir holds no cost file {path.name} for this device"
+        costs[device] = CostModel.load(path)
+        if not costs[device].has_memory(workload.cfg):
+            return f"memory not checked: {path} has no measured peaks"
+    ranks = check_plan(profile, DeviceCosts(profile, costs), workload, RunPlan.from_config(cfg, profile))
+    over = [r for r in ranks if r.peak > r.capacity]
+    if not over:
+        return None
+    worst = max(over, key=lambda r: r.peak / r.capacity)
+    fix = (
+        f"a smaller trainer.micro_batch_size (now {cfg.trainer.micro_batch_size})"
+        + ("" if cfg.trainer.activation_checkpointing else ", trainer.activation_checkpointing=true")
+        + ", a GPU with more memory (profile), or runtime.memory_check=false to run anyway"
+    )
+    what = f"{worst.describe()}; the planner's estimate, digenrl/planning/memory.py"
+    if worst.peak > worst.capacity / USABLE_FRACTION:
+        raise ConfigError(
+            f"model.name={cfg.model.name!r} does not fit on profile {profile.name!r} "
+            f"({profile.description}): {what}, is above the device's whole "
+            f"{worst.capacity / USABLE_FRACTION / _GIB:.1f} GiB. Use {fix}"
+        )
+    return f"WARNING: {what}: above the usable share, it may run out of memory. If it does, use {fix}"
 
 
 def check_shared_device_memory(cfg: Config, world_size: int, *, free_bytes: float, gpus: int = 1) -> None:
