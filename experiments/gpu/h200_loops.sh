@@ -20,7 +20,8 @@
 #     backward on FLUX.1-dev's blocks against flash, the check that could lift the table's FLUX row)
 #     ONLY="qwen-text" ...: Qwen-Image's generator step with padded, masked text and with model.text_padding=split
 #     (issue 37 item 1); ONLY="qwen" / ONLY="qwen-mask" ...: the loop on either path, one call each;
-#     ONLY="sd35 sd35-vae" ...: the SD3.5-medium loop with the eager and the compiled VAE decode (item 2);
+#     ONLY="sd35 sd35-vae-eager" ...: the SD3.5-medium loop with the compiled VAE decode (the config's, since
+#     round 4) and with the eager one (item 2);
 #     ONLY="sd35-overlap sd35-overlap-nostream" ...: colocated-overlap's scorer on a side stream or not (item 4)
 #   CPU dry run of the same commands with the tiny model: DRY=1 bash experiments/gpu/h200_loops.sh
 #
@@ -64,7 +65,15 @@ loop() {
     COMMON="$config $ITER checkpoint_every=0 eval.every=0" train_step "$name" "$budget" "config.yaml metrics.jsonl events" "$@"
     mkdir -p "$RUNS/$name"
     local file=${config#--config }
-    echo "{\"config\": \"${file%% *}\"}" | tee "$RUNS/$name/loop.json" >"$WORK/runs/$name/loop.json"
+    # the run's own provenance: a warm machine keeps $RUNS between calls, so one call's summary holds rows
+    # of earlier calls, each with the command, GPU and date of the call that ran it (loops_summary.py)
+    $PY -c 'import datetime, json, sys
+path, config, command, hardware = sys.argv[1:]
+date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
+json.dump({"config": config, "command": command, "hardware": hardware, "date": date}, open(path, "w"))' \
+        "$RUNS/$name/loop.json" "${file%% *}" "ONLY=\"$ONLY\" DEADLINE_S=$DEADLINE_S bash experiments/gpu/h200_loops.sh" \
+        "$(hardware)"
+    cp "$RUNS/$name/loop.json" "$WORK/runs/$name/loop.json"
     # the kernel profile's summary of a profiled run (runtime.profile_iteration), not its trace
     if [[ -d "$RUNS/$name/profile" ]]; then
         mkdir -p "$WORK/runs/$name/profile"
@@ -130,8 +139,9 @@ fi
 #    iteration under the kernel profiler (runtime.profile_iteration), left out of the medians: its device
 #    time per phase and kernel kind is the row's explanation
 loop sd35 180 "$SD35"
-# issue 37 item 2: the same loop with the VAE's decoder compiled (model.compile_vae), beside sd35 in one call
-loop sd35-vae 180 "$SD35" model.compile_vae=true
+# issue 37 item 2: the same loop with the VAE's decoder eager (sd35-medium-lora.yaml compiles it since round 4,
+# whose row sd35-vae measured the compiled decode beside the eager sd35), beside sd35 in one call
+loop sd35-vae-eager 180 "$SD35" model.compile_vae=false
 # issue 37 item 4: colocated-overlap (each group's sub-batch decoded and scored by a worker thread while the
 # next generates) with the scorer on its own CUDA stream (runtime.score_stream, the default) and on the
 # default stream (the path before); the two rows' reward_mean must be identical
@@ -175,11 +185,16 @@ loop flux 300 "$FLUX" iterations=4 runtime.profile_iteration=3
 loop flux-eager 150 "$FLUX" iterations=2 model.compile=false model.autocast=false
 # FLUX's training idles between small kernels at micro-batch 2 (the profile of the flux row): micro-batch 8
 loop flux-mb8 240 "$FLUX" iterations=3 trainer.micro_batch_size=8
+# an 80 GB GPU (H100): micro-batch 8, the config's, does not fit (round 4: out of memory; the startup memory
+# check now refuses it), 4 does
+loop flux-mb4 240 "$FLUX" iterations=3 trainer.micro_batch_size=4
 loop flux-fp8 260 "$FLUX" iterations=3 trainer.micro_batch_size=8 model.fp8=true
 # what FLUX's profile suggests for Qwen-Image (micro-batch 2 idles between small kernels): a larger
 # micro-batch, with activation checkpointing to fit; iteration 2 under the kernel profiler
-loop qwen-mb8-ckpt 340 "$SD35" model=$QWEN_MODEL trainer.micro_batch_size=8 trainer.activation_checkpointing=true \
-    iterations=3 runtime.profile_iteration=2
+# four iterations, the last profiled: two steady ones for the median; TORCH_LOGS=recompiles says whether a
+# later iteration's new text lengths recompile (round 4's profiled iteration trained 12 s slower than the one before)
+TORCH_LOGS=recompiles loop qwen-mb8-ckpt 340 "$SD35" model=$QWEN_MODEL trainer.micro_batch_size=8 \
+    trainer.activation_checkpointing=true iterations=4 runtime.profile_iteration=3
 # Qwen-Image: the SD3.5-medium settings (2 x 8, 10 steps, CFG 4.5) at micro-batch 2, as issue 23's table
 loop qwen 330 "$SD35" model=$QWEN_MODEL trainer.micro_batch_size=2 iterations=3
 loop qwen-eager 330 "$SD35" model=qwen-image trainer.micro_batch_size=2 iterations=2 model.compile=false \
@@ -187,8 +202,8 @@ loop qwen-eager 330 "$SD35" model=qwen-image trainer.micro_batch_size=2 iteratio
 # issue 37 item 1: the two Qwen-Image loops above run model.text_padding=split (the default); these are the
 # same runs on the padded, masked text (the path of the rows before it), one call each beside its partner
 loop qwen-mask 330 "$SD35" model=$QWEN_MODEL trainer.micro_batch_size=2 iterations=3 model.text_padding=mask
-loop qwen-mb8-ckpt-mask 340 "$SD35" model=$QWEN_MODEL trainer.micro_batch_size=8 \
-    trainer.activation_checkpointing=true iterations=3 runtime.profile_iteration=2 model.text_padding=mask
+TORCH_LOGS=recompiles loop qwen-mb8-ckpt-mask 340 "$SD35" model=$QWEN_MODEL trainer.micro_batch_size=8 \
+    trainer.activation_checkpointing=true iterations=4 runtime.profile_iteration=3 model.text_padding=mask
 $PY experiments/gpu/loops_summary.py "$RUNS" --out "$WORK" --hardware "$(hardware)" \
     --command "ONLY=\"$ONLY\" bash experiments/gpu/h200_loops.sh"
 cp "$WORK/summary.json" "$OUT/" 2>/dev/null

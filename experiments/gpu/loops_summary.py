@@ -3,7 +3,10 @@
 Each run is a plain ``run_train.py`` colocated run; its ``metrics.jsonl`` holds per-iteration seconds and the
 FLOP accounting of :mod:`digenrl.costs.flops`. A row reports medians over the iterations after the first
 (the first compiles), the peak memory over all iterations, and the code path the run executed (from its
-resolved ``config.yaml``). ``loop.json`` beside a run (written by the script) names the config file.
+resolved ``config.yaml``). ``loop.json`` beside a run (written by the script) names the config file and the
+``command``, ``hardware`` and ``date`` of the call that ran it; they win over the command line's, which only
+fill in for runs without them (a warm device keeps earlier calls' runs, and the summary of a later call
+must not stamp its own command on them).
 
     python experiments/gpu/loops_summary.py RUNS_DIR --out OUT_DIR [--command "..."] [--hardware "..."]
 
@@ -91,9 +94,9 @@ def summarise_run(run: Path, *, hardware: str = "", command: str = "", date: str
         "ratio_min": min((r["ratio_min"] for r in later if r.get("ratio_min") is not None), default=None),
         "peak_mem_gib": round(max((r.get("peak_mem_gib") or 0.0) for r in rows), 2) if rows else None,
         "path": code_path(cfg),
-        "hardware": hardware,
-        "command": command,
-        "date": date,
+        "hardware": source.get("hardware") or hardware,
+        "command": source.get("command") or command,
+        "date": source.get("date") or date,
         "profile": _profile(run),
     }
 
@@ -120,6 +123,17 @@ def _profile(run: Path) -> dict | None:
     }
 
 
+def _calls(rows: list[dict]) -> str:
+    """The calls that made the rows: one line per command, with its GPU, date and rows."""
+    calls: dict[tuple[str, str, str], list[str]] = {}
+    for r in rows:
+        calls.setdefault((r["command"], r["hardware"], r["date"]), []).append(r["run"])
+    return "".join(
+        f"Command: `{command}` ({hardware or 'GPU not named'}, {date}): {', '.join(runs)}\n"
+        for (command, hardware, date), runs in calls.items()
+    )
+
+
 def table(rows: list[dict]) -> str:
     lines = [
         "| run | model | config | prompts | path | samples/s | rollout s | train s | fraction of bound "
@@ -141,8 +155,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("runs", help="directory holding one run directory per loop")
     p.add_argument("--out", required=True)
     p.add_argument("--command", default="bash experiments/gpu/h200_loops.sh")
-    p.add_argument("--hardware", default="", help="the GPU's name (nvidia-smi), written into every row")
-    p.add_argument("--date", default=None, help="written into every row (default: today, UTC)")
+    p.add_argument(
+        "--hardware", default="", help="the GPU's name (nvidia-smi), for rows whose loop.json has none"
+    )
+    p.add_argument("--date", default=None, help="for rows whose loop.json has none (default: today, UTC)")
     args = p.parse_args(argv)
     date = args.date or datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
     runs = sorted(d for d in Path(args.runs).iterdir() if (d / "metrics.jsonl").exists())
@@ -155,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(rows, indent=1) + "\n")
-    md = f"# Full loops ({args.hardware})\n\nCommand: `{args.command}`\n\n" + table(rows)
+    md = f"# Full loops ({args.hardware})\n\n" + _calls(rows) + "\n" + table(rows)
     for run in runs:  # each profiled run's kernel tables (digenrl/runtime/observe/iteration_profile.py)
         profile = run / "profile" / "rank0.md"
         if profile.exists():

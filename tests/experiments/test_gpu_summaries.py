@@ -54,6 +54,30 @@ def test_every_row_names_the_hardware_command_and_date_of_its_call(tmp_path):
     assert row["samples_per_s"] == pytest.approx(2.9418, abs=1e-4)  # the H100 row the README quotes
 
 
+def test_a_run_keeps_the_command_of_its_own_call_in_a_later_calls_summary(tmp_path):
+    # a warm device keeps earlier calls' runs: the later call's summary must not stamp its command on them
+    runs = tmp_path / "runs"
+    for name in ("qwen-mb8-ckpt", "qwen-mb8-ckpt-mask"):
+        shutil.copytree(LOOPS / "h100-round4" / "runs" / name, runs / name)
+    (runs / "qwen-mb8-ckpt-mask" / "loop.json").write_text('{"config": "c.yaml"}')  # a run from before
+    out = str(tmp_path / "out")
+    argv = [str(runs), "--out", out, "--hardware", "GPU of the call", "--date", "2027-01-01"]
+    assert loops_summary.main([*argv, "--command", "ONLY=later bash s.sh"]) == 0
+    rows = {r["run"]: r for r in json.loads((tmp_path / "out" / "summary.json").read_text())}
+    own = rows["qwen-mb8-ckpt"]
+    assert own["command"].startswith('ONLY="qwen-mb8-ckpt" DEADLINE_S=565 bash experiments/gpu/h200_loops.sh')
+    assert (own["hardware"], own["date"]) == ("NVIDIA H100 80GB HBM3", "2026-12-07")
+    before = rows["qwen-mb8-ckpt-mask"]
+    assert (before["command"], before["hardware"], before["date"]) == (
+        "ONLY=later bash s.sh",
+        "GPU of the call",
+        "2027-01-01",
+    )
+    md = (tmp_path / "out" / "summary.md").read_text()
+    assert "Command: `ONLY=later bash s.sh` (GPU of the call, 2027-01-01): qwen-mb8-ckpt-mask\n" in md
+    assert ": qwen-mb8-ckpt\n" in md and own["command"] in md
+
+
 @pytest.mark.parametrize(
     ("cfg", "path"),
     [
