@@ -72,6 +72,30 @@ def add_optimized_path_flags(p: argparse.ArgumentParser, *, paths: str, paths_he
     )
 
 
+def add_text_flags(p: argparse.ArgumentParser, *, padding_default: str, padding_help: str) -> None:
+    """``--text-tokens COND,UNCOND`` (real tokens of a masked encoder's prompts; see :func:`check_text`) and
+    ``--text-padding`` (``model.text_padding``, digenrl/models/text_padding.py)."""
+    from digenrl.config import TEXT_PADDING_MODES
+
+    p.add_argument(
+        "--text-tokens",
+        default=None,
+        help="COND,UNCOND: real tokens of the prompts and of the empty prompt of a masked text encoder "
+        "(Qwen-Image), the rest padding as the encoder pads them; default every token real",
+    )
+    p.add_argument("--text-padding", default=padding_default, choices=TEXT_PADDING_MODES, help=padding_help)
+
+
+def check_text(args: argparse.Namespace, p: argparse.ArgumentParser) -> None:
+    """``args.text_tokens`` as a ``(cond, uncond)`` pair of counts >= 1 (or None); a usage error otherwise."""
+    if args.text_tokens is None:
+        return
+    tokens = int_list(args.text_tokens, "--text-tokens", p)
+    if len(tokens) != 2 or min(tokens) < 1:
+        p.error(f"--text-tokens takes COND,UNCOND (two counts >= 1), got {args.text_tokens!r}")
+    args.text_tokens = tuple(tokens)
+
+
 def add_timing_flags(
     p: argparse.ArgumentParser, *, warmup: int, iters: int, warmup_help: str, iters_help: str
 ) -> None:

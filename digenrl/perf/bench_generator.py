@@ -42,7 +42,7 @@ import traceback
 
 import torch
 
-from digenrl.config import TEXT_PADDING_MODES, Config, apply_overrides
+from digenrl.config import Config, apply_overrides
 from digenrl.data.dtypes import TORCH_DTYPES
 from digenrl.models import FlowModel, TextCondition, build_flow_model, get_model_spec
 from digenrl.models.fp8 import apply_fp8
@@ -84,17 +84,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--cuda-graphs", action="store_true", help="= --compile --compile-mode reduce-overhead (fixed shapes)"
     )
-    p.add_argument(
-        "--text-tokens",
-        default=None,
-        help="COND,UNCOND: real tokens of the prompts and of the empty prompt of a masked text encoder "
-        "(Qwen-Image), the rest padding as the encoder pads them; default every token real",
-    )
-    p.add_argument(
-        "--text-padding",
-        default="mask",
-        choices=TEXT_PADDING_MODES,
-        help="optimised path: model.text_padding (digenrl/models/text_padding.py)",
+    bench_cli.add_text_flags(
+        p, padding_default="mask", padding_help="optimised path: model.text_padding (the eager path: mask)"
     )
     bench_cli.add_timing_flags(
         p,
@@ -110,11 +101,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.batch_sizes = int_list(args.batch_sizes, "--batch-sizes", p)
     bench_cli.check_timing(args, p)
     args.paths = name_list(args.paths, "--paths", PATHS, p)
-    if args.text_tokens is not None:
-        tokens = int_list(args.text_tokens, "--text-tokens", p)
-        if len(tokens) != 2 or min(tokens) < 1:
-            p.error(f"--text-tokens takes COND,UNCOND (two counts >= 1), got {args.text_tokens!r}")
-        args.text_tokens = tuple(tokens)
+    bench_cli.check_text(args, p)
     if args.cuda_graphs:
         args.compile, args.compile_mode = True, "reduce-overhead"
     if args.agreement_steps < 0 or args.agreement_samples < 1:

@@ -35,7 +35,10 @@ Paths (``--paths``; run them ``optimized,eager`` on a GPU: a failing fused kerne
 ``--regression`` (or ``--regression-only``) runs :mod:`digenrl.perf.backward_check` in subprocesses: a LoRA
 forward + backward through a slice of ``--regression-model`` (2 dual-stream + 2 single-stream blocks of
 FLUX by default) with each ``--regression-settings`` (default: project-safe, and torch/diffusers defaults),
-reported as pass/fail. Text conditions are random tensors with the spec's shapes (no text encoder).
+reported as pass/fail. Text conditions are random tensors with the spec's shapes (no text encoder); for a
+masked encoder (Qwen-Image) ``--text-tokens COND,UNCOND`` makes that many tokens real and the rest padding, as
+real prompts are, and ``--text-padding`` is ``model.text_padding`` of both paths (``split``: the padding cut,
+no mask, as the loop runs it; default ``mask``: the padded, masked forward the committed cost files timed).
 
 ``--out`` is a directory (``trainer-<model>.json`` and ``.md``) or a ``.json`` path; the JSON is rewritten
 after every configuration. The JSON also carries the byte counts the simulator's cost model needs
@@ -140,6 +143,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="after timing, profile one accumulate per configuration (device-busy fraction, top kernels)",
     )
+    bench_cli.add_text_flags(p, padding_default="mask", padding_help="model.text_padding of both paths")
     p.add_argument("--regression", action="store_true", help="also run the attention-backward regression")
     p.add_argument("--regression-only", action="store_true", help="run only the regression check")
     p.add_argument("--regression-model", default="flux.1-dev", help="zoo entry sliced for the check")
@@ -158,6 +162,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.regression_settings, "--regression-settings", backward_check.SETTINGS, p
     )
     args.regression_heights = int_list(args.regression_heights, "--regression-heights", p)
+    bench_cli.check_text(args, p)
     blocks = int_list(args.regression_blocks, "--regression-blocks", p)
     if len(blocks) != 2:
         p.error("--regression-blocks takes two integers: dual-stream,single-stream")
@@ -207,6 +212,7 @@ def make_config(args: argparse.Namespace, mode: str, dtype: str, scale: float | 
         "algo.kl_beta": args.kl_beta if mode == "lora" else 0.0,
         "sampler.num_steps": args.num_steps,
         "sampler.guidance_scale": scale,
+        "model.text_padding": args.text_padding,
     }
     return apply_overrides(Config(), overrides)
 
@@ -222,7 +228,8 @@ def synthetic_batch(
 ) -> TrajectoryBatch:
     """On-policy trajectories: every trained transition is drawn by the sampler from the model itself."""
     b, k = args.samples, min(args.train_steps, sampler.num_steps)
-    cond = TextCondition.random(flow_model.spec.text_encoder, b, device=device)
+    real = args.text_tokens[0] if args.text_tokens else None
+    cond = TextCondition.random(flow_model.spec.text_encoder, b, device=device, real_tokens=real)
     x = torch.randn(b, *latent_shape, device=device)
     lat, nxt, logp, sig, nsig = [], [], [], [], []
     for i in range(k):
@@ -286,6 +293,8 @@ class Bench:
             "environment": roofline.environment(),
             "argv": sys.argv[1:] if args.out else [],
             "cfg_split_min_batch": args.cfg_split_min_batch,
+            "real_text_tokens": list(args.text_tokens) if args.text_tokens else None,
+            "text_padding": args.text_padding,
             "paths": {},
             "costs": {},
             "results": [],
@@ -326,7 +335,8 @@ class Bench:
         frames = args.frames if spec.is_video else None
         latent_shape = flow_model.latent_shape(height, width, frames)
         tokens = flow_model.token_count(height, width, frames)
-        uncond = TextCondition.random(flow_model.spec.text_encoder, 1, device=device)
+        real = args.text_tokens[1] if args.text_tokens else None
+        uncond = TextCondition.random(flow_model.spec.text_encoder, 1, device=device, real_tokens=real)
         samplers = [
             Sampler.from_config(make_config(args, mode, self.dtype_name, s), spec, tokens) for s in scales
         ]
@@ -367,6 +377,7 @@ class Bench:
                 needs_backward=True,
                 compile_settings=settings,
                 autocast=args.autocast,
+                text_padding=args.text_padding,
             )
             self.report["paths"]["optimized"] = applied.to_dict()
         trainable = trainer.backend.trainable_parameters()
@@ -609,6 +620,12 @@ def cfg_grad_table(results: list[dict]) -> list[str]:
 def format_markdown(report: dict) -> str:
     title = f"trainer: {report['model']}" if report["results"] else "attention-backward regression"
     lines = [f"### {title}, {report['device_name']}, {report['dtype']}", ""]
+    if report.get("real_text_tokens"):
+        cond, uncond = report["real_text_tokens"]
+        lines.append(
+            f"text: {cond} real tokens a prompt, {uncond} for the empty one, "
+            f"text padding {report.get('text_padding', 'mask')}"
+        )
     ceiling = report.get("ceiling")
     if ceiling:
         lines.append(f"matmul ceiling ({ceiling['n']}³ {ceiling['dtype']}): {ceiling['tflops']:.1f} TFLOP/s")
