@@ -52,8 +52,12 @@ def count_flops(fn: Callable[[], object], *, no_grad: bool = False) -> int:
 
 
 @cache
-def model_flops(model: str, height: int, width: int, frames: int | None = None) -> dict[str, int]:
-    """FLOPs of one transformer forward and one VAE decode of one sample of ``model`` at that size (meta)."""
+def model_flops(
+    model: str, height: int, width: int, frames: int | None = None, text_tokens: int | None = None
+) -> dict[str, int]:
+    """FLOPs of one transformer forward and one VAE decode of one sample of ``model`` at that size (meta).
+    ``text_tokens``: a forward of that many real text tokens with the padding cut and no mask (a masked
+    encoder's row under ``model.text_padding=split``); default the encoder's full length."""
     import torch
 
     from digenrl.data.text_condition import TextCondition
@@ -66,10 +70,13 @@ def model_flops(model: str, height: int, width: int, frames: int | None = None) 
     flow = build_flow_model(spec, device=meta, dtype=dtype)
     latent_shape = flow.latent_shape(height, width, frames)
     te = spec.text_encoder
+    length = te.seq_len if text_tokens is None else text_tokens
     cond = TextCondition(
-        torch.empty(1, te.seq_len, te.embed_dim, device=meta, dtype=dtype),
+        torch.empty(1, length, te.embed_dim, device=meta, dtype=dtype),
         pooled=None if te.pooled_dim is None else torch.empty(1, te.pooled_dim, device=meta, dtype=dtype),
-        mask=torch.ones(1, te.seq_len, device=meta, dtype=torch.bool) if te.uses_mask else None,
+        mask=torch.ones(1, length, device=meta, dtype=torch.bool)
+        if te.uses_mask and text_tokens is None
+        else None,
     )
     x = torch.empty(1, *latent_shape, device=meta, dtype=dtype)
     forward = count_flops(lambda: flow(x, 0.5, cond), no_grad=True)
@@ -80,6 +87,26 @@ def model_flops(model: str, height: int, width: int, frames: int | None = None) 
     if forward <= 0:
         raise RuntimeError(f"no FLOPs counted for a forward of {model}")
     return {"forward": forward, "vae_decode": decode}
+
+
+@cache
+def text_forward_flops(model: str, height: int, width: int, frames: int | None = None) -> tuple[float, ...]:
+    """``(a, b, c)`` with a forward of ``L`` real text tokens (padding cut) costing ``a + b·L + c·L²`` FLOPs:
+    the linears and norms of the text stream are linear in ``L``, joint attention over image + text tokens
+    quadratic, so three counted forwards (1, half and all of the encoder's length) give the curve exactly.
+    A batch's mean forward then needs only the mean of ``L`` and of ``L²`` over its rows."""
+    from digenrl.models.specs import get_model_spec
+
+    n = get_model_spec(model).text_encoder.seq_len
+    points = [1, max(2, n // 2), n]
+    if len(set(points)) < 3:
+        raise ValueError(f"{model}: a text length of {n} tokens gives no quadratic fit")
+    ys = [float(model_flops(model, height, width, frames, text_tokens=x)["forward"]) for x in points]
+    (x0, x1, x2), (y0, y1, y2) = points, ys
+    # Newton's divided differences: y = y0 + d1 (x - x0) + d2 (x - x0)(x - x1)
+    d1 = (y1 - y0) / (x1 - x0)
+    d2 = ((y2 - y1) / (x2 - x1) - d1) / (x2 - x0)
+    return (y0 - d1 * x0 + d2 * x0 * x1, d1 - d2 * (x0 + x1), d2)
 
 
 def iteration_flops(
@@ -93,15 +120,20 @@ def iteration_flops(
     trainer_mode: str,
 ) -> dict[str, float]:
     """Model FLOPs of one iteration by phase (module docstring) and their ``total``; ``trainer_mode``:
-    ``lora`` or ``full`` (what a backward computes)."""
+    ``lora`` or ``full`` (what a backward computes). ``counts["forward_uncond"]``, where given, is the
+    unconditional pass's forward (the empty prompt's text with the padding cut), else ``forward``."""
     if trainer_mode not in ("lora", "full"):
         raise ValueError(f"trainer_mode must be 'lora' or 'full', got {trainer_mode!r}")
     forward = counts["forward"]
-    rollout = samples * num_steps * forward * (2 if true_cfg else 1)
-    backward = 2 * forward if trainer_mode == "full" else forward
-    unit = forward + backward
+    uncond = counts.get("forward_uncond", forward)
+
+    def backward(f: float) -> float:
+        return 2 * f if trainer_mode == "full" else f
+
+    rollout = samples * num_steps * (forward + (uncond if true_cfg else 0))
+    unit = forward + backward(forward)
     if true_cfg:
-        unit += forward + backward if cfg_grad == "both" else forward
+        unit += uncond + backward(uncond) if cfg_grad == "both" else uncond
     out = {
         "rollout": float(rollout),
         "score": float(samples * counts["vae_decode"]),

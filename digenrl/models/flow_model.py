@@ -125,6 +125,11 @@ class FlowModel(nn.Module):
             if hasattr(module, "cast_input_dtype_enabled"):  # a peft tuner layer
                 module.cast_input_dtype_enabled = not enabled
 
+    @property
+    def cuts_text_padding(self) -> bool:
+        """Whether the family's forward can cut a masked encoder's padding (ModelFamily.cuts_text_padding)."""
+        return self._cuts_text_padding
+
     def set_text_padding(self, mode: str) -> None:
         """``model.text_padding``: ``split`` runs each forward as groups of rows of one real text length with
         the padding cut and no mask, for families where that is exact (``ModelFamily.cuts_text_padding``;

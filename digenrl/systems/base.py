@@ -218,6 +218,27 @@ class System:
 
         return model_flops(self.cfg.model.name, *resolve_resolution(self.cfg, self.parts.bundle))
 
+    def text_counts(self, report: IterationReport) -> dict[str, float] | None:
+        """Under ``model.text_padding=split`` (a family whose forward cuts the padding), the forwards of the
+        iteration's real text: the trained units' mean, from their mean real tokens and mean square
+        (:func:`~digenrl.costs.flops.text_forward_flops`), and the empty prompt's for the CFG pass. None
+        when the forward runs the padded text (the default count is then exact) or the lengths are unknown."""
+        from digenrl.costs.flops import text_forward_flops
+        from digenrl.systems.components import resolve_resolution
+
+        flow = self.parts.bundle.flow_model
+        mean, square = report.train.get("text_tokens_mean"), report.train.get("text_tokens_sq_mean")
+        if flow.text_padding != "split" or not flow.cuts_text_padding or mean is None or square is None:
+            return None
+        a, b, c = text_forward_flops(self.cfg.model.name, *resolve_resolution(self.cfg, self.parts.bundle))
+        forward = a + b * mean + c * square
+        trainer = self.parts.trainer
+        uncond = None if trainer is None or trainer.uncond is None else trainer.uncond.with_lengths().lengths
+        return {
+            "forward": forward,
+            "forward_uncond": a + b * uncond[0] + c * uncond[0] ** 2 if uncond else forward,
+        }
+
     def loop_bound(self, report: IterationReport, wall_s: float) -> dict:
         """The iteration's model FLOPs by phase, the matmul ceiling and the loop's fraction of it
         (digenrl/costs/flops.py); without a measured ceiling, the reason instead of a fraction."""
@@ -225,6 +246,9 @@ class System:
 
         cfg, ctx, parts = self.cfg, self.ctx, self.parts
         counts = self.model_counts()
+        text = self.text_counts(report)
+        if text is not None:
+            counts = {**counts, "forward": text["forward"], "forward_uncond": text["forward_uncond"]}
         flops = iteration_flops(
             counts,
             samples=report.samples,
@@ -236,6 +260,8 @@ class System:
         )
         ceiling, source = loop_ceiling(self.profile, ctx.device.type, self.device)
         out: dict = {"flops": flops}
+        if text is not None:  # the count followed the real text (text_tokens_mean), not the padded length
+            out["flops_text"] = "real tokens (model.text_padding=split)"
         if ceiling is None:
             return out | {"bound_note": source}
         # the GPUs the loop occupies: one per rank, or the shared ones (runtime.share_device)

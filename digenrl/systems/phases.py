@@ -100,6 +100,11 @@ class TrainStats:
     kl_sum: float = 0.0
     ratio_min: float = float("inf")
     ratio_max: float = float("-inf")
+    # units whose real text lengths are known, and the sums of those lengths and their squares (the FLOP
+    # count of forwards with the text padding cut, digenrl/costs/flops.py text_forward_flops)
+    text_units: float = 0.0
+    text_sum: float = 0.0
+    text_sq_sum: float = 0.0
     extra: dict[str, float] = field(default_factory=dict)
 
     def add(self, stats: dict[str, float]) -> None:
@@ -108,13 +113,20 @@ class TrainStats:
         self.ratio_sum += stats["ratio_sum"]
         self.clipped += stats["clipped_count"]
         self.kl_sum += stats.get("kl_sum", 0.0)
+        self.text_units += stats.get("text_units", 0.0)
+        self.text_sum += stats.get("text_tokens_sum", 0.0)
+        self.text_sq_sum += stats.get("text_tokens_sq_sum", 0.0)
         if stats["units"]:
             self.ratio_min = min(self.ratio_min, stats["ratio_min"])
             self.ratio_max = max(self.ratio_max, stats["ratio_max"])
 
     def reduce(self, group: dist.ProcessGroup | None = None) -> dict[str, float]:
         sums = torch.tensor(
-            [self.units, self.loss_sum, self.ratio_sum, self.clipped, self.kl_sum], dtype=torch.float64
+            [
+                *(self.units, self.loss_sum, self.ratio_sum, self.clipped, self.kl_sum),
+                *(self.text_units, self.text_sum, self.text_sq_sum),
+            ],
+            dtype=torch.float64,
         )
         extremes = torch.tensor([-self.ratio_min, self.ratio_max], dtype=torch.float64)
         if dist.is_available() and dist.is_initialized():
@@ -131,7 +143,13 @@ class TrainStats:
             "ratio_max": extremes[1].item(),
             "clip_frac": sums[3].item() / units,
             "kl": sums[4].item() / units,
-        }
+        } | (
+            # every trained unit's text length known: the mean real text tokens a forward computes, and of its
+            # square (with the padding cut, a forward's FLOPs are quadratic in them: digenrl/costs/flops.py)
+            {"text_tokens_mean": sums[6].item() / units, "text_tokens_sq_mean": sums[7].item() / units}
+            if sums[0].item() > 0 and sums[5].item() == sums[0].item()
+            else {}
+        )
 
 
 @dataclass

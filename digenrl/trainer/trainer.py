@@ -345,7 +345,9 @@ class PolicyTrainer:
         rank calls it once per fragment, possibly with a different number of units; ranks with fewer
         micro-batches run zero-weight copies of a unit so that all ranks run the same number.
         Returns sums for the caller to reduce: loss_sum, ratio_sum, ratio_min, ratio_max, clipped_count,
-        kl_sum, units.
+        kl_sum, units; and, over the units whose text lengths are known (a masked encoder's prompts), their
+        count and the sums of their real text tokens and of its square (text_units, text_tokens_sum,
+        text_tokens_sq_sum: what a forward with the padding cut computes, digenrl/costs/flops.py).
         """
         if not (unit_weight > 0 and math.isfinite(unit_weight)):
             raise ValueError(f"unit_weight must be a positive finite number, got {unit_weight!r}")
@@ -396,7 +398,11 @@ class PolicyTrainer:
             ).to(acc)
             extremes = torch.maximum(extremes, torch.stack([-ratio.min(), ratio.max()]).to(extremes))
         loss_sum, ratio_sum, clipped, kl_sum, units, neg_min, ratio_max = torch.cat([acc, extremes]).tolist()
+        lengths = [cond.lengths[b] for part in plan for b, _ in part] if cond.lengths is not None else []
         return {
+            "text_units": float(len(lengths)),
+            "text_tokens_sum": float(sum(lengths)),
+            "text_tokens_sq_sum": float(sum(n * n for n in lengths)),
             "loss_sum": loss_sum,
             "ratio_sum": ratio_sum,
             "ratio_min": -neg_min,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from digenrl.costs.flops import count_flops, iteration_flops, loop_ceiling, model_flops
+from digenrl.costs.flops import count_flops, iteration_flops, loop_ceiling, model_flops, text_forward_flops
 from digenrl.perf import roofline
 from digenrl.runtime.hardware.profiles import load_profile
 from digenrl.runtime.observe.events import EventLogger
@@ -112,3 +112,63 @@ def test_per_phase_fractions_and_the_closing_summary_line(tmp_path):
     assert "the loop ran at 50% of its bound (per phase: rollout 50%, train 50%, optimizer 0%)" in summary
     cpu = {**record, "ceiling_tflops": None, "bound_note": "no ceiling on a cpu device"}
     assert "no fraction of the bound: no ceiling on a cpu device" in closing_summary([cpu], tmp_path)
+
+
+def test_a_forward_of_real_text_tokens_is_quadratic_in_them_exactly():
+    """With the padding cut, the text stream's linears grow linearly and joint attention quadratically in
+    the real tokens L: three counted forwards give every other length exactly."""
+    a, b, c = text_forward_flops("tiny-qwen-image", 32, 32)
+    for length in (2, 5, 11, 13):
+        counted = model_flops("tiny-qwen-image", 32, 32, text_tokens=length)["forward"]
+        assert a + b * length + c * length**2 == pytest.approx(counted, rel=1e-12)
+    # the padded, masked forward (the default count) computes all 16 tokens
+    assert (
+        model_flops("tiny-qwen-image", 32, 32)["forward"]
+        == model_flops("tiny-qwen-image", 32, 32, text_tokens=16)["forward"]
+    )
+
+
+@pytest.mark.parametrize(("cfg_grad", "uncond_units"), [("cond", 1), ("both", 2)])
+def test_the_unconditional_pass_is_counted_with_its_own_forward(cfg_grad, uncond_units):
+    counts = {"forward": 10, "forward_uncond": 4, "vae_decode": 7}
+    flops = iteration_flops(
+        counts, samples=8, train_units=40, num_steps=6, true_cfg=True, cfg_grad=cfg_grad, trainer_mode="lora"
+    )
+    assert flops["rollout"] == 8 * 6 * (10 + 4)
+    assert flops["train"] == 40 * (2 * 10 + uncond_units * 4)
+
+
+def test_a_run_with_the_text_padding_cut_counts_the_real_tokens(tmp_path):
+    """Qwen-Image's loop under model.text_padding=split: the iteration's FLOPs follow the trained units'
+    real text (text_tokens_mean / _sq_mean in the metrics) and the empty prompt's, not the padded length;
+    under mask every forward counts the padded length (issue 37 round 4: 0.65 of the bound read for a
+    forward that computed a third fewer tokens)."""
+    from digenrl.runtime.observe.metrics import read_metrics
+    from tests.systems.launcher import run_train
+
+    records = {}
+    for mode in ("split", "mask"):
+        out = tmp_path / mode
+        run_train(
+            [
+                "system=colocated-sync",
+                "profile=cpu-1",
+                "model=tiny-qwen-image",
+                "sampler.guidance_scale=4.5",
+                "iterations=1",
+                f"model.text_padding={mode}",
+                f"out_dir={out}",
+            ]
+        )
+        (records[mode],) = read_metrics(out)
+    split, mask = records["split"], records["mask"]
+    full = model_flops("tiny-qwen-image", 32, 32)["forward"]
+    steps, samples, units = 8, split["samples"], split["train_units"]  # tiny.yaml: 8 sampler steps
+    assert mask["flops"]["rollout"] == samples * steps * 2 * full and "flops_text" not in mask
+    assert split["flops_text"] == "real tokens (model.text_padding=split)"
+    a, b, c = text_forward_flops("tiny-qwen-image", 32, 32)
+    forward = a + b * split["text_tokens_mean"] + c * split["text_tokens_sq_mean"]
+    assert 0 < split["text_tokens_mean"] < 16 and forward < full
+    uncond = split["flops"]["rollout"] / (samples * steps) - forward
+    assert 0 < uncond < full
+    assert split["flops"]["train"] == pytest.approx(units * (2 * forward + uncond), rel=1e-9)
