@@ -225,11 +225,13 @@ def synthetic_batch(
     args: argparse.Namespace,
     uncond: TextCondition | None,
     device: torch.device,
+    *,
+    real_tokens: int | None = None,
 ) -> TrajectoryBatch:
-    """On-policy trajectories: every trained transition is drawn by the sampler from the model itself."""
+    """On-policy trajectories: every trained transition is drawn by the sampler from the model itself;
+    ``real_tokens``: of a masked text encoder, that many real tokens a prompt (default all)."""
     b, k = args.samples, min(args.train_steps, sampler.num_steps)
-    real = args.text_tokens[0] if args.text_tokens else None
-    cond = TextCondition.random(flow_model.spec.text_encoder, b, device=device, real_tokens=real)
+    cond = TextCondition.random(flow_model.spec.text_encoder, b, device=device, real_tokens=real_tokens)
     x = torch.randn(b, *latent_shape, device=device)
     lat, nxt, logp, sig, nsig = [], [], [], [], []
     for i in range(k):
@@ -285,6 +287,7 @@ class Bench:
         self.t_start = time.perf_counter()
         self.cudnn_sdp_default = torch.backends.cuda.cudnn_sdp_enabled()
         self.flops: dict[tuple[str, bool], int] = {}
+        self.real_tokens = args.text_tokens or (None, None)  # (prompt, empty prompt) of --text-tokens
         self.report: dict = {
             "model": args.model,
             "device": str(self.device),
@@ -335,8 +338,9 @@ class Bench:
         frames = args.frames if spec.is_video else None
         latent_shape = flow_model.latent_shape(height, width, frames)
         tokens = flow_model.token_count(height, width, frames)
-        real = args.text_tokens[1] if args.text_tokens else None
-        uncond = TextCondition.random(flow_model.spec.text_encoder, 1, device=device, real_tokens=real)
+        uncond = TextCondition.random(
+            flow_model.spec.text_encoder, 1, device=device, real_tokens=self.real_tokens[1]
+        )
         samplers = [
             Sampler.from_config(make_config(args, mode, self.dtype_name, s), spec, tokens) for s in scales
         ]
@@ -353,7 +357,15 @@ class Bench:
         batches = {}
         for sampler in samplers:
             trainer.sampler, trainer.uncond = sampler, (uncond if sampler.true_cfg else None)
-            batch = synthetic_batch(flow_model, sampler, latent_shape, args, trainer.uncond, device)
+            batch = synthetic_batch(
+                flow_model,
+                sampler,
+                latent_shape,
+                args,
+                trainer.uncond,
+                device,
+                real_tokens=self.real_tokens[0],
+            )
             batches[sampler.true_cfg] = (sampler, batch)
             # FLOPs per logical batch depend on the micro-batch size only through the CFG pass layout
             for grad, variant in training_variants(sampler, args):
@@ -429,7 +441,9 @@ class Bench:
     def time_config(self, trainer, flow_model, sampler, latent_shape, uncond, mbs: int) -> dict:
         args, device = self.args, self.device
         trainer.cfg.trainer.micro_batch_size = mbs
-        batch = synthetic_batch(flow_model, sampler, latent_shape, args, trainer.uncond, device)
+        batch = synthetic_batch(
+            flow_model, sampler, latent_shape, args, trainer.uncond, device, real_tokens=self.real_tokens[0]
+        )
         roofline.reset_peak_memory(device)
         acc_ms, step_ms, on_policy, first_s = [], [], None, None
         # pass 0 is never timed: it is the on-policy pass, and with --compile it includes compilation
