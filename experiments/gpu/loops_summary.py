@@ -70,7 +70,8 @@ def summarise_run(run: Path, *, hardware: str = "", command: str = "", date: str
     cfg = yaml.safe_load((run / "config.yaml").read_text())
     rows = read_metrics(run)
     # the iterations after the first (it compiles), but not one run under the kernel profiler (slower)
-    later = [r for r in rows[1:] if not r.get("profiled")] or rows
+    steady = [r for r in rows[1:] if not r.get("profiled")]
+    later = steady or rows
     source = json.loads((run / "loop.json").read_text()) if (run / "loop.json").exists() else {}
     algo = cfg.get("algo", {})
     by_phase: dict[str, float | None] = {}
@@ -83,6 +84,9 @@ def summarise_run(run: Path, *, hardware: str = "", command: str = "", date: str
         "prompts": f"{algo.get('prompts_per_iteration')} x {algo.get('group_size')}",
         "samples": rows[-1].get("samples") if rows else None,
         "iterations": len(rows),
+        # the iterations the medians are over (0: only the compiling one ran, or none finished)
+        "steady_iterations": len(steady),
+        "status": "ok" if rows else "no iteration finished (the call's log says why)",
         "samples_per_s": _median([r.get("samples_per_s") for r in later]),
         "rollout_s": _median([r.get("rollout_s") for r in later]),
         "train_s": _median([r.get("train_s") for r in later]),
@@ -137,7 +141,7 @@ def _calls(rows: list[dict]) -> str:
 def table(rows: list[dict]) -> str:
     lines = [
         "| run | model | config | prompts | path | samples/s | rollout s | train s | fraction of bound "
-        "(rollout / train) | score s | ratio (min) | peak GiB | iterations |",
+        "(rollout / train) | score s | ratio (min) | peak GiB | iterations (steady) |",
         "|---" * 13 + "|",
     ]
     for r in rows:
@@ -145,7 +149,10 @@ def table(rows: list[dict]) -> str:
         cells = [r["run"], r["model"], r["config"], r["prompts"], r["path"], r["samples_per_s"]]
         cells += [r["rollout_s"], r["train_s"], f"{r['fraction_of_bound']} ({ph['rollout']} / {ph['train']})"]
         cells += [r["score_s"]]
-        cells += [f"{r['ratio_mean']} ({r['ratio_min']})", r["peak_mem_gib"], r["iterations"]]
+        cells += [f"{r['ratio_mean']} ({r['ratio_min']})", r["peak_mem_gib"]]
+        cells += [f"{r['iterations']} ({r.get('steady_iterations', '?')})"]
+        if r.get("status", "ok") != "ok":
+            cells = [*cells[:5], r["status"], *[""] * 6, r["iterations"]]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -78,6 +78,21 @@ def test_a_run_keeps_the_command_of_its_own_call_in_a_later_calls_summary(tmp_pa
     assert ": qwen-mb8-ckpt\n" in md and own["command"] in md
 
 
+def test_a_run_that_finished_no_iteration_says_so_and_rows_count_their_steady_iterations(tmp_path):
+    # round 4's FLUX.1-dev run ran out of memory in iteration 0; the Qwen row's median is one iteration
+    runs = tmp_path / "runs"
+    for name in ("flux", "qwen-mb8-ckpt"):
+        shutil.copytree(LOOPS / "h100-round4" / "runs" / name, runs / name)
+    assert loops_summary.main([str(runs), "--out", str(tmp_path / "out")]) == 0
+    rows = {r["run"]: r for r in json.loads((tmp_path / "out" / "summary.json").read_text())}
+    assert (
+        rows["flux"]["status"].startswith("no iteration finished") and rows["flux"]["samples_per_s"] is None
+    )
+    assert (rows["qwen-mb8-ckpt"]["status"], rows["qwen-mb8-ckpt"]["steady_iterations"]) == ("ok", 1)
+    md = (tmp_path / "out" / "summary.md").read_text()
+    assert "| no iteration finished (the call's log says why) |" in md and "| 3 (1) |" in md
+
+
 @pytest.mark.parametrize(
     ("cfg", "path"),
     [
