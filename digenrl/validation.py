@@ -1074,22 +1074,20 @@ def check_device_memory(cfg: Config) -> str | None:
     if not cfg.runtime.memory_check or cfg.runtime.costs_dir is None:
         return None
     from digenrl.costs.cost_model import CostModel, cost_path
-    from digenrl.costs.device_costs import DeviceCosts
-    from digenrl.plan import RunPlan
     from digenrl.plan.workload import Workload
-    from digenrl.planning.memory import USABLE_FRACTION, check_plan
+    from digenrl.planning.memory import USABLE_FRACTION, check_config
 
     profile = hardware_profile(cfg)
-    workload = Workload.from_config(cfg)
+    true_cfg = Workload.from_config(cfg).cfg
     costs = {}
     for device in sorted(profile.gpu_types):
         path = cost_path(device, cfg.model.name, Path(cfg.runtime.costs_dir))
         if not path.is_file():
             return f"memory not checked: runtime.costs_dir holds no cost file {path.name} for this device"
         costs[device] = CostModel.load(path)
-        if not costs[device].has_memory(workload.cfg):
+        if not costs[device].has_memory(true_cfg):
             return f"memory not checked: {path} has no measured peaks"
-    ranks = check_plan(profile, DeviceCosts(profile, costs), workload, RunPlan.from_config(cfg, profile))
+    ranks = check_config(cfg, profile, costs)
     over = [r for r in ranks if r.peak > r.capacity]
     if not over:
         return None

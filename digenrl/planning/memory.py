@@ -29,6 +29,7 @@ says so instead of passing silently.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from digenrl.costs.cost_model import CFG_KEYS, CostModel
 from digenrl.costs.device_costs import DeviceCosts
@@ -36,6 +37,9 @@ from digenrl.plan import RunPlan
 from digenrl.plan.workload import Workload
 from digenrl.rules.schedule import shard_group
 from digenrl.runtime.hardware.profiles import HardwareProfile
+
+if TYPE_CHECKING:
+    from digenrl.config import Config
 
 GIB = 2**30
 #: Fraction of a device's memory a run may allocate (max_memory_allocated); the caching allocator's
@@ -269,6 +273,15 @@ def check_plan(
     )
     loads = _loads(plan, w, profile, choice)
     return [rank_memory(profile, r, costs.for_rank(r), load, w.cfg) for r, load in sorted(loads.items())]
+
+
+def check_config(cfg: Config, profile: HardwareProfile, costs: dict[str, CostModel]) -> list[RankMemory]:
+    """:func:`check_plan` of a run's config on ``profile`` with its device types' cost models: the estimate a
+    run's startup check (digenrl/validation.py) and the report against measured peaks
+    (digenrl/reports/memory_check.py) both price."""
+    return check_plan(
+        profile, DeviceCosts(profile, costs), Workload.from_config(cfg), RunPlan.from_config(cfg, profile)
+    )
 
 
 def _all_fit(profile: HardwareProfile, costs: DeviceCosts, loads: dict[int, RankLoad], cfg: bool) -> bool:

@@ -4,7 +4,7 @@ may only claim a colocated rank is memory-bound where this estimate holds).
 For each run folder: its ``config.yaml`` (the run's model, knobs and batch), its hardware profile (or
 ``--profile`` where the run recorded ``auto``), the cost file of its device type and model, and the
 largest ``peak_mem_gib`` of its ``metrics.jsonl`` (``torch.cuda.max_memory_allocated`` per iteration);
-the estimate is :func:`digenrl.planning.memory.check_plan`'s peak of the run's first rank with its parts.
+the estimate is :func:`digenrl.planning.memory.check_config`'s peak of the run's first rank with its parts.
 """
 
 from __future__ import annotations
@@ -15,10 +15,7 @@ from typing import Any
 
 from digenrl.config import load_config
 from digenrl.costs.cost_model import CostModel, cost_path
-from digenrl.costs.device_costs import DeviceCosts
-from digenrl.plan import RunPlan
-from digenrl.plan.workload import Workload
-from digenrl.planning.memory import check_plan
+from digenrl.planning.memory import check_config
 from digenrl.runtime.hardware.profiles import AUTO
 from digenrl.trainer.run_dir import PROFILE_FILE, run_profile
 
@@ -49,8 +46,7 @@ def memory_row(run: Path, costs_dir: Path, profile: str | None = None) -> dict[s
     prof = run_profile(run, cfg.profile)
     device = prof.device_type(0).name
     costs = CostModel.load(cost_path(device, cfg.model.name, costs_dir))
-    plan = RunPlan.from_config(cfg, prof)
-    ranks = check_plan(prof, DeviceCosts(prof, {device: costs}), Workload.from_config(cfg), plan)
+    ranks = check_config(cfg, prof, {device: costs})
     estimate, peak = ranks[0].peak / GIB, measured_peak_gib(run)
     return {
         "run": run.name,

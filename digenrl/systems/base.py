@@ -248,7 +248,7 @@ class System:
         counts = self.model_counts()
         text = self.text_counts(report)
         if text is not None:
-            counts = {**counts, "forward": text["forward"], "forward_uncond": text["forward_uncond"]}
+            counts = {**counts, **text}
         flops = iteration_flops(
             counts,
             samples=report.samples,
