@@ -159,3 +159,59 @@ def test_an_iteration_the_run_never_reaches_is_refused_at_startup():
     validate_config(load_config(None, ["iterations=3", "runtime.profile_iteration=2"]))
     with pytest.raises(ConfigError, match=r"runtime.profile_iteration=3 is never reached.*iterations=3"):
         validate_config(load_config(None, ["iterations=3", "runtime.profile_iteration=3"]))
+
+
+def test_idle_gaps_are_named_by_the_host_work_that_caused_them():
+    # train: a kernel, then an .item() (the host blocks in cudaStreamSynchronize until the kernel ends at
+    # 1200 µs, then spends 800 µs before its next launch); the autograd thread busy in a backward function
+    # while the device idles 100 µs; a 10 µs launch gap. score: the host's work at its start before its
+    # first kernel is score's idle, not train's (the gap is clipped to score's range)
+    trace = {
+        "traceEvents": [
+            _t(_x("user_annotation", "digenrl/train", 0, 4000), 1),
+            _t(_x("user_annotation", "digenrl/score", 5000, 1000), 1),
+            _t(_x("cuda_runtime", "cudaLaunchKernel", 100, 5), 1, correlation=1),
+            _t(_x("kernel", "gemm_a", 200, 1000), 7, correlation=1),
+            _t(_x("cpu_op", "aten::item", 290, 920), 1),
+            _t(_x("cpu_op", "aten::_local_scalar_dense", 295, 910), 1),
+            _t(_x("cuda_runtime", "cudaStreamSynchronize", 300, 905), 1),
+            _t(_x("cpu_op", "aten::mm", 1995, 10), 1),
+            _t(_x("cuda_runtime", "cudaLaunchKernel", 2000, 5), 1, correlation=2),
+            _t(_x("kernel", "gemm_b", 2010, 490), 7, correlation=2),
+            _t(_x("cpu_op", "autograd::engine::evaluate_function: MmBackward0", 2400, 300), 3),
+            _t(_x("cpu_op", "aten::mm", 2580, 20), 3),
+            _t(_x("cuda_runtime", "cudaLaunchKernel", 2590, 5), 3, correlation=3),
+            _t(_x("kernel", "gemm_c", 2600, 400), 7, correlation=3),
+            _t(_x("cuda_runtime", "cudaLaunchKernel", 2700, 5), 1, correlation=4),
+            _t(_x("kernel", "gemm_d", 3010, 100), 7, correlation=4),
+            _t(_x("cuda_runtime", "cudaLaunchKernel", 5500, 5), 1, correlation=5),
+            _t(_x("kernel", "conv_e", 5600, 100), 7, correlation=5),
+        ]
+    }
+    s = summarise_trace(trace, wall_s=0.006)
+    train, score = s["phases"]["train"], s["phases"]["score"]
+    gaps = train["idle_gaps"]
+    assert gaps["count"] == 2 and gaps["seconds"] == pytest.approx(9.1e-4)
+    assert gaps["short_gaps_seconds"] == pytest.approx(1e-5)
+    assert gaps["causes"] == [
+        {
+            "name": "after cudaStreamSynchronize in aten::_local_scalar_dense",
+            "seconds": pytest.approx(8.1e-4),
+            "count": 1,
+        },
+        {
+            "name": "host in autograd::engine::evaluate_function: MmBackward0",
+            "seconds": pytest.approx(1e-4),
+            "count": 1,
+        },
+    ]
+    assert train["host_syncs"]["count"] == 1 and train["host_syncs"]["seconds"] == pytest.approx(9.05e-4)
+    assert train["host_syncs"]["where"][0]["name"] == "cudaStreamSynchronize in aten::_local_scalar_dense"
+    assert score["idle_gaps"]["count"] == 1 and score["idle_gaps"]["seconds"] == pytest.approx(6e-4)
+    assert score["idle_gaps"]["causes"][0]["name"] == "python (between operators)"
+    assert score["host_syncs"]["count"] == 0
+    table = format_summary(s, "t")
+    assert (
+        "| train | 0.001 (2) | 0.000 | after cudaStreamSynchronize in aten::_local_scalar_dense 0.001 (1);"
+        in table
+    )

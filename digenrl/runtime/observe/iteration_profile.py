@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from digenrl.runtime.observe.idle_gaps import analyse_idle, format_idle
 from digenrl.runtime.run_folder.run_files import ensure_dir, open_new, publish, temporary_name, write_atomic
 
 #: the prefix of the profiler ranges the event log opens (digenrl/runtime/observe/events.py,
@@ -114,16 +115,16 @@ def _by_thread(ranges: list[Range]) -> dict[Any, tuple[list[float], list[Range]]
     return index
 
 
-def _innermost_on_thread(t_us: float, index: tuple[list[float], list[Range]]) -> str:
+def _innermost_on_thread(t_us: float, index: tuple[list[float], list[Range]]) -> Range | None:
     """The innermost range of one thread holding ``t_us``: ranges of one thread nest, so it is the latest
     starting one at or before ``t_us`` that has not ended (earlier siblings that ended are stepped over)."""
     starts, ranges = index
     i = bisect.bisect_right(starts, t_us) - 1
     while i >= 0:
         if ranges[i][2] > t_us:
-            return ranges[i][0]
+            return ranges[i]
         i -= 1
-    return OUTSIDE
+    return None
 
 
 def _exclusive_walls(ranges: list[Range]) -> dict[str, float]:
@@ -157,15 +158,27 @@ def summarise_trace(trace: dict[str, Any], *, wall_s: float, top: int = 20) -> d
     # recomputed forward too) belongs to the innermost range open on any thread then
     anywhere = _by_thread([(phase, lo, hi, None) for phase, lo, hi, _ in host_ranges]).get(None)
 
-    def phase_of(e: dict) -> str:
+    def host_range(t_us: float, tid: Any) -> Range | None:
+        """The range open on thread ``tid`` at ``t_us``, else the innermost open on any thread."""
+        found = _innermost_on_thread(t_us, threads[tid]) if tid in threads else None
+        if found is None and anywhere is not None:
+            found = _innermost_on_thread(t_us, anywhere)
+        return found
+
+    def launch_range(e: dict) -> tuple[str, tuple[float, float] | None]:
+        """A device event's phase and the host range that launched it (None without its launch)."""
         launch = launched_at.get(e.get("args", {}).get("correlation"))
         if launch is not None:
-            t_us, tid = launch
-            phase = _innermost_on_thread(t_us, threads[tid]) if tid in threads else OUTSIDE
-            if phase == OUTSIDE and anywhere is not None:
-                phase = _innermost_on_thread(t_us, anywhere)
-            return phase
-        return _phase_of(float(e["ts"]), gpu_ranges or host_ranges)
+            found = host_range(*launch)
+            return (OUTSIDE, None) if found is None else (found[0], (found[1], found[2]))
+        return _phase_of(float(e["ts"]), gpu_ranges or host_ranges), None
+
+    def phase_of(e: dict) -> str:
+        return launch_range(e)[0]
+
+    def host_phase(t_us: float, tid: Any) -> str:
+        found = host_range(t_us, tid)
+        return OUTSIDE if found is None else found[0]
 
     busy: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     by_kernel: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0])
@@ -188,6 +201,9 @@ def summarise_trace(trace: dict[str, Any], *, wall_s: float, top: int = 20) -> d
             "idle_s": None if wall is None else max(wall - busy_s, 0.0),
             "busy_by_kind_s": kinds,
         }
+    idle = analyse_idle(events, device, launch_range, host_phase)
+    for phase, row in phases.items():
+        row.update(idle.get(phase, {}))
     total_busy = sum(sum(k.values()) for k in busy.values())
     kernels = sorted(by_kernel.items(), key=lambda kv: -kv[1][0])[:top]
     return {
@@ -220,6 +236,8 @@ def format_summary(summary: dict[str, Any], title: str) -> str:
         wall = "-" if row["wall_s"] is None else f"{row['wall_s']:.3f}"
         idle = "-" if row["idle_s"] is None else f"{row['idle_s']:.3f}"
         lines.append(f"| {phase} | {wall} | {row['device_busy_s']:.3f} | {idle} | {kinds} |")
+    if any("idle_gaps" in row for row in summary["phases"].values()):
+        lines += format_idle({p: r for p, r in summary["phases"].items() if "idle_gaps" in r})
     if summary["top_kernels"]:
         lines += ["", "| kernel | kind | s | calls |", "|:---|---|---:|---:|"]
         for k in summary["top_kernels"]:
