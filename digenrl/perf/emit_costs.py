@@ -23,9 +23,10 @@ re-measurement):
 * ``path``: ``compiled+autocast`` / ``compiled`` / ``eager`` as the trainer benchmark's path settings say.
 
 The VAE decode and the reward are not in either benchmark: measured here at the generator's batch sizes
-(median of ``--iters`` calls, random VAE weights, reward ``--reward``), or taken from an existing cost file
-of the same model with ``--score-from`` (then nothing runs on a device, so a committed benchmark can be
-re-emitted on any machine).
+(median of ``--iters`` calls, random VAE weights, reward ``--reward``; the decoder compiled with
+``--compile-vae``, as ``model.compile_vae=true`` runs it, ``meta.vae_decode`` says which), or taken from an
+existing cost file of the same model with ``--score-from`` (then nothing runs on a device, so a committed
+benchmark can be re-emitted on any machine).
 """
 
 from __future__ import annotations
@@ -71,12 +72,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--reward", default=Config().reward.name, help="reward registry name to time")
     p.add_argument("--device", default="auto", help="where the VAE decode and reward are timed")
     p.add_argument("--score-from", default=None, help="cost file whose decode/reward points to reuse")
+    p.add_argument(
+        "--compile-vae",
+        action="store_true",
+        help="time the decode with the VAE's decoder compiled (model.compile_vae=true; --warmup >= 1)",
+    )
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--out-dir", default=DEFAULT_OUT_DIR, help="folder of <device>-<model>.json")
     args = p.parse_args(argv)
     if args.iters < 1 or args.warmup < 0:
         p.error("--iters must be >= 1 and --warmup >= 0")
+    if args.compile_vae and args.warmup < 1:
+        p.error("--compile-vae needs --warmup >= 1: the first decode of each batch size compiles")
+    if args.compile_vae and args.score_from:
+        p.error("--compile-vae times the decode here; --score-from reuses another file's points")
     return args
 
 
@@ -158,6 +168,7 @@ def measure_decode_and_reward(
 
     from digenrl.data.dtypes import TORCH_DTYPES
     from digenrl.models import get_model_spec
+    from digenrl.models.optimize import compile_vae_decoder
     from digenrl.models.vae import LatentDecoder
     from digenrl.perf import roofline
     from digenrl.rewards.registry import build_reward
@@ -166,6 +177,8 @@ def measure_decode_and_reward(
     spec = get_model_spec(model)
     torch.manual_seed(0)
     decoder = LatentDecoder.build(spec, device=device, dtype=TORCH_DTYPES[dtype])
+    if args.compile_vae and not compile_vae_decoder(decoder):
+        raise ValueError(f"--compile-vae: {model}'s VAE has no decoder network to compile")
     reward = build_reward(args.reward, device=device)
     prompts = [f"a photo of object number {i}" for i in range(max(batches))]
     decode, score = {}, {}
@@ -206,11 +219,13 @@ def build_cost_model(args: argparse.Namespace, command: str = "") -> CostModel:
             source.reward_param_bytes,
         )
         reward_name = source.meta.get("reward", args.reward)
+        vae_decode = source.meta.get("vae_decode", "eager")
     else:
         decode, score, reward_bytes = measure_decode_and_reward(
             model, batches, generator["latent_shape"], generator["dtype"], args
         )
         reward_name = args.reward
+        vae_decode = "compiled" if args.compile_vae else "eager"
     from digenrl.costs.extrapolation import component_bytes  # counts parameters on the meta device
 
     facts = component_bytes(model)
@@ -257,6 +272,7 @@ def build_cost_model(args: argparse.Namespace, command: str = "") -> CostModel:
             "grad_park_s": counts.get("grad_park_s", counts.get("helper_switch_s")),
             "reward": reward_name,
             "score_from": args.score_from,
+            "vae_decode": vae_decode,
             "height": generator.get("height"),
             "width": generator.get("width"),
             "frames": generator.get("frames"),

@@ -117,12 +117,13 @@ loop() {
     COMMON="$config checkpoint_every=0 eval.every=0" train_step "$name" "$budget" "config.yaml metrics.jsonl events" "$@"
 }
 
-# emit GROUP MODEL COMMITTED_GENERATOR_JSON COMMITTED_TRAINER_JSON: the cost file of MODEL from this call's
+# emit GROUP MODEL COMMITTED_GENERATOR_JSON COMMITTED_TRAINER_JSON CONFIG: the cost file of MODEL from this call's
 # trainer benchmark and its generator benchmark (the committed one if this call's has no timed row), decode and
-# reward timed here. The committed trainer JSON goes first: this call's rows replace its points, and a benchmark
+# reward timed here, the decode compiled where CONFIG (the group's runs' config) sets model.compile_vae: true. The committed trainer JSON goes first: this call's rows replace its points, and a benchmark
 # cut by its step budget (which then lacks the byte counts it writes last) still emits
 emit() {
-    local group=$1 model=$2 generator=$WORK/generator-$2.json committed_trainer=()
+    local group=$1 model=$2 generator=$WORK/generator-$2.json committed_trainer=() vae=()
+    [[ $DRY != 1 ]] && grep -q "^  compile_vae: true" "${5:-/dev/null}" && vae=(--compile-vae)
     [[ $DRY != 1 && $DEVICE == h200 && -f ${4:-} ]] && committed_trainer=(--trainer "$4")
     wanted "costs-$group" || return 0
     if ! grep -q '"ms_per_step"' "$generator" 2>/dev/null && [[ $DEVICE != h200 ]]; then
@@ -138,7 +139,8 @@ emit() {
         generator=$3
     fi
     step "costs-$group" 45 $PY experiments/measure.py emit --generator "$generator" "${committed_trainer[@]}" \
-        --trainer "$WORK/trainer-$model.json" --device-name $DEVICE --reward "$REWARD" --out-dir "$OUT/costs"
+        --trainer "$WORK/trainer-$model.json" --device-name $DEVICE --reward "$REWARD" "${vae[@]}" \
+        --out-dir "$OUT/costs"
 }
 
 # check GROUP MODEL RUN_DIR...: predicted vs measured seconds per phase of the runs (--warmup 1: iteration 0
@@ -186,7 +188,8 @@ wanted train-flux && step train-flux 150 $PY experiments/measure.py trainer --mo
 # 3. the generator step as a run's rollout executes it (attention chosen for training: no cuDNN SDPA for FLUX)
 wanted gen-flux && step gen-flux 90 $PY experiments/measure.py generator --model flux.1-dev --batch-sizes 16,8,4,1 \
     --cfg off --paths optimized --compile --needs-backward --warmup 2 --iters 5 --time-budget-s 75 --out "$WORK"
-emit flux $FLUX_MODEL $G/generator-flux.1-dev.json $G/h200-trainer-call2/trainer-flux.1-dev.json
+emit flux $FLUX_MODEL $G/generator-flux.1-dev.json $G/h200-trainer-call2/trainer-flux.1-dev.json \
+    experiments/configs/flux-dev-lora.yaml
 check flux $FLUX_MODEL "$RUNS/loop-flux"
 
 # ---------------------------------------------------------------- SD3.5-medium (sd35-medium-lora.yaml)
@@ -200,7 +203,8 @@ wanted train-sd35 && step train-sd35 160 $PY experiments/measure.py trainer --mo
 wanted gen-sd35 && step gen-sd35 90 $PY experiments/measure.py generator --model sd3.5-medium \
     --batch-sizes 16,8,4,1 --cfg both --paths optimized --compile --needs-backward --warmup 2 --iters 5 \
     --time-budget-s 75 --out "$WORK"
-emit sd35 $SD35_MODEL $G/generator-sd3.5-medium.json $G/h200-tests-cfg-call4/trainer-sd3.5-medium.json
+emit sd35 $SD35_MODEL $G/generator-sd3.5-medium.json $G/h200-tests-cfg-call4/trainer-sd3.5-medium.json \
+    experiments/configs/sd35-medium-lora.yaml
 check sd35 $SD35_MODEL "$RUNS/loop-sd35"
 
 # ---------------------------------------------------------------- Qwen-Image (no loop: the committed ones)
@@ -216,7 +220,7 @@ wanted train-qwen && step train-qwen 200 $PY experiments/measure.py trainer --mo
 wanted gen-qwen && step gen-qwen 100 $PY experiments/measure.py generator --model qwen-image \
     --batch-sizes 16,8,4,1 --cfg both --paths optimized --compile --needs-backward --warmup 2 --iters 4 \
     --text-tokens $QWEN_TEXT --text-padding split --time-budget-s 85 --out "$WORK"
-emit qwen $QWEN_MODEL "" ""
+emit qwen $QWEN_MODEL "" "" experiments/configs/sd35-medium-lora.yaml  # h200_loops.sh's Qwen rows
 if [[ $DRY == 1 ]]; then
     loop loop-qwen 120 "$TINY model.name=tiny-qwen-image sampler.guidance_scale=4.5" iterations=3
     check qwen $QWEN_MODEL "$RUNS/loop-qwen"

@@ -150,6 +150,37 @@ def test_trainer_json_and_cost_file(bench_outputs, tmp_path):
         emit.generator_points({"results": rows_of(bench_outputs, "eager")}, "optimized")
 
 
+def test_emit_costs_times_the_compiled_decode_when_asked(bench_outputs, tmp_path, monkeypatch, capsys):
+    """--compile-vae: the decode is timed with the decoder compiled (model.compile_vae=true's path), which
+    meta.vae_decode records; dynamo alone (backend eager) here, inductor's compile being a device matter."""
+    import digenrl.models.optimize as optimize
+
+    compiled, real = [], optimize.compile_vae_decoder
+
+    def compile_for_test(decoder, settings=None):
+        compiled.append(decoder)
+        return real(decoder, optimize.CompileSettings(backend="eager"))
+
+    monkeypatch.setattr(optimize, "compile_vae_decoder", compile_for_test)
+    emit = _load("emit_costs")
+    argv = [
+        "--generator", str(bench_outputs / "generator-tiny-sd3.json"),
+        "--trainer", str(bench_outputs / "trainer-tiny-sd3.json"),
+        "--device-name", "cpu-vae", "--device", "cpu", "--iters", "1", "--out-dir", str(tmp_path),
+    ]  # fmt: skip
+    assert emit.main([*argv, "--compile-vae", "--warmup", "1"]) == 0
+    assert len(compiled) == 1 and compiled[0].vae.decoder._compiled_call_impl is not None
+    model = CostModel.load(cost_path("cpu-vae", "tiny-sd3", tmp_path))
+    assert model.meta["vae_decode"] == "compiled" and set(model.vae_decode_points) == {1, 2}
+    for bad, message in [
+        (["--compile-vae", "--warmup", "0"], "needs --warmup >= 1"),
+        (["--compile-vae", "--score-from", str(cost_path("cpu-vae", "tiny-sd3", tmp_path))], "--score-from"),
+    ]:
+        with pytest.raises(SystemExit) as exit_:
+            emit.main([*argv, *bad])
+        assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
 def test_emit_costs_takes_the_train_points_of_one_cfg_grad():
     emit = _load("emit_costs")
 
