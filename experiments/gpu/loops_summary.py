@@ -107,7 +107,9 @@ def summarise_run(run: Path, *, hardware: str = "", command: str = "", date: str
 
 def _profile(run: Path) -> dict | None:
     """Rank 0's kernel profile of the run's profiled iteration (runtime.profile_iteration): per phase wall,
-    device-busy and idle seconds and the busy seconds by kernel kind; None when the run was not profiled."""
+    device-busy and idle seconds, the busy seconds by kernel kind and, for profiles that have them
+    (digenrl/runtime/observe/idle_gaps.py), the idle gaps' largest causes and the host syncs; None when the
+    run was not profiled."""
     path = run / "profile" / "rank0.json"
     if not path.exists():
         return None
@@ -122,6 +124,14 @@ def _profile(run: Path) -> dict | None:
                 "idle_s": row["idle_s"],
                 "busy_by_kind_s": {k: round(v, 4) for k, v in row["busy_by_kind_s"].items()},
             }
+            | (
+                {
+                    "idle_causes_s": {c["name"]: round(c["seconds"], 4) for c in row["idle_gaps"]["causes"]},
+                    "host_syncs": row["host_syncs"]["count"],
+                }
+                if "idle_gaps" in row
+                else {}
+            )
             for phase, row in summary["phases"].items()
         },
     }

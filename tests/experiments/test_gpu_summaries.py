@@ -120,3 +120,35 @@ def test_the_path_names_what_separates_two_rows_of_one_call(cfg, path):
     """The rows of issue 37's pairs (sd35 / sd35-vae, sd35-overlap / -nostream, qwen / qwen-mask) must
     differ in their path, or the table cannot tell them apart."""
     assert loops_summary.code_path(cfg) == path
+
+
+def test_a_profile_with_idle_gaps_carries_their_causes_into_the_summary(tmp_path):
+    # profiles written since the idle-gap table (digenrl/runtime/observe/idle_gaps.py) name the idle's causes
+    run = tmp_path / "runs" / "flux"
+    shutil.copytree(LOOPS / "runs" / "flux", run)
+    profile = json.loads((run / "profile" / "rank0.json").read_text())
+    profile["phases"]["train"] |= {
+        "idle_gaps": {
+            "count": 3,
+            "seconds": 0.5,
+            "min_gap_us": 20.0,
+            "short_gaps_seconds": 0.01,
+            "causes": [
+                {
+                    "name": "after cudaStreamSynchronize in aten::_local_scalar_dense",
+                    "seconds": 0.4,
+                    "count": 2,
+                },
+                {"name": "python (between operators)", "seconds": 0.1, "count": 1},
+            ],
+        },
+        "host_syncs": {"count": 2, "seconds": 0.3, "where": []},
+    }
+    (run / "profile" / "rank0.json").write_text(json.dumps(profile))
+    phases = loops_summary.summarise_run(run)["profile"]["phases"]
+    assert phases["train"]["idle_causes_s"] == {
+        "after cudaStreamSynchronize in aten::_local_scalar_dense": 0.4,
+        "python (between operators)": 0.1,
+    }
+    assert phases["train"]["host_syncs"] == 2
+    assert "idle_causes_s" not in phases["generate"]  # a profile from before the table: no such keys
