@@ -210,6 +210,11 @@ def test_idle_gaps_are_named_by_the_host_work_that_caused_them():
     assert score["idle_gaps"]["count"] == 1 and score["idle_gaps"]["seconds"] == pytest.approx(6e-4)
     assert score["idle_gaps"]["causes"][0]["name"] == "python (between operators)"
     assert score["host_syncs"]["count"] == 0
+    # a sync made between phases keeps a row of its own (no wall time: no range holds it)
+    between = _t(_x("cuda_runtime", "cudaDeviceSynchronize", 4500, 100), 1)
+    outside = summarise_trace({"traceEvents": [*trace["traceEvents"], between]}, wall_s=0.006)["phases"]
+    assert outside["(outside any phase)"]["host_syncs"]["count"] == 1
+    assert outside["(outside any phase)"]["wall_s"] is None
     table = format_summary(s, "t")
     assert (
         "| train | 0.001 (2) | 0.000 | after cudaStreamSynchronize in aten::_local_scalar_dense 0.001 (1);"

@@ -202,8 +202,11 @@ def summarise_trace(trace: dict[str, Any], *, wall_s: float, top: int = 20) -> d
             "busy_by_kind_s": kinds,
         }
     idle = analyse_idle(events, device, launch_range, host_phase)
-    for phase, row in phases.items():
-        row.update(idle.get(phase, {}))
+    for phase, found in idle.items():  # a host sync between phases has a row of its own
+        row = phases.setdefault(
+            phase, {"wall_s": None, "device_busy_s": 0.0, "idle_s": None, "busy_by_kind_s": {}}
+        )
+        row.update(found)
     total_busy = sum(sum(k.values()) for k in busy.values())
     kernels = sorted(by_kernel.items(), key=lambda kv: -kv[1][0])[:top]
     return {
