@@ -220,3 +220,14 @@ def test_idle_gaps_are_named_by_the_host_work_that_caused_them():
         "| train | 0.001 (2) | 0.000 | after cudaStreamSynchronize in aten::_local_scalar_dense 0.001 (1);"
         in table
     )
+
+
+def test_the_innermost_range_steps_over_ended_siblings_to_the_enclosing_one():
+    from digenrl.runtime.observe.trace_ranges import by_thread, innermost_at
+
+    siblings = [(f"op{i}", 10.0 + 10 * i, 15.0 + 10 * i, 1) for i in range(1000)]  # ended before t
+    index = by_thread([("outer", 0.0, 100_000.0, 1), *siblings, ("late", 200_000.0, 200_010.0, 1)])[1]
+    assert innermost_at(10_007.0, index)[0] == "outer"  # after 1000 ended siblings, still inside outer
+    assert innermost_at(12.0, index)[0] == "op0"
+    assert innermost_at(150_000.0, index) is None  # between outer and late: nothing holds it
+    assert innermost_at(-1.0, index) is None

@@ -29,6 +29,8 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+from digenrl.runtime.observe.trace_ranges import Range, ThreadIndex, by_thread, innermost_at
+
 #: CUDA runtime / driver calls that block the host until the device (a stream, an event, or everything)
 #: has finished: ``.item()``, ``.cpu()``, ``.tolist()``, ``torch.cuda.synchronize`` and blocking copies end
 #: in one of these (CUDA Runtime API, "API synchronization behavior")
@@ -67,6 +69,10 @@ def busy_intervals(device_events: list[dict]) -> list[Interval]:
     return [(lo, hi) for lo, hi in merged]
 
 
+def _range(e: dict) -> Range:
+    return (str(e.get("name", "")), float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)), e.get("tid"))
+
+
 class _OutermostOps:
     """One thread's outermost host operators by start, to find the one that overlaps a gap most."""
 
@@ -94,30 +100,6 @@ class _OutermostOps:
                 best, best_overlap = name, overlap
             i += 1
         return best
-
-
-class _InnermostOps:
-    """One thread's host operators, to name the innermost one holding a moment (the op behind a sync)."""
-
-    def __init__(self, events: list[dict]) -> None:
-        self.ops = sorted(
-            (
-                (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)), str(e.get("name", "")))
-                for e in events
-            ),
-            key=lambda op: (op[0], op[0] - op[1]),
-        )
-        self.starts = [op[0] for op in self.ops]
-
-    def at(self, t: float) -> str | None:
-        i = bisect.bisect_right(self.starts, t) - 1
-        steps = 0
-        while i >= 0 and steps < 10_000:  # ended siblings are stepped over; a deep walk means no holder
-            if self.ops[i][1] >= t:
-                return self.ops[i][2]
-            i -= 1
-            steps += 1
-        return None
 
 
 def analyse_idle(
@@ -150,14 +132,14 @@ def analyse_idle(
             if correlation is not None:
                 launches[correlation] = e
     outermost: dict[Any, _OutermostOps] = {}
-    innermost: dict[Any, _InnermostOps] = {}  # built for the threads that synchronised only
+    innermost: dict[Any, ThreadIndex] = {}  # built for the threads that synchronised only
 
     def sync_name(s: dict) -> str:
         tid = s.get("tid")
         if tid in host_ops and tid not in innermost:
-            innermost[tid] = _InnermostOps(host_ops[tid])
-        holder = innermost[tid].at(float(s["ts"])) if tid in innermost else None
-        return f"{s['name']} in {holder}" if holder else str(s["name"])
+            innermost[tid] = by_thread([_range(e) for e in host_ops[tid]])[tid]
+        holder = innermost_at(float(s["ts"]), innermost[tid]) if tid in innermost else None
+        return f"{s['name']} in {holder[0]}" if holder else str(s["name"])
 
     sync_ends = sorted((float(s["ts"]) + float(s.get("dur", 0.0)), i) for i, s in enumerate(syncs))
     sync_end_times = [t for t, _ in sync_ends]

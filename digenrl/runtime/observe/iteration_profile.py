@@ -21,7 +21,6 @@ full trace ``rank<r>.trace.json`` (open it in https://ui.perfetto.dev).
 
 from __future__ import annotations
 
-import bisect
 import gc
 import json
 import re
@@ -36,6 +35,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from digenrl.runtime.observe.idle_gaps import analyse_idle, format_idle
+from digenrl.runtime.observe.trace_ranges import Range, by_thread, innermost_at
 from digenrl.runtime.run_folder.run_files import ensure_dir, open_new, publish, temporary_name, write_atomic
 
 #: the prefix of the profiler ranges the event log opens (digenrl/runtime/observe/events.py,
@@ -71,10 +71,6 @@ def kernel_kind(name: str, category: str = "kernel") -> str:
     return "other"
 
 
-Range = tuple[str, float, float, Any]
-"""(phase, start µs, end µs, thread id) of one profiler range."""
-
-
 def _ranges(events: list[dict], category: str) -> list[Range]:
     """The project's profiler ranges of ``category``, shortest first (so the first range that contains a
     point is the innermost)."""
@@ -102,31 +98,6 @@ def _phase_of(start_us: float, ranges: list[Range]) -> str:
     return OUTSIDE
 
 
-def _by_thread(ranges: list[Range]) -> dict[Any, tuple[list[float], list[Range]]]:
-    """Each thread's ranges by start (an enclosing range before a nested one that starts with it) and their
-    starts, for :func:`_innermost_on_thread`: one kernel launch is looked up in O(log n), not O(n)."""
-    threads: dict[Any, list[Range]] = defaultdict(list)
-    for r in ranges:
-        threads[r[3]].append(r)
-    index = {}
-    for tid, rs in threads.items():
-        rs.sort(key=lambda r: (r[1], r[1] - r[2]))
-        index[tid] = ([r[1] for r in rs], rs)
-    return index
-
-
-def _innermost_on_thread(t_us: float, index: tuple[list[float], list[Range]]) -> Range | None:
-    """The innermost range of one thread holding ``t_us``: ranges of one thread nest, so it is the latest
-    starting one at or before ``t_us`` that has not ended (earlier siblings that ended are stepped over)."""
-    starts, ranges = index
-    i = bisect.bisect_right(starts, t_us) - 1
-    while i >= 0:
-        if ranges[i][2] > t_us:
-            return ranges[i]
-        i -= 1
-    return None
-
-
 def _exclusive_walls(ranges: list[Range]) -> dict[str, float]:
     """Seconds per phase spent in its own code: each range's duration less its direct children's (ranges
     of the same thread inside it), so a nested phase (a ``transfer`` inside ``generate``) counts once."""
@@ -152,17 +123,17 @@ def summarise_trace(trace: dict[str, Any], *, wall_s: float, top: int = 20) -> d
         if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})
     }
 
-    threads = _by_thread(host_ranges)
+    threads = by_thread(host_ranges)
     # a launch from a thread that holds no range of its own at that moment (autograd's device thread runs the
     # backward that the training phase's loss.backward() waits for, and with activation checkpointing the
     # recomputed forward too) belongs to the innermost range open on any thread then
-    anywhere = _by_thread([(phase, lo, hi, None) for phase, lo, hi, _ in host_ranges]).get(None)
+    anywhere = by_thread([(phase, lo, hi, None) for phase, lo, hi, _ in host_ranges]).get(None)
 
     def host_range(t_us: float, tid: Any) -> Range | None:
         """The range open on thread ``tid`` at ``t_us``, else the innermost open on any thread."""
-        found = _innermost_on_thread(t_us, threads[tid]) if tid in threads else None
+        found = innermost_at(t_us, threads[tid]) if tid in threads else None
         if found is None and anywhere is not None:
-            found = _innermost_on_thread(t_us, anywhere)
+            found = innermost_at(t_us, anywhere)
         return found
 
     def launch_range(e: dict) -> tuple[str, tuple[float, float] | None]:
