@@ -14,6 +14,8 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from digenrl.data.device_index import index_on
+
 
 class TextShape(Protocol):
     """The shapes of a text encoder's output (a model spec's ``text_encoder``,
@@ -88,13 +90,19 @@ class TextCondition:
             lengths=lengths,
         )
 
-    def index_select(self, index: Tensor | Sequence[int]) -> TextCondition:
+    def index_select(
+        self, index: Tensor | Sequence[int], *, device_index: Tensor | None = None
+    ) -> TextCondition:
         """Rows `index` (any order, repeats allowed). A host index (a sequence or a CPU tensor) keeps the
-        host lengths; a device index drops them (reading it back would be the sync they exist to avoid)."""
+        host lengths; a device index drops them (reading it back would be the sync they exist to avoid).
+        ``device_index``: the same rows already on the embeddings' device (a caller that moved them once for
+        several tensors); otherwise the host index is queued there without a host sync (data/device_index)."""
         lengths = None
         if self.lengths is not None and not (isinstance(index, Tensor) and index.device.type != "cpu"):
             lengths = tuple(self.lengths[i] for i in torch.as_tensor(index, dtype=torch.long).tolist())
-        idx = torch.as_tensor(index, dtype=torch.long, device=self.embeds.device)
+        idx = index_on(index, self.embeds.device) if device_index is None else device_index
+        if idx.device != self.embeds.device:
+            raise ValueError(f"device_index is on {idx.device}, the embeddings on {self.embeds.device}")
         return self._map(lambda t: t.index_select(0, idx), lengths)
 
     def __getitem__(self, key: int | slice | Tensor | Sequence[int]) -> TextCondition:

@@ -22,6 +22,7 @@ import torch
 from digenrl.algo.sde_step import check_sigma_pairs, dpm_solver_2m_step
 from digenrl.algo.timesteps import MixWindow, sde_step_mask, select_train_steps
 from digenrl.config import AlgoConfig
+from digenrl.data.device_index import index_on
 from digenrl.data.seeding import mix_seed
 from digenrl.data.text_condition import TextCondition
 from digenrl.data.trajectory import TrajectoryBatch
@@ -263,7 +264,7 @@ class RolloutEngine:
                     self.latent_shape,
                     device=self.device,
                 )
-                rows = rows.to(self.device)
+                rows = index_on(rows, self.device)
                 sigma = sigmas[step]
                 latents[rows, k] = (1 - sigma) * clean[rows] + sigma * eps
                 next_latents[rows, k] = clean[rows]
@@ -325,9 +326,7 @@ class RolloutEngine:
                 sl = slice(start, min(start + chunk, b))
                 n = sl.stop - sl.start
                 sigma = sigmas[i].expand(n)
-                v = self.sampler.velocity(
-                    self.model, x[sl], sigma, cond.index_select(torch.arange(sl.start, sl.stop)), uncond
-                )
+                v = self.sampler.velocity(self.model, x[sl], sigma, cond[sl], uncond)
                 res = self.sampler.transition(
                     v,
                     x[sl],
@@ -348,7 +347,7 @@ class RolloutEngine:
                         nxt[sl] = flash_x
             rows, cols = torch.nonzero(train_steps == i, as_tuple=True)  # on CPU: no device sync
             if rows.numel() and not self.forward_process:
-                rows, cols = rows.to(self.device), cols.to(self.device)
+                rows, cols = index_on(rows, self.device), index_on(cols, self.device)  # queued, no host sync
                 latents[rows, cols] = x[rows]
                 next_latents[rows, cols] = nxt[rows]
                 log_probs[rows, cols] = step_log_prob[rows]

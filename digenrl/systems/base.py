@@ -314,6 +314,7 @@ class System:
             inject_fault(ctx.rank, iteration)
             if ctx.device.type == "cuda":  # peak_mem_gib: this iteration's peak on this rank's GPU
                 torch.cuda.reset_peak_memory_stats(ctx.device)
+                retries_before = torch.cuda.memory_stats(ctx.device).get("num_alloc_retries", 0)
             evaluation = self.evaluate(iteration, final=False)
             # runtime.profile_iteration: this iteration under the kernel profiler on every rank
             profiled = iteration == cfg.runtime.profile_iteration
@@ -349,6 +350,12 @@ class System:
                 record |= self.loop_bound(report, wall)
             if ctx.device.type == "cuda":
                 record["peak_mem_gib"] = torch.cuda.max_memory_allocated(ctx.device) / 2**30
+                # the caching allocator's side: what it held from the driver, and how often a request found
+                # no cached block and it freed its cache and retried (each one a device-wide sync and
+                # cudaFree/cudaMalloc: the ~20 ms host stalls of a run near the memory limit)
+                record["peak_reserved_gib"] = torch.cuda.max_memory_reserved(ctx.device) / 2**30
+                stats = torch.cuda.memory_stats(ctx.device)
+                record["alloc_retries"] = float(stats.get("num_alloc_retries", 0) - retries_before)
                 # every rank's own peak (metrics.jsonl is rank 0's): what a shared-device run sums
                 self.parts.events.counter("memory", {"peak_gib": record["peak_mem_gib"]})
             image = None

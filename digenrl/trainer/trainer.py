@@ -47,6 +47,7 @@ from digenrl.algo.loss import (
 from digenrl.algo.nft import nft_loss, velocity_kl
 from digenrl.algo.sde_step import check_sigma_pairs
 from digenrl.config import Config
+from digenrl.data.device_index import index_on
 from digenrl.data.micro_batches import plan_micro_batches
 from digenrl.models.fp8 import apply_fp8
 from digenrl.models.optimize import optimize_flow_model
@@ -108,11 +109,18 @@ def _gather_units(
     """``cond``: the batch's condition with its host lengths (:meth:`TextCondition.with_lengths`, read once
     per batch; default ``batch.cond``), so the micro-batch's rows carry theirs (the host index keeps them)."""
     cond = batch.cond if cond is None else cond
-    b = torch.tensor([u[0] for u in units], dtype=torch.long)
-    k = torch.tensor([u[1] for u in units], dtype=torch.long)
+    host = torch.tensor(units, dtype=torch.long).reshape(-1, 2)  # [n, (b, k)]
+    on_device: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def index(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(b, k) on ``t``'s device: one queued copy per device, never a blocking one (data/device_index)."""
+        if t.device not in on_device:
+            both = index_on(host, t.device)
+            on_device[t.device] = (both[:, 0], both[:, 1])
+        return on_device[t.device]
 
     def take(t: torch.Tensor) -> torch.Tensor:
-        return t[b.to(t.device), k.to(t.device)].to(device, non_blocking=True)
+        return t[index(t)].to(device, non_blocking=True)
 
     return _MicroBatch(
         latents=take(batch.latents),
@@ -120,11 +128,12 @@ def _gather_units(
         sigmas=take(batch.sigmas),
         next_sigmas=take(batch.next_sigmas),
         log_probs=take(batch.log_probs),
-        advantages=batch.advantages[b.to(batch.advantages.device)].to(device, non_blocking=True),
-        cond=cond.index_select(b).to(device),
+        advantages=batch.advantages[index(batch.advantages)[0]].to(device, non_blocking=True),
+        # the host index as well, so the rows keep their host text lengths (no read back of the mask)
+        cond=cond.index_select(host[:, 0], device_index=index(cond.embeds)[0]).to(device),
         # left where the batch is (no host sync per micro-batch); only GRPO-Guard's RatioNorm reads them
-        seeds=batch.seeds[b.to(batch.seeds.device)],
-        step_indices=batch.step_indices[b.to(batch.step_indices.device), k.to(batch.step_indices.device)],
+        seeds=batch.seeds[index(batch.seeds)[0]],
+        step_indices=batch.step_indices[index(batch.step_indices)],
     )
 
 
@@ -144,7 +153,7 @@ def _behaviour_mean(mb: _MicroBatch, std: torch.Tensor) -> torch.Tensor:
     seeds, steps = mb.seeds.cpu(), mb.step_indices.cpu()
     for step in steps.unique().tolist():
         rows = (steps == step).nonzero(as_tuple=True)[0]
-        noise[rows.to(noise.device)] = step_noise(seeds[rows], int(step), shape, device=noise.device)
+        noise[index_on(rows, noise.device)] = step_noise(seeds[rows], int(step), shape, device=noise.device)
     return mb.next_latents.float() - std * noise
 
 

@@ -55,8 +55,21 @@ else
 fi
 ONLY=${ONLY:-"regression parity sd35 sd35-nocudnn sd35-eager"}
 
-# loop NAME BUDGET_S CONFIG_ARGS OVERRIDES...: one colocated run into $RUNS/NAME (skipped unless NAME is in $ONLY)
+# loop NAME BUDGET_S CONFIG_ARGS OVERRIDES...: one colocated run into $RUNS/NAME (skipped unless NAME is in $ONLY).
+# BASELINE=DIR, an earlier commit's tree (see "A code change beside the code before it" in
+# experiments/results/gpu/loops/README.md): NAME-baseline in $ONLY runs NAME's command on that tree, so a change on
+# a measured path is timed beside the code before it in one call
 loop() {
+    one_loop "$@"
+    if [[ -n ${BASELINE:-} ]] && wanted "$1-baseline"; then
+        local name=$1
+        shift
+        PYTHONPATH="$BASELINE:$PYTHONPATH" RUN_TRAIN="$BASELINE/experiments/run_train.py" \
+            LOOP_CODE="baseline $(cat "$BASELINE/COMMIT")" one_loop "$name-baseline" "$@"
+    fi
+}
+
+one_loop() {
     local name=$1 budget=$2 config=$3
     shift 3
     wanted "$name" || return 0
@@ -68,11 +81,12 @@ loop() {
     # the run's own provenance: a warm machine keeps $RUNS between calls, so one call's summary holds rows
     # of earlier calls, each with the command, GPU and date of the call that ran it (loops_summary.py)
     $PY -c 'import datetime, json, sys
-path, config, command, hardware = sys.argv[1:]
+path, config, command, hardware, code = sys.argv[1:]
 date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
-json.dump({"config": config, "command": command, "hardware": hardware, "date": date}, open(path, "w"))' \
+row = {"config": config, "command": command, "hardware": hardware, "date": date}
+json.dump(row | ({"code": code} if code else {}), open(path, "w"))' \
         "$RUNS/$name/loop.json" "${file%% *}" "ONLY=\"$ONLY\" DEADLINE_S=$DEADLINE_S bash experiments/gpu/h200_loops.sh" \
-        "$(hardware)"
+        "$(hardware)" "${LOOP_CODE:-}"
     cp "$RUNS/$name/loop.json" "$WORK/runs/$name/loop.json"
     # the kernel profile's summary of a profiled run (runtime.profile_iteration), not its trace
     if [[ -d "$RUNS/$name/profile" ]]; then
@@ -197,6 +211,13 @@ TORCH_LOGS=recompiles loop qwen-mb8-ckpt 340 "$SD35" model=$QWEN_MODEL trainer.m
     trainer.activation_checkpointing=true iterations=4 runtime.profile_iteration=3
 # Qwen-Image: the SD3.5-medium settings (2 x 8, 10 steps, CFG 4.5) at micro-batch 2, as issue 23's table
 loop qwen 330 "$SD35" model=$QWEN_MODEL trainer.micro_batch_size=2 iterations=3
+# round 6 (issue 37 item 2): the micro-batch-8 loop unprofiled, three iterations (two steady), to time a change
+# beside BASELINE's tree (ONLY="qwen-mb8-ckpt-3 qwen-mb8-ckpt-3-baseline") and the caching allocator's expandable
+# segments (round 5's profile: ~20 ms host stalls in aten::contiguous at 68.5 GiB of 80; metrics' alloc_retries)
+loop qwen-mb8-ckpt-3 260 "$SD35" model=$QWEN_MODEL trainer.micro_batch_size=8 \
+    trainer.activation_checkpointing=true iterations=3
+PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True loop qwen-mb8-ckpt-3-expandable 260 "$SD35" \
+    model=$QWEN_MODEL trainer.micro_batch_size=8 trainer.activation_checkpointing=true iterations=3
 loop qwen-eager 330 "$SD35" model=qwen-image trainer.micro_batch_size=2 iterations=2 model.compile=false \
     model.autocast=false
 # issue 37 item 1: the two Qwen-Image loops above run model.text_padding=split (the default); these are the

@@ -97,7 +97,11 @@ def summarise_run(run: Path, *, hardware: str = "", command: str = "", date: str
         "ratio_mean": _median([r.get("ratio_mean") for r in later], digits=6),
         "ratio_min": min((r["ratio_min"] for r in later if r.get("ratio_min") is not None), default=None),
         "peak_mem_gib": round(max((r.get("peak_mem_gib") or 0.0) for r in rows), 2) if rows else None,
+        # the steady iterations' allocator retries (runs before metrics carried them: None)
+        "alloc_retries": _median([r.get("alloc_retries") for r in later]),
         "path": code_path(cfg),
+        # which tree ran it when not the call's own (h200_loops.sh BASELINE: "baseline <commit>")
+        "code": source.get("code"),
         "hardware": source.get("hardware") or hardware,
         "command": source.get("command") or command,
         "date": source.get("date") or date,
@@ -156,7 +160,8 @@ def table(rows: list[dict]) -> str:
     ]
     for r in rows:
         ph = r["fraction_of_bound_by_phase"]
-        cells = [r["run"], r["model"], r["config"], r["prompts"], r["path"], r["samples_per_s"]]
+        path = r["path"] + (f" ({r['code']})" if r.get("code") else "")
+        cells = [r["run"], r["model"], r["config"], r["prompts"], path, r["samples_per_s"]]
         cells += [r["rollout_s"], r["train_s"], f"{r['fraction_of_bound']} ({ph['rollout']} / {ph['train']})"]
         cells += [r["score_s"]]
         cells += [f"{r['ratio_mean']} ({r['ratio_min']})", r["peak_mem_gib"]]

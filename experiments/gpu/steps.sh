@@ -86,13 +86,14 @@ step() {
 wanted() { [[ " ${ONLY:-} " == *" $1 "* ]]; }
 
 # train_step NAME BUDGET_S FILES OVERRIDES...: one `run_train.py $COMMON` run into $RUNS/NAME as a step (skipped
-# unless wanted); FILES (space-separated names in the run folder) are copied under $WORK/runs/NAME
+# unless wanted; RUN_TRAIN: another tree's run_train.py); FILES (space-separated names in the run folder) are
+# copied under $WORK/runs/NAME
 train_step() {
     local name=$1 budget=$2 files=$3
     shift 3
     wanted "$name" || return 0
     # shellcheck disable=SC2086
-    step "$name" "$budget" $PY experiments/run_train.py $COMMON out_dir="$RUNS/$name" overwrite=true "$@"
+    step "$name" "$budget" $PY "${RUN_TRAIN:-experiments/run_train.py}" $COMMON out_dir="$RUNS/$name" overwrite=true "$@"
     mkdir -p "$WORK/runs/$name"
     # shellcheck disable=SC2086
     (cd "$RUNS/$name" 2>/dev/null && cp -r $files "$WORK/runs/$name/" 2>/dev/null)

@@ -145,3 +145,31 @@ def test_a_rollout_reads_the_host_a_fixed_number_of_times():
     # each step reads its SDE flag from a host list (one __bool__ of a CPU tensor), nothing of the device
     per_step = Counter({k: (reads[8][k] - reads[4][k]) / 4 for k in reads[8] | reads[4]})
     assert +per_step == Counter({"__bool__": 1}), (reads[4], reads[8])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA device is needed for a stream sync")
+def test_a_micro_batch_gather_makes_no_stream_sync():
+    """The micro-batch's index reaches the batch's device by a queued copy (digenrl/data/device_index.py): the
+    round-5 Qwen-Image profile had ~12 blocking index copies a micro-batch (each a cudaStreamSynchronize)."""
+    _, batch = _trainer_and_batch()
+    device = torch.device("cuda")
+    on_gpu = dataclasses.replace(
+        batch,
+        **{
+            f.name: getattr(batch, f.name).to(device)
+            for f in dataclasses.fields(batch)
+            if isinstance(getattr(batch, f.name), torch.Tensor)
+            and f.name not in ("seeds", "step_indices", "prompt_ids", "sample_ids")
+        },
+        cond=batch.cond.to(device),
+    )
+    units = plan_micro_batches(batch.batch_size, batch.num_train_steps, 3)[0]
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        mb = _gather_units(on_gpu, units, device)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    expected = _gather_units(batch, units, torch.device("cpu"))
+    torch.testing.assert_close(mb.latents.cpu(), expected.latents, rtol=0, atol=0)
+    torch.testing.assert_close(mb.advantages.cpu(), expected.advantages, rtol=0, atol=0)
