@@ -35,6 +35,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from digenrl.runtime.observe.idle_gaps import analyse_idle, format_idle
+from digenrl.runtime.observe.sync_sites import format_sync_sites, recorded_sync_sites
 from digenrl.runtime.observe.trace_ranges import Range, by_thread, innermost_at
 from digenrl.runtime.run_folder.run_files import ensure_dir, open_new, publish, temporary_name, write_atomic
 
@@ -212,6 +213,7 @@ def format_summary(summary: dict[str, Any], title: str) -> str:
         lines.append(f"| {phase} | {wall} | {row['device_busy_s']:.3f} | {idle} | {kinds} |")
     if any("idle_gaps" in row for row in summary["phases"].values()):
         lines += format_idle({p: r for p, r in summary["phases"].items() if "idle_gaps" in r})
+    lines += format_sync_sites(summary.get("sync_sites") or [])
     if summary["top_kernels"]:
         lines += ["", "| kernel | kind | s | calls |", "|:---|---|---:|---:|"]
         for k in summary["top_kernels"]:
@@ -233,7 +235,8 @@ def profiled_iteration(
     folder = ensure_dir(Path(out_dir) / "profile")
     with profile(activities=activities) as prof:
         t0 = time.perf_counter()
-        yield
+        with recorded_sync_sites(device) as syncs:  # the wait below is the profile's, not the iteration's
+            yield
         if on_gpu:
             torch.cuda.synchronize(device)
         wall_s = time.perf_counter() - t0
@@ -247,7 +250,7 @@ def profiled_iteration(
     del prof
     gc.collect()
     summary = summarise_trace(json.loads(trace_path.read_text()), wall_s=wall_s)
-    summary |= {"rank": rank, "iteration": iteration, "device": str(device)}
+    summary |= {"rank": rank, "iteration": iteration, "device": str(device), "sync_sites": syncs.rows()}
     write_atomic(folder / f"rank{rank}.json", json.dumps(summary, indent=1) + "\n")
     title = f"Iteration {iteration} on rank {rank} ({device})"
     write_atomic(folder / f"rank{rank}.md", format_summary(summary, title))
