@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from digenrl.config import TEXT_PADDING_MODES
+from digenrl.data.device_index import index_on
 from digenrl.data.text_condition import TextCondition
 
 __all__ = ["TEXT_PADDING_MODES", "check_text_padding", "length_groups", "padding_free_forward"]
@@ -55,12 +56,13 @@ def length_groups(lengths: tuple[int, ...]) -> list[tuple[int, list[int]]]:
 
 
 def _rows(t: Tensor | None, rows: list[int]) -> Tensor | None:
-    """Rows of ``t``: a slice when they are consecutive (a view, no copy), else an index on the device."""
+    """Rows of ``t``: a slice when they are consecutive (a view, no copy), else an index queued to the device
+    (no host sync: digenrl/data/device_index.py)."""
     if t is None:
         return None
     if rows == list(range(rows[0], rows[-1] + 1)):
         return t[rows[0] : rows[-1] + 1]
-    return t.index_select(0, torch.as_tensor(rows, device=t.device))
+    return t.index_select(0, index_on(rows, t.device))
 
 
 def padding_free_forward(
@@ -86,4 +88,4 @@ def padding_free_forward(
         return out
     inverse = torch.empty(len(order), dtype=torch.long)
     inverse[torch.as_tensor(order)] = torch.arange(len(order))
-    return out.index_select(0, inverse.to(out.device))
+    return out.index_select(0, index_on(inverse, out.device))

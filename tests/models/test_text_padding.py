@@ -165,3 +165,24 @@ def test_split_reads_nothing_back_when_the_lengths_are_known(encoder):
     with torch.no_grad(), counted_reads() as counts:
         model(x, sigma, cond)
     assert sum(counts.values()) == 0, counts
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA device is needed for a stream sync")
+def test_split_makes_no_stream_sync_of_its_own_on_a_gpu(encoder):
+    """The rows of each length group and the inverse order reach the GPU by queued copies: no synchronising
+    call made by this package's lines (torch.cuda's sync debug mode, digenrl/runtime/observe/sync_sites.py;
+    the model library's own syncs, if any, are named in the message). PROMPTS' groups are not consecutive."""
+    from digenrl.runtime.observe.sync_sites import recorded_sync_sites
+
+    cond = TextCondition.cat([encoder.encode(PROMPTS), encoder.negative_condition(len(PROMPTS))]).to("cuda")
+    model = _model("split").to("cuda")
+    x = torch.randn(len(cond), *model.latent_shape(32, 32), device="cuda")
+    sigma = torch.full((len(cond),), 0.5, device="cuda")
+    with torch.no_grad():
+        model(x, sigma, cond)  # first call: the library's one-time moves (rotary tables) happen here
+        torch.cuda.synchronize()
+        with recorded_sync_sites(torch.device("cuda")) as sites:
+            v = model(x, sigma, cond)
+    ours = [r for r in sites.rows() if r["site"].startswith("digenrl/")]
+    assert ours == [], sites.rows()
+    assert v.shape == x.shape
