@@ -85,7 +85,8 @@ path, config, command, hardware, code = sys.argv[1:]
 date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
 row = {"config": config, "command": command, "hardware": hardware, "date": date}
 json.dump(row | ({"code": code} if code else {}), open(path, "w"))' \
-        "$RUNS/$name/loop.json" "${file%% *}" "ONLY=\"$ONLY\" DEADLINE_S=$DEADLINE_S bash experiments/gpu/h200_loops.sh" \
+        "$RUNS/$name/loop.json" "${file%% *}" \
+        "${BASELINE:+BASELINE=$BASELINE }ONLY=\"$ONLY\" DEADLINE_S=$DEADLINE_S bash experiments/gpu/h200_loops.sh" \
         "$(hardware)" "${LOOP_CODE:-}"
     cp "$RUNS/$name/loop.json" "$WORK/runs/$name/loop.json"
     # the kernel profile's summary of a profiled run (runtime.profile_iteration), not its trace
