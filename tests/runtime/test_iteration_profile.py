@@ -222,6 +222,33 @@ def test_idle_gaps_are_named_by_the_host_work_that_caused_them():
     )
 
 
+def test_a_gap_the_host_spent_in_one_cuda_call_names_the_call():
+    # round 5/6's ~20 ms stalls in aten::contiguous: was the host allocating (cudaMalloc, with the driver's
+    # cuMemAlloc nested in it) or doing the operator's own work? A call that covers at least half of the gap
+    # is named beside the operator; the short launch at a gap's end is not
+    trace = {
+        "traceEvents": [
+            _t(_x("user_annotation", "digenrl/train", 0, 10000), 1),
+            _t(_x("cuda_runtime", "cudaLaunchKernel", 100, 5), 1, correlation=1),
+            _t(_x("kernel", "gemm_a", 200, 800), 7, correlation=1),
+            _t(_x("cpu_op", "aten::contiguous", 900, 3200), 1),
+            _t(_x("cuda_runtime", "cudaMalloc", 1000, 3000), 1),
+            _t(_x("cuda_driver", "cuMemAlloc_v2", 1010, 2980), 1),
+            _t(_x("cuda_runtime", "cudaLaunchKernel", 4050, 5), 1, correlation=2),
+            _t(_x("kernel", "copy_b", 4100, 100), 7, correlation=2),
+            _t(_x("cpu_op", "aten::to", 4200, 400), 1),
+            _t(_x("cuda_runtime", "cudaLaunchKernel", 4580, 5), 1, correlation=3),
+            _t(_x("kernel", "copy_c", 4600, 100), 7, correlation=3),
+        ]
+    }
+    causes = summarise_trace(trace, wall_s=0.01)["phases"]["train"]["idle_gaps"]["causes"]
+    assert [(c["name"], c["count"]) for c in causes] == [
+        ("host in aten::contiguous (cudaMalloc)", 1),
+        ("host in aten::to", 1),
+    ]
+    assert causes[0]["seconds"] == pytest.approx(3.1e-3)
+
+
 def test_the_innermost_range_steps_over_ended_siblings_to_the_enclosing_one():
     from digenrl.runtime.observe.trace_ranges import by_thread, innermost_at
 

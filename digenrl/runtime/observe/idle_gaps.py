@@ -13,7 +13,9 @@ kernels, a compiled region's guards). A Kineto trace has what answers it:
   gap or just before it (the host waited for the queue to drain, then spent the gap catching up), named by
   the host operator that made it (``aten::_local_scalar_dense`` is an ``.item()``); else the outermost host
   operator of the launching thread that overlaps the gap most (the host was busy in it, e.g. an
-  ``autograd::engine::evaluate_function`` or a compiled region); else ``python (between operators)``;
+  ``autograd::engine::evaluate_function`` or a compiled region), with the CUDA runtime or driver call the
+  host spent at least half of the gap in, if one did (``host in aten::contiguous (cudaMalloc)``: an
+  allocation, not the operator's own work); else ``python (between operators)``;
 * the **host syncs** per phase: how many synchronising calls and how long the host blocked in them.
 
 Kineto's event categories (``cpu_op``, ``user_annotation``, ``cuda_runtime`` / ``cuda_driver``, ``kernel``,
@@ -53,6 +55,8 @@ SYNC_SLACK_US = 20.0
 #: host-side event categories that name what the host was doing
 HOST_OP_CATEGORIES = ("cpu_op", "user_annotation")
 PYTHON_BETWEEN_OPS = "python (between operators)"
+#: a gap is also named by the CUDA runtime / driver call the host spent at least this share of it in
+RUNTIME_CALL_SHARE = 0.5
 
 Interval = tuple[float, float]
 
@@ -91,6 +95,10 @@ class _OutermostOps:
 
     def dominant(self, lo: float, hi: float) -> str | None:
         """The operator that overlaps [lo, hi] most, None when none does."""
+        return self.dominant_overlap(lo, hi)[0]
+
+    def dominant_overlap(self, lo: float, hi: float) -> tuple[str | None, float]:
+        """The operator that overlaps [lo, hi] most and by how many µs (None, 0 when none does)."""
         i = max(bisect.bisect_right(self.starts, lo) - 1, 0)
         best, best_overlap = None, 0.0
         while i < len(self.ops) and self.ops[i][0] < hi:
@@ -99,7 +107,7 @@ class _OutermostOps:
             if overlap > best_overlap:
                 best, best_overlap = name, overlap
             i += 1
-        return best
+        return best, best_overlap
 
 
 def analyse_idle(
@@ -119,6 +127,7 @@ def analyse_idle(
     phase open on a host thread at ``t`` (where a sync was made).
     """
     host_ops: dict[Any, list[dict]] = defaultdict(list)
+    runtime_calls: dict[Any, list[dict]] = defaultdict(list)
     syncs: list[dict] = []
     launches: dict[Any, dict] = {}
     for e in events:
@@ -126,12 +135,14 @@ def analyse_idle(
         if cat in HOST_OP_CATEGORIES and not str(e.get("name", "")).startswith("digenrl/"):
             host_ops[e.get("tid")].append(e)
         elif cat in ("cuda_runtime", "cuda_driver"):
+            runtime_calls[e.get("tid")].append(e)
             if e.get("name") in SYNC_CALLS:
                 syncs.append(e)
             correlation = e.get("args", {}).get("correlation")
             if correlation is not None:
                 launches[correlation] = e
     outermost: dict[Any, _OutermostOps] = {}
+    outermost_calls: dict[Any, _OutermostOps] = {}  # the CUDA runtime / driver calls, built on demand
     innermost: dict[Any, ThreadIndex] = {}  # built for the threads that synchronised only
 
     def sync_name(s: dict) -> str:
@@ -180,6 +191,15 @@ def analyse_idle(
                 outermost[tid] = _OutermostOps(host_ops[tid])
             name = outermost[tid].dominant(lo, hi) if tid in outermost else None
             cause = f"host in {name}" if name else PYTHON_BETWEEN_OPS
+            if tid in runtime_calls and tid not in outermost_calls:
+                outermost_calls[tid] = _OutermostOps(runtime_calls[tid])
+            call, overlap = (
+                outermost_calls[tid].dominant_overlap(lo, hi) if tid in outermost_calls else (None, 0)
+            )
+            if call is not None and overlap >= RUNTIME_CALL_SHARE * (hi - lo):
+                cause += (
+                    f" ({call})"  # the host spent the gap in one CUDA call: a cudaMalloc, a cudaHostAlloc
+                )
         slot = gap_causes[phase][cause]
         slot[0] += (hi - lo) / 1e6
         slot[1] += 1
