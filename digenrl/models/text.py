@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from digenrl.data.device_index import index_on
 from digenrl.data.text_condition import TextCondition
 from digenrl.models.construction import (
     freeze,
@@ -280,8 +281,9 @@ class TextEncoder(nn.Module):
             return_tensors="pt",
         )
         device = next(comp.model.parameters()).device
-        input_ids = tokens["input_ids"].to(device)
-        attention_mask = tokens["attention_mask"].to(device)
+        # queued copies, not blocking ones (each a host sync: the round-6 sync-site table)
+        input_ids = index_on(tokens["input_ids"], device)
+        attention_mask = index_on(tokens["attention_mask"], device)
         # ForConditionalGeneration wrappers (Qwen2.5-VL): run the backbone, skip the LM head's logits.
         model = comp.model.model if spec.model_class.endswith("ForConditionalGeneration") else comp.model
         kwargs: dict[str, Any] = {"input_ids": input_ids}
