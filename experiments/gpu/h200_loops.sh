@@ -23,6 +23,7 @@
 #     ONLY="sd35 sd35-vae-eager" ...: the SD3.5-medium loop with the compiled VAE decode (the config's, since
 #     round 4) and with the eager one (item 2);
 #     ONLY="sd35-overlap sd35-overlap-nostream" ...: colocated-overlap's scorer on a side stream or not (item 4)
+#     ONLY="trainer-graphs" ...: SD3.5-medium's trainer unit compiled by blocks and whole with CUDA graphs (item 2)
 #   CPU dry run of the same commands with the tiny model: DRY=1 bash experiments/gpu/h200_loops.sh
 #
 # Results under $OUT: log.txt, summary.md, results.tgz (summary.json/md from experiments/gpu/loops_summary.py,
@@ -172,6 +173,19 @@ if wanted generator-graphs; then
         step "generator-$mode" 150 $PY experiments/measure.py generator --model $GEN_MODEL --paths optimized \
             --compile --compile-mode $mode --batch-sizes 16 --cfg on --warmup 3 --iters 10 \
             --out "$WORK/generator-$mode"
+    done
+fi
+# issue 37 item 2, the training side: SD3.5-medium's trainer unit (LoRA, micro-batch 16, CFG with
+# cfg_grad=cond, autocast) compiled by blocks (the loops' path) and compiled whole with mode reduce-overhead
+# (CUDA-graph trees record the forward and the backward), each in its own process (TRAIN_MODES picks a
+# subset); the row's max|r-1| is the on-policy ratio of the graphed path against the rollout's log-probs
+if wanted trainer-graphs; then
+    AUTOCAST=--autocast
+    [[ $DRY == 1 ]] && AUTOCAST=""
+    for mode in ${TRAIN_MODES:-default reduce-overhead}; do
+        step "trainer-$mode" 170 $PY experiments/measure.py trainer --model $GEN_MODEL --modes lora \
+            --micro-batch-sizes 16 --samples 16 --train-steps 1 --cfg on --paths optimized --compile \
+            --compile-mode $mode $AUTOCAST --warmup 2 --iters 5 --out "$WORK/trainer-$mode"
     done
 fi
 # issue 37 item 1: Qwen-Image's generator step (B = 8, CFG) with the text padded to 512 tokens and masked
