@@ -124,6 +124,8 @@ TAG_POLICIES = ("auto", "always")
 CUDNN_SDPA_SETTINGS = ("auto", "disabled")
 #: ``model.text_padding`` (digenrl/models/text_padding.py): padded text with a key mask, or cut per row group
 TEXT_PADDING_MODES = ("mask", "split")
+#: ``model.compile_mode``: torch.compile's mode (digenrl/models/optimize.py; reduce-overhead = CUDA graphs)
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 #: Bounds shared by several keys. A bound is the largest value a real run could want, with room to spare;
 #: what lies beyond it is a typo or an overflow, refused before any worker starts.
@@ -155,6 +157,10 @@ class ModelConfig:
     # torch.compile the transformer's repeated blocks (digenrl/models/optimize.py); None = on for a CUDA
     # device, off on CPU (the GPU path the cost files measure, docs/design.md §5)
     compile: bool | None = None
+    # torch.compile's mode where model.compile is on: default compiles the repeated blocks one by one;
+    # reduce-overhead compiles the whole transformer and replays its kernels as CUDA graphs (fewer launches;
+    # a graph recorded per input shape; on a CPU torch skips the graphs)
+    compile_mode: str = field(default="default", metadata=among(COMPILE_MODES))
     # torch.compile the VAE's decoder network, the score phase's decode (digenrl/models/optimize.py
     # compile_vae_decoder); off: the eager decode
     compile_vae: bool = False

@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
+from digenrl.config import COMPILE_MODES
 from digenrl.models.attention_safety import (
     AttentionChoice,
     AttentionShape,
@@ -44,7 +45,6 @@ from digenrl.models.vae import LatentDecoder
 
 log = logging.getLogger(__name__)
 
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 RECOMPILE_LIMIT = 64
 """Per-code-object graph cache size while compiling. Regional compilation keys the cache by the block class's
 ``forward``; block variants (SD3.5's dual-attention / context-pre-only blocks), grad vs no-grad, LoRA on/off

@@ -58,7 +58,7 @@ def add_shape_flags(p: argparse.ArgumentParser) -> None:
 def add_optimized_path_flags(p: argparse.ArgumentParser, *, paths: str, paths_help: str) -> None:
     """``--paths`` (a comma-separated subset of :data:`PATHS`) and the optimised path's settings:
     ``--attention-backend``, ``--compile``, ``--compile-mode``, ``--compile-dynamic``."""
-    from digenrl.models.optimize import COMPILE_MODES
+    from digenrl.config import COMPILE_MODES
 
     p.add_argument("--paths", default=paths, help=paths_help)
     p.add_argument("--attention-backend", default="native", help="optimised path's model.attention_backend")

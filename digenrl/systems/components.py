@@ -17,7 +17,7 @@ from digenrl.config import Config
 from digenrl.data.dtypes import TORCH_DTYPES
 from digenrl.data.prompts import PromptSource, configured_prompt_sets, metadata_lookup
 from digenrl.models import ModelBundle, build_model_bundle
-from digenrl.models.optimize import compile_vae_decoder, optimize_flow_model
+from digenrl.models.optimize import CompileSettings, compile_vae_decoder, optimize_flow_model
 from digenrl.rewards.registry import build_configured_reward
 from digenrl.rollout.engine import RolloutEngine
 from digenrl.rollout.evaluate import Evaluator, local_scoring
@@ -160,6 +160,7 @@ def build_rank_components(
             compile=compile_,
             attention_backend=cfg.model.attention_backend,
             needs_backward=True,
+            compile_settings=CompileSettings(mode=cfg.model.compile_mode),
             autocast=autocast,
             cudnn_sdpa=cfg.model.cudnn_sdpa,
             text_padding=cfg.model.text_padding,

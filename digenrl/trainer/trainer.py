@@ -50,7 +50,7 @@ from digenrl.config import Config
 from digenrl.data.device_index import index_on
 from digenrl.data.micro_batches import plan_micro_batches
 from digenrl.models.fp8 import apply_fp8
-from digenrl.models.optimize import optimize_flow_model
+from digenrl.models.optimize import CompileSettings, optimize_flow_model
 from digenrl.rollout.noise import step_noise
 from digenrl.runtime.reproducibility.batch_ledger import BatchLedger
 from digenrl.trainer.checkpoint import TRAINER_FILE, load_sharded
@@ -235,6 +235,7 @@ class PolicyTrainer:
             compile=compile,
             attention_backend=cfg.model.attention_backend,
             needs_backward=True,
+            compile_settings=CompileSettings(mode=cfg.model.compile_mode),
             autocast=cfg.model.optimised(torch.device(device).type)[1],
             compute_dtype=compute_dtype,
             cudnn_sdpa=cfg.model.cudnn_sdpa,

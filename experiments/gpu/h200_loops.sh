@@ -23,7 +23,8 @@
 #     ONLY="sd35 sd35-vae-eager" ...: the SD3.5-medium loop with the compiled VAE decode (the config's, since
 #     round 4) and with the eager one (item 2);
 #     ONLY="sd35-overlap sd35-overlap-nostream" ...: colocated-overlap's scorer on a side stream or not (item 4)
-#     ONLY="trainer-graphs" ...: SD3.5-medium's trainer unit compiled by blocks and whole with CUDA graphs (item 2)
+#     ONLY="trainer-graphs" ...: SD3.5-medium's trainer unit compiled by blocks and whole with CUDA graphs (item 2);
+#     ONLY="sd35 sd35-graphs" ...: the loop compiled by blocks and whole with CUDA graphs (model.compile_mode)
 #   CPU dry run of the same commands with the tiny model: DRY=1 bash experiments/gpu/h200_loops.sh
 #
 # Results under $OUT: log.txt, summary.md, results.tgz (summary.json/md from experiments/gpu/loops_summary.py,
@@ -158,6 +159,9 @@ loop sd35 180 "$SD35"
 # issue 37 item 2: the same loop with the VAE's decoder eager (sd35-medium-lora.yaml compiles it since round 4,
 # whose row sd35-vae measured the compiled decode beside the eager sd35), beside sd35 in one call
 loop sd35-vae-eager 180 "$SD35" model.compile_vae=false
+# issue 37 item 2: the loop with the whole transformer compiled and replayed as CUDA graphs, the rollout's
+# steps and the trainer's micro-batches alike (model.compile_mode=reduce-overhead), beside sd35 in one call
+loop sd35-graphs 260 "$SD35" model.compile_mode=reduce-overhead
 # issue 37 item 4: colocated-overlap (each group's sub-batch decoded and scored by a worker thread while the
 # next generates) with the scorer on its own CUDA stream (runtime.score_stream, the default) and on the
 # default stream (the path before); the two rows' reward_mean must be identical

@@ -127,7 +127,7 @@ def test_safe_choice_also_resets_the_diffusers_process_default():
 def test_a_rank_optimises_its_model_once(tmp_path, monkeypatch, generate, train, calls):
     """Issue 33: a training rank ran optimize_flow_model twice (the trainer's, then the rank's with compile),
     the second resetting autocast's compute dtype; now the trainer's call compiles too, and only a rank
-    without a trainer makes its own."""
+    without a trainer makes its own, in the mode ``model.compile_mode`` names."""
     import digenrl.systems.components as components
     import digenrl.trainer.trainer as trainer_module
     from digenrl.runtime.comm.distributed import DistContext
@@ -142,12 +142,20 @@ def test_a_rank_optimises_its_model_once(tmp_path, monkeypatch, generate, train,
     monkeypatch.setattr(components, "optimize_flow_model", counted)
     monkeypatch.setattr(trainer_module, "optimize_flow_model", counted)
     cfg = load_config(
-        None, ["model.compile=true", "trainer.backend=none", "eval.every=0", f"out_dir={tmp_path}"]
+        None,
+        [
+            "model.compile=true",
+            "model.compile_mode=reduce-overhead",
+            "trainer.backend=none",
+            "eval.every=0",
+            f"out_dir={tmp_path}",
+        ],
     )
     ctx = DistContext(0, 1, 0, torch.device("cpu"), "gloo", False)
     components.build_rank_components(
         cfg, ctx, role="trainer", generate=generate, train=train, clock_origin=0.0, run=RunStart("t")
     )
     assert len(made) == 1 and made[0]["compile"] is True and made[0]["needs_backward"]
+    assert made[0]["compile_settings"].mode == "reduce-overhead"  # model.compile_mode reaches either caller
     if train:
         assert made[0]["compute_dtype"] == torch.float32  # the trainer's: autocast keeps its dtype
