@@ -93,11 +93,7 @@ class _OutermostOps:
         self.ops = outer
         self.starts = [op[0] for op in outer]
 
-    def dominant(self, lo: float, hi: float) -> str | None:
-        """The operator that overlaps [lo, hi] most, None when none does."""
-        return self.dominant_overlap(lo, hi)[0]
-
-    def dominant_overlap(self, lo: float, hi: float) -> tuple[str | None, float]:
+    def dominant(self, lo: float, hi: float) -> tuple[str | None, float]:
         """The operator that overlaps [lo, hi] most and by how many µs (None, 0 when none does)."""
         i = max(bisect.bisect_right(self.starts, lo) - 1, 0)
         best, best_overlap = None, 0.0
@@ -141,8 +137,19 @@ def analyse_idle(
             correlation = e.get("args", {}).get("correlation")
             if correlation is not None:
                 launches[correlation] = e
+    # per thread, built on demand: the outermost host operators and the outermost CUDA runtime / driver calls
     outermost: dict[Any, _OutermostOps] = {}
-    outermost_calls: dict[Any, _OutermostOps] = {}  # the CUDA runtime / driver calls, built on demand
+    outermost_calls: dict[Any, _OutermostOps] = {}
+
+    def dominant_on(
+        index: dict[Any, _OutermostOps], events: dict[Any, list[dict]], tid: Any, lo: float, hi: float
+    ) -> tuple[str | None, float]:
+        if tid not in events:
+            return None, 0.0
+        if tid not in index:
+            index[tid] = _OutermostOps(events[tid])
+        return index[tid].dominant(lo, hi)
+
     innermost: dict[Any, ThreadIndex] = {}  # built for the threads that synchronised only
 
     def sync_name(s: dict) -> str:
@@ -187,15 +194,9 @@ def analyse_idle(
         if cause is None:
             launch = launches.get(nxt.get("args", {}).get("correlation"))
             tid = None if launch is None else launch.get("tid")
-            if tid in host_ops and tid not in outermost:
-                outermost[tid] = _OutermostOps(host_ops[tid])
-            name = outermost[tid].dominant(lo, hi) if tid in outermost else None
+            name, _ = dominant_on(outermost, host_ops, tid, lo, hi)
             cause = f"host in {name}" if name else PYTHON_BETWEEN_OPS
-            if tid in runtime_calls and tid not in outermost_calls:
-                outermost_calls[tid] = _OutermostOps(runtime_calls[tid])
-            call, overlap = (
-                outermost_calls[tid].dominant_overlap(lo, hi) if tid in outermost_calls else (None, 0)
-            )
+            call, overlap = dominant_on(outermost_calls, runtime_calls, tid, lo, hi)
             if call is not None and overlap >= RUNTIME_CALL_SHARE * (hi - lo):
                 cause += (
                     f" ({call})"  # the host spent the gap in one CUDA call: a cudaMalloc, a cudaHostAlloc
